@@ -1,0 +1,268 @@
+"""The public API of specframe: the one module a plugin imports.
+
+It defines the four component interfaces (drafter, mask builder, partitioner, verifier), the data they exchange,
+and the ``hookimpl`` marker. Everything here is versioned by ``API_VERSION``: a change to a signature bumps it and is
+made for every built-in plugin at once.
+
+Components are classes with a class attribute ``name`` (what users type) and an ``Options`` attrs class (their
+plugin-specific settings, filled from CLI flags or ``--config``); the core instantiates them as ``cls(options)``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import attrs
+import torch
+
+from specframe.elements import ElementSet, full_grid, visible
+from specframe.errors import PluginError, SpecframeError, UsageError
+from specframe.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from specframe.features import FeatureSpec
+
+API_VERSION = "1"
+
+__all__ = [
+    "API_VERSION",
+    "Attention",
+    "Component",
+    "Draft",
+    "Drafter",
+    "ElementSet",
+    "LossTerms",
+    "MaskBuilder",
+    "NoOptions",
+    "Partitioner",
+    "PluginError",
+    "Segment",
+    "SpecframeError",
+    "TrainingExample",
+    "UsageError",
+    "Verification",
+    "Verifier",
+    "full_grid",
+    "hookimpl",
+    "visible",
+]
+
+
+@attrs.define
+class NoOptions:
+    """Options of a component that has none."""
+
+
+class Component:
+    """What every registered component has: a ``name`` and an ``Options`` attrs class."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = self.Options() if options is None else options
+
+
+# ----------------------------------------------------------------------------------------------------- mask builders
+
+
+class Attention(Protocol):
+    """Masked attention for one segment: ``q`` [B, heads, Nq, D], ``k`` / ``v`` [B, heads, Nk, D] -> [B, heads, Nq, D].
+
+    Query i may attend key j iff ``visible(query, key)[i, j]``; scores are scaled by 1/sqrt(D). Heads are already
+    expanded (grouped-query attention repeats k / v before the call).
+    """
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+class MaskBuilder(Component, ABC):
+    """Turns the element sets of a segment into an attention function that applies the shared visibility rule."""
+
+    #: devices (``torch.device.type``) the builder supports for training (forward and backward)
+    devices: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
+
+    @abstractmethod
+    def build(self, query: ElementSet, key: ElementSet) -> Attention:
+        """Return the attention function for queries ``query`` over keys ``key`` (reused by every layer)."""
+
+
+# ------------------------------------------------------------------------------------------------------ partitioners
+
+
+@attrs.frozen
+class Segment:
+    """One forward/backward unit of a sequence.
+
+    ``elements`` indexes the sequence's element set (sorted); the segment forwards exactly these elements, which must
+    be causally complete (every key an element may see is in the segment). ``loss_mask`` [len(elements)] marks the
+    elements whose loss this segment is charged with; every element is charged in exactly one segment.
+    """
+
+    elements: torch.Tensor
+    loss_mask: torch.Tensor
+
+
+class Partitioner(Component, ABC):
+    """Splits one sequence's element set into segments for gradient accumulation within the sequence."""
+
+    @abstractmethod
+    def partition(self, elements: ElementSet, num_segments: int) -> list[Segment]:
+        """Cut ``elements`` into at most ``num_segments`` segments (the loss is normalised by the core, not here)."""
+
+
+# --------------------------------------------------------------------------------------------------------- verifiers
+
+
+@attrs.frozen
+class Draft:
+    """Proposed tokens, as a chain or a tree.
+
+    ``tokens`` [N]: draft tokens. ``parents`` [N] (int64) or None: index of each node's parent, -1 for children of
+    the root (the last committed token); None means a chain (node i's parent is i - 1). ``probs`` [N, V] or None: the
+    drafter distribution each token was drawn from (over the target vocabulary); None means deterministic (argmax)
+    drafting, i.e. one-hot q.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def parent_index(self) -> torch.Tensor:
+        """Parents as a tensor, chains included."""
+        if self.parents is not None:
+            return self.parents
+        return torch.arange(len(self), dtype=torch.long) - 1
+
+
+@attrs.frozen
+class Verification:
+    """The outcome of one verification.
+
+    ``accepted`` (int64): draft node indices accepted, root to leaf. ``emitted`` (int64): the tokens to append, i.e.
+    the accepted draft tokens followed by exactly one token from the target (the correction at the first rejection,
+    or the bonus token after a fully accepted path).
+    """
+
+    accepted: torch.Tensor
+    emitted: torch.Tensor
+
+
+class Verifier(Component, ABC):
+    """Decides which draft tokens the target accepts, without changing the target's output distribution."""
+
+    #: whether the verifier accepts drafts with branching (``Draft.parents`` not a chain)
+    supports_tree: ClassVar[bool] = False
+
+    @abstractmethod
+    def verify(self, logits: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verification:
+        """``logits`` [N + 1, V]: row 0 is the target at the root (predicts the first draft level), row i + 1 the
+        target at draft node i. ``generator`` drives every random choice, so a seeded run is reproducible."""
+
+
+# ---------------------------------------------------------------------------------------------------------- drafters
+
+
+@attrs.frozen
+class TrainingExample:
+    """One training sequence as the target sees it (DESIGN.md section 8 indexing).
+
+    ``input_ids`` / ``loss_mask`` / ``doc`` are per data token [L]. ``features`` holds what the drafter declared
+    (e.g. ``"aux_hidden"`` [L, n_aux * H], ``"final_hidden"`` [L, H]) computed by the target at each position.
+    Shifting into a drafter's own indexing is the drafter's job.
+    """
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    doc: torch.Tensor
+    features: dict[str, torch.Tensor] = attrs.field(factory=dict)
+
+
+@attrs.define
+class LossTerms:
+    """What a drafter returns for one segment.
+
+    ``loss_sum``: sum of (depth-weighted) losses over the elements the segment is charged with (the engine divides by
+    the global supervised count). ``count``: number of those elements. ``correct`` / ``total`` [K]: per-depth top-1
+    hits and element counts, for validation accuracy.
+    """
+
+    loss_sum: torch.Tensor
+    count: int
+    correct: torch.Tensor
+    total: torch.Tensor
+
+
+class Drafter(Component, ABC):
+    """A draft model and everything that makes it trainable and servable.
+
+    Training: ``supervision`` says which of the drafter's own positions carry a loss, the engine builds the element
+    set from it (full grid or COD), a partitioner cuts it into segments, and ``loss`` computes one segment's loss with
+    the attention a mask builder made (possibly in several sequential passes, as EAGLE-3 does).
+    Inference (batch size 1): ``start`` on a prompt, then rounds of ``propose`` and ``accept``.
+    """
+
+    #: True when one forward drafts every depth (P-EAGLE, PARD, ParallelSpec); False for autoregressive drafting
+    parallel: ClassVar[bool] = False
+
+    def __init__(self, target_config: Any, options: Any = None) -> None:
+        super().__init__(options)
+        self.target_config = target_config
+
+    @abstractmethod
+    def feature_spec(self) -> FeatureSpec:
+        """The target features this drafter trains and drafts from (aux hidden states, final hidden state, none)."""
+
+    @abstractmethod
+    def module(self) -> torch.nn.Module:
+        """The trainable model (its ``parameters()`` are optimised, its ``state_dict()`` checkpointed)."""
+
+    # -- training
+    @abstractmethod
+    def supervision(self, example: TrainingExample) -> torch.Tensor:
+        """Bool [L'] over the drafter's own positions: True where the element at that reference position has a loss."""
+
+    @abstractmethod
+    def loss(self, example: TrainingExample, elements: ElementSet, segment: Segment, attention: Attention) -> LossTerms:
+        """The loss of the segment's charged elements (``elements.subset(segment.elements)`` are forwarded)."""
+
+    # -- inference
+    @abstractmethod
+    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        """Reset the drafter's state to a new prompt, with the target's features at every prompt position."""
+
+    @abstractmethod
+    def propose(self, k: int, generator: torch.Generator | None = None) -> Draft:
+        """Draft up to ``k`` tokens beyond the committed sequence."""
+
+    @abstractmethod
+    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        """Commit ``emitted`` (the verifier's emitted tokens) with the target's features at those positions, and
+        drop any state the rejected draft left behind."""
+
+    # -- checkpoints
+    def save(self, directory: Path) -> None:
+        """Write the weights (safetensors) and what inference needs into ``directory``."""
+        from safetensors.torch import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous() for k, v in self.module().state_dict().items()}
+        save_file(state, str(directory / "model.safetensors"), metadata={"drafter": self.name})
+
+    def load(self, directory: Path) -> None:
+        """Load weights written by ``save`` (safetensors only: nothing is unpickled)."""
+        from safetensors.torch import load_file
+
+        self.module().load_state_dict(load_file(str(directory / "model.safetensors")))
+
+
+def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Repeat grouped-query k / v heads [B, kv_heads, N, D] up to ``heads``."""
+    rep = heads // x.shape[1]
+    return x if rep == 1 else x.repeat_interleave(rep, dim=1)
+
