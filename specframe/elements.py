@@ -7,8 +7,14 @@ carries the document it belongs to, so packed sequences never attend across docu
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from typing import Any
+
 import attrs
 import torch
+
+from specframe.errors import PluginError, UsageError
 
 
 @attrs.frozen
@@ -72,3 +78,125 @@ def visible(query: ElementSet, key: ElementSet) -> torch.Tensor:
     context = (kd == 0) & (ka <= qa)
     chain = (ka == qa) & (kd <= qd)
     return (qdoc == kdoc) & (context | chain)
+
+
+def cod_sample(
+    supervised: torch.Tensor,
+    max_depth: int,
+    ratio: float = 0.7,
+    min_ratio: float = 0.2,
+    *,
+    generator: torch.Generator | None = None,
+    doc: torch.Tensor | None = None,
+) -> ElementSet:
+    """Conditional drop-token sampling (COD, DESIGN.md section 8), position-major.
+
+    Depth 0 keeps every position. For 1 <= d < ``max_depth`` the candidates are anchors a whose (a, d-1) was kept,
+    with a + d < L, a + d in a's document and ``supervised[a + d]``; ``floor(n_sup * max(ratio**d, min_ratio))`` of
+    them are kept uniformly at random (n_sup = number of supervised positions), or all if there are fewer. Every kept
+    element therefore has its whole chain. ``generator`` drives every choice (None: torch's global generator), so a
+    seeded generator gives the same set every time.
+    """
+    if not isinstance(supervised, torch.Tensor) or supervised.dim() != 1 or supervised.dtype != torch.bool:
+        raise ValueError(
+            f"supervised must be a 1-D bool tensor, got "
+            f"{getattr(supervised, 'dtype', type(supervised).__name__)} of shape {tuple(getattr(supervised, 'shape', ()))}"
+        )
+    seq_len = int(supervised.shape[0])
+    if seq_len < 1:
+        raise ValueError("supervised is empty: a sequence needs at least one position")
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+        raise UsageError(f"COD max_depth must be a positive integer, got {max_depth!r}")
+    if not 0.0 < ratio <= 1.0:
+        raise UsageError(f"COD ratio must be in (0, 1], got {ratio!r}")
+    if not 0.0 <= min_ratio <= 1.0:
+        raise UsageError(f"COD min_ratio must be in [0, 1], got {min_ratio!r}")
+    if doc is None:
+        doc = torch.zeros(seq_len, dtype=torch.long)
+    elif doc.shape != (seq_len,):
+        raise ValueError(f"doc must have one id per position ({seq_len}), got shape {tuple(doc.shape)}")
+    supervised = supervised.cpu()
+    doc = doc.cpu().long()
+    n_sup = int(supervised.sum())
+
+    anchors = [torch.arange(seq_len)]
+    depths = [torch.zeros(seq_len, dtype=torch.long)]
+    parents = anchors[0]
+    for d in range(1, max_depth):
+        cand = parents[parents + d < seq_len]
+        cand = cand[(doc[cand + d] == doc[cand]) & supervised[cand + d]]
+        keep = math.floor(n_sup * max(ratio**d, min_ratio))
+        if cand.numel() > keep:
+            chosen = torch.randperm(cand.numel(), generator=generator)[:keep]
+            cand = cand[chosen].sort().values
+        if cand.numel() == 0:
+            break
+        anchors.append(cand)
+        depths.append(torch.full_like(cand, d))
+        parents = cand
+    anchor = torch.cat(anchors)
+    depth = torch.cat(depths)
+    order = torch.argsort(anchor * max_depth + depth)
+    anchor, depth = anchor[order], depth[order]
+    return ElementSet(anchor, depth, doc[anchor], seq_len, max_depth)
+
+
+def check_partition(elements: ElementSet, segments: Sequence[Any], partitioner: str = "?") -> None:
+    """Raise ``PluginError`` naming ``partitioner`` unless ``segments`` is a valid partition of ``elements``.
+
+    Valid means: at least one segment; each segment's ``elements`` is a strictly increasing int64 index into
+    ``elements`` with a bool ``loss_mask`` of the same length; every element is charged in exactly one segment; and
+    every segment is causally complete (every key visible to one of its elements is forwarded by it too). The check is
+    O(number of elements) per segment, so the engine can afford it on every sequence.
+    """
+    n = len(elements)
+    where = f"partitioner '{partitioner}'"
+    if len(segments) == 0:
+        raise PluginError(f"{where} returned no segments for {n} elements")
+    charged = torch.zeros(n, dtype=torch.long)
+    _, doc_idx = torch.unique(elements.doc, return_inverse=True)
+    # One id per (document, anchor): chains never cross documents, so the chain rule compares these ids.
+    chain_id = doc_idx * elements.seq_len + elements.anchor
+    n_docs = int(doc_idx.max()) + 1 if n else 0
+    is_root = elements.depth == 0
+    for s, seg in enumerate(segments):
+        idx, lm = seg.elements, seg.loss_mask
+        if idx.dim() != 1 or idx.dtype != torch.long:
+            raise PluginError(f"{where}: segment {s} elements must be a 1-D int64 tensor, got {idx.dtype} {tuple(idx.shape)}")
+        if lm.dtype != torch.bool or lm.shape != idx.shape:
+            raise PluginError(
+                f"{where}: segment {s} loss_mask must be bool with one entry per element, got {lm.dtype} {tuple(lm.shape)}"
+            )
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            raise PluginError(f"{where}: segment {s} indexes outside the {n} elements")
+        if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
+            raise PluginError(f"{where}: segment {s} element indices are not strictly increasing")
+        charged.index_add_(0, idx[lm], torch.ones(int(lm.sum()), dtype=torch.long))
+        if idx.numel() == 0:
+            continue
+        inside = torch.zeros(n, dtype=torch.bool)
+        inside[idx] = True
+        # Context: every depth-0 key of a query's document up to the query's anchor.
+        last = torch.full((n_docs,), -1, dtype=torch.long)
+        last.scatter_reduce_(0, doc_idx[idx], elements.anchor[idx], reduce="amax")
+        need = is_root & (elements.anchor <= last[doc_idx])
+        # Chain: every key of a query's own chain up to the query's depth.
+        deepest = torch.full((n_docs * elements.seq_len,), -1, dtype=torch.long)
+        deepest.scatter_reduce_(0, chain_id[idx], elements.depth[idx], reduce="amax")
+        need |= elements.depth <= deepest[chain_id]
+        missing = need & ~inside
+        if bool(missing.any()):
+            i = int(missing.nonzero()[0])
+            raise PluginError(
+                f"{where}: segment {s} is not causally complete: it lacks element {i} "
+                f"(anchor {int(elements.anchor[i])}, depth {int(elements.depth[i])}), which one of its elements sees "
+                f"({int(missing.sum())} missing in all)"
+            )
+    bad = (charged != 1).nonzero()
+    if bad.numel():
+        i = int(bad[0])
+        raise PluginError(
+            f"{where}: every element must be charged in exactly one segment, but element {i} "
+            f"(anchor {int(elements.anchor[i])}, depth {int(elements.depth[i])}) is charged {int(charged[i])} times "
+            f"({bad.numel()} such elements)"
+        )

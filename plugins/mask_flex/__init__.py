@@ -1,0 +1,82 @@
+"""``flex``: FlexAttention with a block mask built from the (anchor, depth, doc) vectors (DESIGN.md section 3).
+
+``create_block_mask`` evaluates the shared visibility rule block by block, so fully masked blocks (most of the
+context beyond a chunk's anchors, and almost every deeper key) are skipped by the fused kernel, and no element^2 mask
+exists. Training needs CUDA: torch's CPU FlexAttention has no backward ("FlexAttention does not support backward on
+CPU"); its CPU forward works and is tested against ``dense``.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from specframe import api
+
+
+@attrs.define
+class FlexOptions:
+    #: compile flex_attention on CUDA (eager FlexAttention materialises the scores; it is for debugging)
+    compile: bool = True
+
+
+def _mask_mod(query: api.ElementSet, key: api.ElementSet):
+    qa, qd, qdoc, ka, kd, kdoc = query.anchor, query.depth, query.doc, key.anchor, key.depth, key.doc
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        context = (kd[kv_idx] == 0) & (ka[kv_idx] <= qa[q_idx])
+        chain = (ka[kv_idx] == qa[q_idx]) & (kd[kv_idx] <= qd[q_idx])
+        return (qdoc[q_idx] == kdoc[kv_idx]) & (context | chain)
+
+    return mask_mod
+
+
+_compiled = None
+
+
+def _flex_attention(compile: bool):
+    global _compiled
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compile:
+        return flex_attention
+    if _compiled is None:
+        _compiled = torch.compile(flex_attention)
+    return _compiled
+
+
+class FlexAttention:
+    def __init__(self, query: api.ElementSet, key: api.ElementSet, compile: bool) -> None:
+        self.query, self.key, self.compile = query, key, compile
+        self._masks: dict[torch.device, object] = {}
+
+    def block_mask(self, device: torch.device):
+        """The block mask on ``device``, built on first use (the element vectors must live where the kernel runs)."""
+        if device not in self._masks:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            on = lambda s: api.ElementSet(  # noqa: E731
+                s.anchor.to(device), s.depth.to(device), s.doc.to(device), s.seq_len, s.max_depth
+            )
+            self._masks[device] = create_block_mask(
+                _mask_mod(on(self.query), on(self.key)), None, None, len(self.query), len(self.key), device=device
+            )
+        return self._masks[device]
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        attend = _flex_attention(self.compile and q.device.type == "cuda")
+        return attend(q, k, v, block_mask=self.block_mask(q.device))
+
+
+class FlexMaskBuilder(api.MaskBuilder):
+    name = "flex"
+    Options = FlexOptions
+    devices = frozenset({"cuda"})
+
+    def build(self, query: api.ElementSet, key: api.ElementSet) -> FlexAttention:
+        return FlexAttention(query, key, self.options.compile)
+
+
+@api.hookimpl
+def register_mask_builders(register):
+    register(FlexMaskBuilder)

@@ -1,0 +1,98 @@
+"""``precomputed``: P-EAGLE's mask pre-computation (DESIGN.md section 3).
+
+The visibility mask of the complete (anchor, depth) grid is built once for ``max_len`` positions, in the
+position-major layout (element (a, d) at index a*K + d), and cached; it grows on demand when a longer sequence
+arrives. Within one document visibility depends only on the two elements' (anchor, depth), never on the sequence
+length, so the mask of a length-L sequence is the top-left (L*K) x (L*K) block of the cached one and the mask of any
+element subset (a COD sample, a segment) is a row/column gather of that block.
+
+Packed sequences: the cached mask assumes one document. The shared rule is "same document AND (context OR chain)",
+and the cached entry is exactly the "(context OR chain)" part, so AND-ing the gathered block with the block-diagonal
+document mask (query doc == key doc) gives the exact packed mask.
+
+It still hands SDPA a dense [queries, keys] mask per call, so its memory grows like ``dense``'s; what it saves is the
+per-batch mask construction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from specframe import api
+
+# Growth is rounded up so slightly longer sequences do not each trigger a rebuild.
+_GROW_MULTIPLE = 128
+# Row block used while building the cached mask, to bound the temporaries of the comparison.
+_BUILD_ROWS = 4096
+
+
+@attrs.define
+class PrecomputedOptions:
+    #: positions the cached mask covers at first; longer sequences grow it
+    max_len: int = attrs.field(default=512, validator=attrs.validators.gt(0))
+
+
+class PrecomputedAttention:
+    def __init__(self, mask: torch.Tensor) -> None:
+        self.mask = mask
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask.to(q.device))
+
+
+def grid_mask(max_len: int, max_depth: int) -> torch.Tensor:
+    """Single-document visibility of the complete grid, bool [max_len*K, max_len*K], index a*K + d."""
+    n = max_len * max_depth
+    anchor = torch.arange(max_len).repeat_interleave(max_depth)
+    depth = torch.arange(max_depth).repeat(max_len)
+    mask = torch.empty(n, n, dtype=torch.bool)
+    for start in range(0, n, _BUILD_ROWS):
+        qa = anchor[start : start + _BUILD_ROWS, None]
+        qd = depth[start : start + _BUILD_ROWS, None]
+        context = (depth[None, :] == 0) & (anchor[None, :] <= qa)
+        chain = (anchor[None, :] == qa) & (depth[None, :] <= qd)
+        mask[start : start + _BUILD_ROWS] = context | chain
+    return mask
+
+
+class PrecomputedMaskBuilder(api.MaskBuilder):
+    name = "precomputed"
+    Options = PrecomputedOptions
+
+    def __init__(self, options: PrecomputedOptions | None = None) -> None:
+        super().__init__(options)
+        self._mask: torch.Tensor | None = None
+        self._len = 0
+        self._depth = 0
+
+    def cached_mask(self, seq_len: int, max_depth: int) -> torch.Tensor:
+        """The cached grid mask covering at least ``seq_len`` positions at depth ``max_depth`` (built if needed)."""
+        if self._mask is None or max_depth != self._depth or seq_len > self._len:
+            length = max(self.options.max_len, self._len if max_depth == self._depth else 0, seq_len)
+            length = math.ceil(length / _GROW_MULTIPLE) * _GROW_MULTIPLE if length > self.options.max_len else length
+            self._mask, self._len, self._depth = grid_mask(length, max_depth), length, max_depth
+        return self._mask
+
+    def build(self, query: api.ElementSet, key: api.ElementSet) -> PrecomputedAttention:
+        if query.max_depth != key.max_depth or query.seq_len != key.seq_len:
+            raise api.UsageError(
+                f"query and key elements come from different grids: seq_len {query.seq_len} vs {key.seq_len}, "
+                f"max_depth {query.max_depth} vs {key.max_depth}"
+            )
+        depth = query.max_depth
+        width = query.seq_len * depth
+        block = self.cached_mask(query.seq_len, depth)[:width, :width]
+        qi = query.anchor * depth + query.depth
+        ki = key.anchor * depth + key.depth
+        mask = block[qi[:, None], ki[None, :]]
+        mask &= query.doc[:, None] == key.doc[None, :]
+        return PrecomputedAttention(mask)
+
+
+@api.hookimpl
+def register_mask_builders(register):
+    register(PrecomputedMaskBuilder)
