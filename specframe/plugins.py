@@ -123,12 +123,12 @@ def _register_plugin(registry: Registry, info: PluginInfo, plugin: Any) -> None:
     pm.register(plugin, name=info.name)
     try:
         pm.check_pending()
-    except pluggy.PluginValidationError as exc:
+    except pluggy.PluginValidationError:
         pm.unregister(plugin)
-        hooks = [n for n in dir(pm.hook) if not n.startswith("_")]
-        bad = [n for n in dir(plugin) if n.startswith("register_") and n not in hooks]
-        hint = did_you_mean(bad[0], hooks) if bad else ""
-        info.error = f"plugin {info.label()} is invalid: {exc}{hint}"
+        known = [n for n in vars(hookspecs) if n.startswith("register_")]
+        unknown = sorted(impl for impl in vars(plugin) if impl.startswith("register_") and impl not in known)
+        name = unknown[0] if unknown else "?"
+        info.error = f"plugin {info.label()} implements unknown hook '{name}'{did_you_mean(name, known)}"
         return
     others = [p for p in pm.get_plugins() if p is not plugin]
     for kind, (hook_name, base) in KINDS.items():

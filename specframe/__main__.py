@@ -1,0 +1,4 @@
+"""python -m specframe"""
+from specframe.cli import main
+
+main()

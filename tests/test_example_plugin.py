@@ -1,0 +1,62 @@
+"""The example third-party package, installed for real with pip, appears and disappears as users expect."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "specframe-example-drafter"
+
+
+def run_plugins_json(**env: str) -> dict:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("SPECFRAME_")}
+    environment.update(env)
+    out = subprocess.run(
+        [sys.executable, "-m", "specframe", "plugins", "--json"],
+        capture_output=True, text=True, check=True, env=environment,
+    ).stdout
+    return json.loads(out)
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True)
+
+
+@pytest.fixture(scope="module")
+def example_installed():
+    pip("install", "--no-deps", str(EXAMPLE))
+    try:
+        yield
+    finally:
+        pip("uninstall", "-y", "specframe-example-drafter")
+
+
+@pytest.mark.slow
+def test_install_list_block_uninstall(example_installed):
+    report = run_plugins_json()
+    entry = next(p for p in report["plugins"] if p["name"] == "example_drafter")
+    assert entry == {
+        "name": "example_drafter",
+        "distribution": "specframe-example-drafter",
+        "version": "0.1.0",
+        "builtin": False,
+        "registers": {"drafters": ["skipgram"]},
+        "error": None,
+    }
+    assert "skipgram" in report["drafters"]
+
+    blocked = run_plugins_json(SPECFRAME_DISABLE_PLUGINS="example_drafter")
+    assert "skipgram" not in blocked["drafters"]
+    assert all(p["name"] != "example_drafter" for p in blocked["plugins"])
+
+    assert "skipgram" not in run_plugins_json(SPECFRAME_LOAD_PLUGINS="")["drafters"]
+    assert "skipgram" in run_plugins_json(SPECFRAME_LOAD_PLUGINS="example_drafter")["drafters"]
+
+    pip("uninstall", "-y", "specframe-example-drafter")
+    assert "skipgram" not in run_plugins_json()["drafters"]
+    pip("install", "--no-deps", str(EXAMPLE))  # the fixture's teardown uninstalls it again
