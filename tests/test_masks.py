@@ -1,0 +1,162 @@
+"""Every mask builder against the dense reference: outputs and gradients (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from specframe import plugins
+from specframe.elements import cod_sample, full_grid, visible
+from specframe.masks import default_mask_builder
+
+
+def builder(name: str, **options):
+    cls = plugins.get("mask builder", name)
+    return cls(cls.Options(**options))
+
+
+@st.composite
+def element_sets(draw):
+    seq_len = draw(st.integers(1, 48))
+    max_depth = draw(st.integers(1, 5))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    doc = torch.cumsum((torch.rand(seq_len, generator=g) < draw(st.sampled_from([0.0, 0.1, 0.3]))).long(), 0)
+    if draw(st.booleans()):
+        return full_grid(seq_len, max_depth, doc), g
+    supervised = torch.rand(seq_len, generator=g) < draw(st.floats(0.3, 1.0))
+    ratio, min_ratio = draw(st.floats(0.2, 1.0)), draw(st.floats(0.0, 0.5))
+    return cod_sample(supervised, max_depth, ratio, min_ratio, generator=g, doc=doc), g
+
+
+def _attend(attention, q, k, v, grad_out):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attention(q, k, v)
+    return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
+
+
+@settings(max_examples=40)
+@given(element_sets(), st.sampled_from([torch.float32, torch.float64]), st.integers(1, 17), st.booleans())
+def test_builders_match_dense(sample, dtype, chunk_size, query_subset):
+    elements, g = sample
+    n = len(elements)
+    query = elements
+    if query_subset:  # queries a subset, keys everything (each query still sees itself)
+        query = elements.subset((torch.rand(n, generator=g) < 0.5).nonzero().squeeze(1))
+    q = torch.randn(2, 2, len(query), 8, generator=g, dtype=dtype)
+    k, v = (torch.randn(2, 2, n, 8, generator=g, dtype=dtype) for _ in range(2))
+    grad_out = torch.randn(2, 2, len(query), 8, generator=g, dtype=dtype)
+    reference = _attend(builder("dense").build(query, elements), q, k, v, grad_out)
+    tol = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-10, "rtol": 1e-9}
+    candidates = {
+        "precomputed": builder("precomputed", max_len=8),
+        "chunked": builder("chunked", chunk_size=chunk_size),
+    }
+    for name, b in candidates.items():
+        got = _attend(b.build(query, elements), q, k, v, grad_out)
+        for what, x, y in zip(("output", "dq", "dk", "dv"), got, reference):
+            torch.testing.assert_close(x, y, **tol, msg=lambda m, name=name, what=what: f"{name} {what}: {m}")
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@settings(max_examples=8)
+@given(element_sets(), st.booleans())
+def test_flex_forward_matches_dense_on_cpu(sample, query_subset):
+    # FlexAttention has no CPU backward and its eager CPU path is slow, hence forward only and few examples.
+    elements, g = sample
+    query = elements
+    if query_subset:
+        query = elements.subset((torch.rand(len(elements), generator=g) < 0.5).nonzero().squeeze(1))
+    q = torch.randn(1, 2, len(query), 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, len(elements), 8, generator=g, dtype=torch.float64) for _ in range(2))
+    out = builder("flex").build(query, elements)(q, k, v)
+    torch.testing.assert_close(out, builder("dense").build(query, elements)(q, k, v), atol=1e-10, rtol=1e-9)
+
+
+def test_precomputed_caches_and_grows():
+    b = builder("precomputed", max_len=4)
+    short = full_grid(4, 3)
+    b.build(short, short)
+    cached = b.cached_mask(4, 3)
+    assert cached.shape == (12, 12)
+    b.build(short.subset(torch.arange(5)), short)
+    assert b.cached_mask(4, 3) is cached  # a subset reuses the cached mask
+    long = full_grid(200, 3)
+    mask = b.build(long, long).mask
+    assert b.cached_mask(200, 3).shape[0] >= 600
+    assert torch.equal(mask, visible(long, long))
+    deeper = full_grid(10, 5, torch.tensor([0] * 4 + [1] * 6))
+    assert torch.equal(b.build(deeper, deeper).mask, visible(deeper, deeper))
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any aten op produces, forward and backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def _largest_tensor(attention, n: int) -> int:
+    q, k, v = (torch.randn(1, 1, n, 4, requires_grad=True) for _ in range(3))
+    with _LargestTensor() as probe:
+        attention(q, k, v).sum().backward()
+    return probe.largest
+
+
+def test_chunked_never_holds_all_scores():
+    elements = full_grid(100, 4)
+    n = len(elements)
+    chunk = 8
+    bound = chunk * n  # one chunk's scores over every key
+    assert _largest_tensor(builder("chunked", chunk_size=chunk).build(elements, elements), n) <= bound
+    # The probe can see a full score matrix: the dense reference makes one.
+    assert _largest_tensor(builder("dense").build(elements, elements), n) >= n * n
+
+
+def test_chunked_gathers_only_keys_a_chunk_can_see():
+    elements = full_grid(64, 8)
+    attention = builder("chunked", chunk_size=8).build(elements, elements)
+    widest = max(c.keys.numel() for c in attention.plan.chunks)
+    # 8 queries of one anchor see its 64 context anchors at most plus its own chain of 8.
+    assert widest <= 64 + 8 + 8 < len(elements)
+
+
+def test_default_mask_builder_is_registered_and_supports_the_device():
+    assert default_mask_builder(torch.device("cpu")) == "chunked"
+    assert default_mask_builder("cuda") == "flex"
+    for device in ("cpu", "cuda"):
+        assert device in plugins.get("mask builder", default_mask_builder(device)).devices
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention trains only on CUDA")
+def test_flex_matches_dense_on_cuda():
+    g = torch.Generator().manual_seed(0)
+    elements = cod_sample(torch.rand(300, generator=g) < 0.8, 5, generator=g, doc=torch.arange(300) // 120)
+    n = len(elements)
+    q, k, v, grad_out = (torch.randn(1, 2, n, 16, generator=g, dtype=torch.float32).cuda() for _ in range(4))
+    reference = _attend(builder("dense").build(elements, elements), q, k, v, grad_out)
+    got = _attend(builder("flex").build(elements, elements), q, k, v, grad_out)
+    for x, y in zip(got, reference):
+        torch.testing.assert_close(x, y, atol=2e-4, rtol=2e-3)
+
+
+def test_dense_reference_agrees_with_sdpa_definition():
+    # Guards the reference itself: masked softmax written out by hand.
+    elements = cod_sample(torch.ones(12, dtype=torch.bool), 3, generator=torch.Generator().manual_seed(3))
+    n = len(elements)
+    q, k, v = (torch.randn(1, 1, n, 4, dtype=torch.float64) for _ in range(3))
+    mask = visible(elements, elements)
+    scores = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(builder("dense").build(elements, elements)(q, k, v), F.softmax(scores, -1) @ v)
