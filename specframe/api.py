@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import attrs
 import torch
 
+# Drafter building blocks (decoder layers over element sets, chunked KL) are part of the public surface, as
+# ``api.modeling``, so drafter plugins share them without importing core internals.
+from specframe import modeling
 from specframe.elements import ElementSet, full_grid, visible
 from specframe.errors import PluginError, SpecframeError, UsageError
 from specframe.hookspecs import hookimpl
@@ -46,6 +49,7 @@ __all__ = [
     "Verifier",
     "full_grid",
     "hookimpl",
+    "modeling",
     "visible",
 ]
 
@@ -223,6 +227,13 @@ class Drafter(Component, ABC):
         """The trainable model (its ``parameters()`` are optimised, its ``state_dict()`` checkpointed)."""
 
     # -- training
+    def prepare(self, target: Any, examples: Any) -> None:
+        """Called once by the trainer before training or resuming, with the loaded target (``.model``,
+        ``.tokenizer``) and an iterable of the training ``TrainingExample`` s: the place to initialise weights from
+        the target, choose a draft vocabulary or a mask token, and keep the frozen target pieces the loss needs.
+        On resume the checkpoint is loaded after this call, so choices made here must not depend on randomness
+        that the checkpoint does not restore. Default: nothing."""
+
     @abstractmethod
     def supervision(self, example: TrainingExample) -> torch.Tensor:
         """Bool [L'] over the drafter's own positions: True where the element at that reference position has a loss."""

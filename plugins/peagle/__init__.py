@@ -1,0 +1,366 @@
+"""``peagle``: the P-EAGLE parallel drafter (DESIGN.md sections 3, 4 and 8).
+
+An EAGLE-3-style drafter that drafts every depth in one forward. Depth-0 elements read a real token and the target's
+fused aux features; every deeper slot reads one learned mask-token embedding row and one learned shared hidden state
+``mask_hidden`` (3H, through the same ``fc``). Trained with forward KL to the target distribution over the draft
+vocabulary at every retained element, normalised by the element count, no depth decay.
+
+Indexing (section 8): training index i holds input token x_{i+1}, feature g_i, the target distribution at y_{i+1}
+and the loss-mask bit of x_{i+2}; element (a, d) is charged at reference position a + d.
+
+Inference protocol (batch 1): ``start(prompt_ids, features)`` pairs prompt token i+1 with feature row i; the last
+prompt row's features arrive with the first generated token through ``accept([t0], features_at_last_prompt_row)``.
+In general ``accept(emitted, features)`` takes one feature row per emitted token: the target's features at the
+position whose logits produced that token (the verification forward's rows 0..len(emitted)-1). ``propose(k)``
+forwards [not-yet-cached accepted tokens | MASK x (k-1)] once, keeps the KV of the accepted tokens and drops the
+mask slots'.
+
+Mask token: the highest-id special token of the target tokenizer that never occurs in the training data (it must
+also exist in the embedding), recorded in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import attrs
+import cattrs
+import torch
+
+from specframe import api
+
+from .model import PEagleModel
+
+modeling = api.modeling
+AUX = "aux_hidden"
+FINAL = "final_hidden"
+CONFIG_FILE = "drafter.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise api.UsageError(f"peagle option '{attribute.name}' must be a positive integer, got {value!r}")
+
+
+def _ratio(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise api.UsageError(f"peagle option '{attribute.name}' must be in [0, 1], got {value!r}")
+
+
+@attrs.define
+class PEagleOptions:
+    """P-EAGLE settings (``[drafter]`` table of ``--config``)."""
+
+    #: decoder layers; the first is EAGLE-3's (embedding + fused hidden in). 4 as released.
+    layers: int = attrs.field(default=4, validator=_positive)
+    #: depths trained (K_train); ``--depth`` overrides it
+    k_train: int = attrs.field(default=8, validator=_positive)
+    #: tokens drafted per round at inference (K_infer)
+    k_infer: int = attrs.field(default=5, validator=_positive)
+    #: size of the reduced draft vocabulary (most frequent training tokens); clamped to the target vocabulary
+    draft_vocab_size: int = attrs.field(default=32000, validator=_positive)
+    #: target aux layer ids (hidden state entering that decoder layer); default vLLM's (2, L//2, L-3)
+    aux_layer_ids: list[int] | None = None
+    #: COD keep ratio r and floor r_min (ratio 1 trains the full grid)
+    cod_ratio: float = attrs.field(default=0.7, validator=_ratio)
+    cod_min_ratio: float = attrs.field(default=0.2, validator=_ratio)
+    #: recompute each layer in backward (less activation memory, about one more forward of time)
+    activation_checkpointing: bool = False
+    #: rows per chunk of the draft-vocabulary loss
+    loss_chunk: int = attrs.field(default=1024, validator=_positive)
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """vLLM's EAGLE-3 default aux layers (2, L//2, L-3)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
+    ids = [int(i) for i in ids]
+    if len(ids) != 3:
+        raise api.UsageError(f"peagle needs exactly 3 aux layer ids (low, mid, high), got {ids}")
+    bad = [i for i in ids if not 0 <= i <= num_layers]
+    if bad:
+        raise api.UsageError(
+            f"aux layer ids {bad} are invalid for a target with {num_layers} layers (valid: 0..{num_layers}; "
+            "set drafter.aux_layer_ids in --config)"
+        )
+    return ids
+
+
+class PEagleDrafter(api.Drafter):
+    name = "peagle"
+    Options = PEagleOptions
+    parallel = True
+
+    def __init__(self, target_config: Any, options: PEagleOptions | None = None) -> None:
+        super().__init__(target_config, options)
+        opts = self.options
+        n_layers = int(target_config.num_hidden_layers)
+        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else default_aux_layers(n_layers)
+        self.aux_layer_ids = check_aux_layers(ids, n_layers)
+        self.shape = modeling.LayerShape.from_config(target_config)
+        self.vocab_size = int(target_config.vocab_size)
+        self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
+        self.model = PEagleModel(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers)
+        self.model.set_draft_vocab(torch.arange(self.draft_vocab_size))
+        self.mask_token_id: int | None = None
+        self._target_head: torch.Tensor | None = None
+        self._reset_inference()
+
+    # ------------------------------------------------------------------------------------------------ description
+    def feature_spec(self) -> Any:
+        spec = getattr(api, "FeatureSpec", None)
+        if spec is None:  # the feature spec type is not public yet: consumers read these two attributes
+            return SimpleNamespace(aux_layer_ids=tuple(self.aux_layer_ids), final_hidden=True)
+        return spec(aux_layer_ids=tuple(self.aux_layer_ids), final_hidden=True)
+
+    def module(self) -> torch.nn.Module:
+        return self.model
+
+    # ---------------------------------------------------------------------------------------------------- training
+    def prepare(self, target: Any, examples: Any) -> None:
+        """Initialise the embedding from the target's, pick the draft vocabulary (most frequent training tokens, ties
+        to the lower id) and the mask token, and keep the target's lm_head for the loss."""
+        emb = target.model.get_input_embeddings().weight.detach()
+        head = target.model.get_output_embeddings().weight.detach()
+        counts: Counter[int] = Counter()
+        for ex in examples:
+            counts.update(ex.input_ids.tolist())
+        self.mask_token_id = choose_mask_token(target.tokenizer, set(counts), self.vocab_size)
+        draft = draft_vocabulary(counts, self.draft_vocab_size, self.vocab_size, exclude={self.mask_token_id})
+        with torch.no_grad():
+            self.model.embed_tokens.weight.copy_(emb.to(self.model.embed_tokens.weight.dtype))
+            self.model.set_draft_vocab(draft)
+            self.model.lm_head.weight.copy_(head[draft].to(self.model.lm_head.weight.dtype))
+        self._target_head = head
+
+    def supervision(self, example: api.TrainingExample) -> torch.Tensor:
+        lm = example.loss_mask.to(torch.bool)
+        doc = example.doc
+        n = lm.shape[0] - 1
+        sup = torch.zeros(max(n, 0), dtype=torch.bool)
+        if n >= 2:
+            # position i is charged with x_{i+2}, which must lie in the same document as its input x_{i+1}
+            sup[: n - 1] = lm[2:] & (doc[2:] == doc[1:-1])
+        return sup
+
+    def loss(
+        self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: api.Attention
+    ) -> api.LossTerms:
+        if self._target_head is None or self.mask_token_id is None:
+            raise api.SpecframeError("peagle: prepare(target, examples) must run before loss()")
+        model = self.model
+        device = model.fc.weight.device
+        sub = elements.subset(segment.elements)
+        anchor, depth = sub.anchor.to(device), sub.depth.to(device)
+        pos = anchor + depth
+        ids = example.input_ids.to(device)
+        aux = example.features[AUX].to(device=device, dtype=model.fc.weight.dtype)
+        final = example.features[FINAL].to(device=device, dtype=model.fc.weight.dtype)
+        is_mask = depth > 0
+        tokens = torch.where(is_mask, torch.full_like(anchor, self.mask_token_id), ids[anchor + 1])
+        hidden, _ = model(
+            tokens,
+            aux[anchor],
+            is_mask,
+            pos,
+            attention,
+            checkpointing=self.options.activation_checkpointing,
+        )
+        sup = self.supervision(example).to(device)
+        charged = segment.loss_mask.to(device) & sup[pos]
+        draft_ids = model.draft_ids()
+        target_head = self._target_head.to(device=device, dtype=hidden.dtype)
+        reference = None if model.training else self._full_vocab_top1(target_head)
+        result = modeling.chunked_forward_kl(
+            hidden[charged],
+            model.lm_head.weight,
+            final[pos[charged] + 1],
+            target_head[draft_ids],
+            reference_top1=reference,
+            chunk=self.options.loss_chunk,
+        )
+        k = elements.max_depth
+        d = depth[charged].cpu()
+        total = torch.bincount(d, minlength=k)[:k]
+        correct = torch.bincount(d[result.correct.cpu()], minlength=k)[:k]
+        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total)
+
+    def _full_vocab_top1(self, target_head: torch.Tensor):
+        # In evaluation a hit must match the target's argmax over its *whole* vocabulary (what greedy verification
+        # accepts); a target token outside the draft vocabulary can never be hit.
+        t2d_index = torch.cumsum(self.model.t2d.long(), 0) - 1
+
+        def top1(target_hidden: torch.Tensor) -> torch.Tensor:
+            best = (target_hidden @ target_head.T).argmax(-1)
+            return torch.where(self.model.t2d[best], t2d_index[best], torch.full_like(best, -1))
+
+        return top1
+
+    # --------------------------------------------------------------------------------------------------- inference
+    def _reset_inference(self) -> None:
+        self._cache: list[modeling.KV] | None = None
+        self._cached = 0
+        self._pending_tokens: list[torch.Tensor] = []
+        self._pending_aux: list[torch.Tensor] = []
+
+    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        if self.mask_token_id is None:
+            raise api.SpecframeError("peagle: no mask token chosen (train the drafter or load a checkpoint first)")
+        self._reset_inference()
+        ids = prompt_ids.reshape(-1)
+        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
+        n = ids.shape[0]
+        if aux.shape[0] not in (n, n - 1):
+            raise api.SpecframeError(f"peagle.start: {n} prompt tokens but {aux.shape[0]} feature rows")
+        if n > 1:
+            self._pending_tokens.append(ids[1:])
+            self._pending_aux.append(aux[: n - 1])
+
+    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        emitted = emitted.reshape(-1)
+        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
+        if aux.shape[0] != emitted.shape[0]:
+            raise api.SpecframeError(
+                f"peagle.accept: {emitted.shape[0]} emitted tokens need as many feature rows, got {aux.shape[0]}"
+            )
+        self._pending_tokens.append(emitted)
+        self._pending_aux.append(aux)
+
+    @torch.no_grad()
+    def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
+        if not self._pending_tokens:
+            raise api.SpecframeError("peagle.propose: no new token to draft from (call accept with the bonus token)")
+        if k < 1:
+            raise api.UsageError(f"peagle.propose: k must be positive, got {k}")
+        model = self.model
+        device = model.fc.weight.device
+        tokens = torch.cat(self._pending_tokens).to(device)
+        aux = torch.cat(self._pending_aux).to(device=device, dtype=model.fc.weight.dtype)
+        p = tokens.shape[0]
+        block_tokens = torch.cat([tokens, torch.full((k - 1,), self.mask_token_id, device=device, dtype=torch.long)])
+        block_aux = torch.cat([aux, aux.new_zeros(k - 1, aux.shape[1])])
+        is_mask = torch.arange(p + k - 1, device=device) >= p
+        position = torch.arange(self._cached, self._cached + p + k - 1, device=device)
+        hidden, kvs = model(
+            block_tokens, block_aux, is_mask, position, modeling.causal_attention(self._cached), past=self._cache
+        )
+        draft = model.lm_head(hidden[p - 1 :]).argmax(-1)
+        target_ids = draft + model.d2t[draft]
+        # only the committed tokens' keys/values are kept; the mask slots' are rewritten next round
+        kept = [(kk[:, :, :p], vv[:, :, :p]) for kk, vv in kvs]
+        if self._cache is None:
+            self._cache = kept
+        else:
+            self._cache = [
+                (torch.cat([ck, nk], dim=2), torch.cat([cv, nv], dim=2))
+                for (ck, cv), (nk, nv) in zip(self._cache, kept, strict=True)
+            ]
+        self._cached += p
+        self._pending_tokens, self._pending_aux = [], []
+        return api.Draft(tokens=target_ids.cpu())
+
+    # -------------------------------------------------------------------------------------------------- checkpoints
+    def describe(self) -> dict[str, Any]:
+        """What inference and vLLM export need besides the tensors."""
+        s = self.shape
+        return {
+            "drafter": self.name,
+            "options": cattrs.unstructure(self.options),
+            "mask_token_id": self.mask_token_id,
+            "aux_layer_ids": list(self.aux_layer_ids),
+            "draft_vocab_size": self.draft_vocab_size,
+            "vocab_size": self.vocab_size,
+            "hidden_size": s.hidden,
+            "target_hidden_size": s.hidden,
+            "num_attention_heads": s.heads,
+            "num_key_value_heads": s.kv_heads,
+            "head_dim": s.head_dim,
+            "intermediate_size": s.intermediate,
+            "rms_norm_eps": s.eps,
+            "rope_theta": s.rope_theta,
+            "num_hidden_layers": self.options.layers,
+            "d2t": "offsets: target id = draft id + d2t[draft id]",
+        }
+
+    def save(self, directory: Path) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        save_file(state, str(directory / WEIGHTS_FILE), metadata={"drafter": self.name})
+        (directory / CONFIG_FILE).write_text(json.dumps(self.describe(), indent=1))
+
+    def load(self, directory: Path) -> None:
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        info_path = directory / CONFIG_FILE
+        if not info_path.exists():
+            raise api.SpecframeError(f"{directory} is not a peagle checkpoint (no {CONFIG_FILE})")
+        info = json.loads(info_path.read_text())
+        if info.get("drafter") != self.name:
+            raise api.SpecframeError(
+                f"{directory} holds a '{info.get('drafter')}' drafter, not '{self.name}'"
+            )
+        if list(info["aux_layer_ids"]) != list(self.aux_layer_ids) or info["draft_vocab_size"] != self.draft_vocab_size:
+            raise api.SpecframeError(
+                f"{directory} was trained with aux layers {info['aux_layer_ids']} and draft vocabulary "
+                f"{info['draft_vocab_size']}, this drafter has {self.aux_layer_ids} and {self.draft_vocab_size}"
+            )
+        try:
+            self.model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+        except RuntimeError as exc:
+            raise api.SpecframeError(f"{directory}: weights do not fit this peagle drafter: {exc}") from exc
+        self.mask_token_id = info["mask_token_id"]
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path, target_config: Any) -> PEagleDrafter:
+        """A drafter rebuilt from ``save``'s files (options included) for the given target config."""
+        info = json.loads((Path(directory) / CONFIG_FILE).read_text())
+        options = cattrs.structure(info["options"], PEagleOptions)
+        drafter = cls(target_config, options)
+        drafter.load(directory)
+        return drafter
+
+
+def choose_mask_token(tokenizer: Any, seen: set[int], vocab_size: int) -> int:
+    """The highest-id special token of ``tokenizer`` that never occurs in the training data and has an embedding row.
+
+    Special tokens are never produced by the tokenizer from plain text, and one unseen in training carries no
+    meaning the drafter would have to unlearn; the highest id is a stable, documented choice.
+    """
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = {int(i) for i, tok in decoder.items() if getattr(tok, "special", False)}
+    special |= {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
+    candidates = sorted(i for i in special if i < vocab_size and i not in seen)
+    if not candidates:
+        raise api.SpecframeError(
+            "no special token of the target tokenizer is unused by the training data, so P-EAGLE has no mask token"
+        )
+    return candidates[-1]
+
+
+def draft_vocabulary(counts: Counter[int], size: int, vocab_size: int, exclude: set[int]) -> torch.Tensor:
+    """The ``size`` most frequent token ids (ties and unseen tokens filled by the lower id), sorted ascending."""
+    freq = torch.zeros(vocab_size, dtype=torch.float64)
+    for tok, c in counts.items():
+        if 0 <= tok < vocab_size:
+            freq[tok] = c
+    for tok in exclude:
+        freq[tok] = -1.0
+    # stable sort on -freq keeps lower ids first among equal counts
+    order = torch.sort(-freq, stable=True).indices[:size]
+    return order.sort().values
+
+
+@api.hookimpl
+def register_drafters(register):
+    register(PEagleDrafter)

@@ -1,0 +1,175 @@
+"""Atomic, pickle-free training checkpoints.
+
+Layout of an output directory::
+
+    OUT/train.lock            held (flock) by the run writing OUT
+    OUT/config.json           the resolved run config
+    OUT/metrics.jsonl         one JSON object per log / evaluation
+    OUT/latest                name of the newest complete checkpoint
+    OUT/step-00000040/        one checkpoint: the drafter's own files (``Drafter.save``: weights safetensors +
+                              JSON), config.json, optimizer.safetensors + optimizer.json, scheduler.json,
+                              rng.safetensors, state.json (step, data position)
+
+A checkpoint is written into a temporary sibling, fsynced, renamed into place with ``os.replace``, and only then is
+``latest`` switched (itself by ``os.replace``) and the previous checkpoint removed: a kill at any point leaves the
+last good checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specframe.errors import SpecframeError
+
+LATEST = "latest"
+LOCK = "train.lock"
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """A checkpoint directory from either a checkpoint or a run output directory (its latest checkpoint)."""
+    p = Path(path)
+    if (p / "state.json").exists():
+        return p
+    if (p / LATEST).exists():
+        return p / (p / LATEST).read_text().strip()
+    raise SpecframeError(f"{p} is neither a checkpoint nor a training output directory with a checkpoint")
+
+
+def has_checkpoint(out: Path) -> bool:
+    return (out / LATEST).exists()
+
+
+class OutputLock:
+    """An exclusive lock on an output directory; released by the OS when the process dies."""
+
+    def __init__(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self._file = open(out / LOCK, "a+")  # noqa: SIM115 - held for the run's lifetime
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise SpecframeError(f"another training run is writing {out} (it holds {out / LOCK})") from None
+        self._file.truncate(0)
+        self._file.write(str(os.getpid()))
+        self._file.flush()
+
+    def release(self) -> None:
+        if not self._file.closed:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")) + [root]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer state dict into tensors (safetensors) and JSON scalars."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, state in sd["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{pid}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                scalars.setdefault(str(pid), {})[key] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = value
+    for pid, values in meta["scalars"].items():
+        state.setdefault(int(pid), {}).update(values)
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save(
+    out: Path,
+    step: int,
+    drafter: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    config: dict[str, Any],
+    state: dict[str, Any],
+) -> Path:
+    """Write checkpoint ``step`` atomically and make it the latest; the previous one is removed afterwards."""
+    final = out / step_name(step)
+    tmp = out / f".{step_name(step)}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    drafter.save(tmp)
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    tensors, meta = optimizer_to_files(optimizer)
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    (tmp / "optimizer.json").write_text(json.dumps(meta))
+    (tmp / "scheduler.json").write_text(json.dumps(scheduler.state_dict()))
+    save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+    _fsync_tree(tmp)
+    previous = resolve(out) if has_checkpoint(out) else None
+    if final.exists():  # a checkpoint of the same step from an earlier, interrupted attempt
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    atomic_write_text(out / LATEST, final.name)
+    if previous is not None and previous != final:
+        shutil.rmtree(previous, ignore_errors=True)
+    return final
+
+
+def load_training_state(
+    directory: Path, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
+) -> dict[str, Any]:
+    """Restore optimizer, scheduler and RNG state from a checkpoint; returns its ``state.json``."""
+    optimizer.load_state_dict(
+        optimizer_from_files(
+            load_file(str(directory / "optimizer.safetensors")), json.loads((directory / "optimizer.json").read_text())
+        )
+    )
+    scheduler.load_state_dict(json.loads((directory / "scheduler.json").read_text()))
+    torch.set_rng_state(load_file(str(directory / "rng.safetensors"))["torch"])
+    return json.loads((directory / "state.json").read_text())
+
+
+def load_drafter(path: str | os.PathLike, target_config: Any) -> Any:
+    """The trained drafter of a checkpoint (or of a run's latest checkpoint), built from its recorded config."""
+    from specframe import plugins
+    from specframe.engine.config import structure_options
+
+    directory = resolve(path)
+    config = json.loads((directory / "config.json").read_text())
+    cls = plugins.get("drafter", config["drafter"])
+    options = structure_options(config.get("drafter_options", {}), cls.Options, f"drafter '{cls.name}'")
+    drafter = cls(target_config, options)
+    drafter.load(directory)
+    return drafter

@@ -1,0 +1,84 @@
+"""The resolved configuration of a training run (saved with every checkpoint)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import cattrs
+
+from specframe.errors import UsageError
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise UsageError(f"--{attribute.name.replace('_', '-')} must be positive, got {value!r}")
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise UsageError(f"--{attribute.name.replace('_', '-')} must be zero or positive, got {value!r}")
+
+
+@attrs.define
+class TrainConfig:
+    """Every setting of a run. ``None`` means "resolve from the drafter / device" (see ``resolve``)."""
+
+    drafter: str
+    output: str
+    target: str = "default"
+    data: str | None = "default"
+    cache: str | None = None
+    seq_len: int = attrs.field(default=256, validator=_positive)
+    depth: int | None = attrs.field(default=None, validator=_positive)
+    mask_builder: str | None = None
+    partitioner: str = "none"
+    partitions: int = attrs.field(default=1, validator=_positive)
+    #: recorded only: the memory estimator that would enforce it is not written yet
+    memory_budget: str | None = None
+    max_steps: int = attrs.field(default=30, validator=_positive)
+    batch_size: int = attrs.field(default=2, validator=_positive)
+    lr: float = attrs.field(default=3e-4, validator=_positive)
+    warmup_steps: int | None = attrs.field(default=None, validator=attrs.validators.optional(_non_negative))
+    weight_decay: float = attrs.field(default=0.0, validator=_non_negative)
+    grad_clip: float = attrs.field(default=1.0, validator=_positive)
+    save_every: int = attrs.field(default=0, validator=_non_negative)
+    eval_every: int = attrs.field(default=0, validator=_non_negative)
+    val_examples: int = attrs.field(default=4, validator=_non_negative)
+    max_examples: int | None = attrs.field(default=200, validator=_positive)
+    seed: int = attrs.field(default=0, validator=_non_negative)
+    device: str = "cpu"
+    drafter_options: dict[str, Any] = attrs.field(factory=dict)
+    mask_builder_options: dict[str, Any] = attrs.field(factory=dict)
+    partitioner_options: dict[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.data is None) == (self.cache is None):
+            raise UsageError("give exactly one of --data and --cache")
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return _converter.unstructure(cfg)
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    return _converter.structure(data, TrainConfig)
+
+
+def structure_options(data: dict[str, Any], cls: type, what: str) -> Any:
+    """Plugin options from a plain dict; unknown keys and bad types become one clear ``UsageError``."""
+    try:
+        return _converter.structure(dict(data), cls)
+    except UsageError:
+        raise
+    except cattrs.BaseValidationError as exc:
+        messages = cattrs.transform_error(exc)
+        known = ", ".join(a.name for a in attrs.fields(cls)) or "none"
+        raise UsageError(f"invalid {what} options: {'; '.join(messages)} (known options: {known})") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"invalid {what} options: {exc}") from None

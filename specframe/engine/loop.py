@@ -1,0 +1,389 @@
+"""The training loop shared by every drafter.
+
+Loss normalisation (DESIGN.md section 8): the loss of an optimizer step is the sum over every supervised element of
+the global batch (all sequences, segments and ranks) divided by that global count. The count is known before any
+forward (each element is charged in exactly one segment, and it is supervised iff the drafter's supervision is set
+at its reference position), so it is all-reduced first and every segment back-propagates ``loss_sum / count`` at
+once; gradients are then summed across ranks. One rank and two, S = 1 and S = 4 therefore give the same gradient.
+
+Data order is a seeded permutation per epoch and COD draws from a generator seeded by (seed, step, slot), so a resumed
+run sees exactly the sequences and elements the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from specframe import api, plugins
+from specframe.elements import full_grid
+from specframe.engine import checkpoint
+from specframe.engine.config import TrainConfig, structure_options, to_dict
+from specframe.engine.data import OnlineFeatures, feature_request, load_sequences
+from specframe.errors import SpecframeError, UsageError
+
+
+@attrs.define
+class TrainResult:
+    steps: int
+    checkpoint: Path
+    metrics: list[dict[str, Any]]
+    final_train_loss: float | None
+    last_eval: dict[str, Any] | None
+
+
+def expected_acceptance_length(accuracy: list[float]) -> float:
+    """1 + sum_k prod_{i<=k} acc_i: the acceptance length per-depth top-1 accuracies imply for a chain draft."""
+    total, prod = 1.0, 1.0
+    for acc in accuracy:
+        prod *= acc
+        total += prod
+    return total
+
+
+def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
+    """Linear warmup to 1, then cosine decay to 0 at ``total`` steps."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+class _Dist:
+    """torch.distributed when launched by torchrun (WORLD_SIZE > 1), else a single process."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("gloo")
+        self.rank = dist.get_rank() if self.world > 1 else 0
+
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM)
+        return t
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.dist.barrier()
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, resume: str | None = None, target: Any = None, log: Callable = print):
+        self.cfg = cfg
+        self.log = log
+        self.dist = _Dist()
+        self.out = Path(cfg.output)
+        self.resume_from = self._check_output(resume)
+        self.lock = checkpoint.OutputLock(self.out) if self.dist.rank == 0 else None
+        try:
+            self._setup(target)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_output(self, resume: str | None) -> Path | None:
+        if resume is None:
+            if checkpoint.has_checkpoint(self.out):
+                raise SpecframeError(
+                    f"{self.out} already holds a checkpoint; pass --resume {self.out} to continue it or choose "
+                    "another --output (nothing was overwritten)"
+                )
+            return None
+        directory = checkpoint.resolve(resume)
+        saved = json.loads((directory / "config.json").read_text())
+        if saved.get("drafter") != self.cfg.drafter:
+            raise SpecframeError(
+                f"--resume {resume} is a checkpoint of drafter '{saved.get('drafter')}', not '{self.cfg.drafter}' "
+                "(nothing was overwritten)"
+            )
+        return directory
+
+    def _setup(self, target: Any) -> None:
+        cfg = self.cfg
+        if cfg.cache is not None:
+            raise UsageError("--cache is not supported yet: the shared feature cache is not written; use --data")
+        torch.manual_seed(cfg.seed)
+        if target is None:
+            from specframe.targets import load_target
+
+            target = load_target(cfg.target)
+        self.target = target
+        target.model.to(cfg.device)
+        drafter_cls = plugins.get("drafter", cfg.drafter)
+        options = structure_options(cfg.drafter_options, drafter_cls.Options, f"drafter '{cfg.drafter}'")
+        self.drafter: api.Drafter = drafter_cls(target.config, options)
+        self.depth = cfg.depth or getattr(options, "k_train", None)
+        if not self.depth:
+            raise UsageError(f"drafter '{cfg.drafter}' has no default training depth: pass --depth")
+        builder_name = cfg.mask_builder
+        if builder_name is None:
+            from specframe.masks import default_mask_builder
+
+            builder_name = default_mask_builder(cfg.device)
+        builder_cls = plugins.get("mask builder", builder_name)
+        if torch.device(cfg.device).type not in builder_cls.devices:
+            raise UsageError(f"mask builder '{builder_name}' does not train on {cfg.device}")
+        self.builder = builder_cls(structure_options(cfg.mask_builder_options, builder_cls.Options, "mask builder"))
+        part_cls = plugins.get("partitioner", cfg.partitioner)
+        self.partitioner = part_cls(structure_options(cfg.partitioner_options, part_cls.Options, "partitioner"))
+        self.resolved = attrs.evolve(
+            cfg, depth=self.depth, mask_builder=builder_name, drafter_options=_unstructure(options)
+        )
+
+        examples = load_sequences(cfg.data, target.tokenizer, cfg.seq_len, cfg.max_examples)
+        n_val = min(cfg.val_examples, len(examples) - 1)
+        self.val = examples[len(examples) - n_val :] if n_val > 0 else []
+        self.train = examples[: len(examples) - n_val]
+        self.features = OnlineFeatures(target.model, *feature_request(self.drafter))
+        self.drafter.prepare(target, self.train)
+        module = self.drafter.module().to(cfg.device)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.max_steps // 10)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, cfg.max_steps))
+        self.step = 0
+        if self.resume_from is not None:
+            self.drafter.load(self.resume_from)
+            state = checkpoint.load_training_state(self.resume_from, self.optimizer, self.scheduler)
+            self.step = int(state["step"])
+        self.metrics_path = self.out / "metrics.jsonl"
+        if self.dist.rank == 0:
+            self._trim_metrics()
+            checkpoint.atomic_write_text(self.out / "config.json", json.dumps(self.config_dict(), indent=1))
+        self.tb = _tensorboard(self.out) if self.dist.rank == 0 else None
+
+    def config_dict(self) -> dict[str, Any]:
+        d = to_dict(self.resolved)
+        d["memory_budget_enforced"] = False
+        d["world_size"] = self.dist.world
+        d["target_id"] = getattr(self.target, "id", None)
+        d["target_weights_hash"] = getattr(self.target, "weights_hash", None)
+        d["train_sequences"] = len(self.train)
+        d["val_sequences"] = len(self.val)
+        return d
+
+    def _trim_metrics(self) -> None:
+        # a killed run may have logged steps past its last checkpoint; the resumed run logs them again
+        if not self.metrics_path.exists():
+            return
+        keep = []
+        for line in self.metrics_path.read_text().splitlines():
+            if line.strip() and json.loads(line).get("step", 0) <= self.step:
+                keep.append(line)
+        checkpoint.atomic_write_text(self.metrics_path, "".join(k + "\n" for k in keep))
+
+    def close(self) -> None:
+        if getattr(self, "tb", None) is not None:
+            self.tb.close()
+        if self.lock is not None:
+            self.lock.release()
+
+    # ------------------------------------------------------------------------------------------------- elements
+    def elements(self, example: api.TrainingExample, generator: torch.Generator | None) -> tuple[Any, torch.Tensor]:
+        sup = self.drafter.supervision(example).to(torch.bool)
+        n = sup.shape[0]
+        # the drafter's positions are the last n data positions (EAGLE's shift drops the first)
+        doc = example.doc[example.doc.shape[0] - n :]
+        ratio = getattr(self.drafter.options, "cod_ratio", None)
+        if ratio is not None and ratio < 1.0 and generator is not None:
+            from specframe.elements import cod_sample
+
+            min_ratio = getattr(self.drafter.options, "cod_min_ratio", 0.0)
+            elems = cod_sample(sup, self.depth, ratio, min_ratio, generator=generator, doc=doc)
+        else:
+            elems = full_grid(n, self.depth, doc)
+        return elems, sup
+
+    def segments(self, elems: Any) -> list[api.Segment]:
+        from specframe.elements import check_partition
+
+        segs = self.partitioner.partition(elems, self.cfg.partitions)
+        check_partition(elems, segs, self.partitioner.name)
+        return segs
+
+    def batch_indices(self, step: int) -> list[int]:
+        n = len(self.train)
+        out = []
+        for slot in range(self.cfg.batch_size):
+            position = step * self.cfg.batch_size + slot
+            epoch, offset = divmod(position, n)
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch))
+            out.append(int(perm[offset]))
+        return out
+
+    # ------------------------------------------------------------------------------------------------ one step
+    def train_step(self) -> dict[str, Any]:
+        cfg, step = self.cfg, self.step
+        module = self.drafter.module()
+        module.train()
+        work = []
+        local_count = 0
+        for slot, idx in enumerate(self.batch_indices(step)):
+            if slot % self.dist.world != self.dist.rank:
+                continue
+            gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 4096 + slot)
+            example = self.features(idx, self.train[idx])
+            elems, sup = self.elements(example, gen)
+            segs = self.segments(elems)
+            local_count += int(sup[elems.position].sum())
+            work.append((example, elems, segs))
+        count = self.dist.sum_(torch.tensor([float(local_count)]))
+        global_count = float(count.item())
+        loss_sum = torch.zeros(1)
+        self.optimizer.zero_grad(set_to_none=True)
+        if global_count > 0:
+            for example, elems, segs in work:
+                for seg in segs:
+                    sub = elems.subset(seg.elements)
+                    terms = self.drafter.loss(example, elems, seg, self.builder.build(sub, sub))
+                    (terms.loss_sum / global_count).backward()
+                    loss_sum += terms.loss_sum.detach().float()
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self.dist.sum_(p.grad)
+        self.dist.sum_(loss_sum)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        lr = self.scheduler.get_last_lr()[0]
+        if global_count > 0:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        loss = float(loss_sum.item() / global_count) if global_count > 0 else None
+        return {"step": self.step, "train_loss": loss, "elements": int(global_count), "lr": lr,
+                "grad_norm": float(grad_norm)}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any] | None:
+        if not self.val:
+            return None
+        module = self.drafter.module()
+        module.eval()
+        loss_sum = torch.zeros(1)
+        count = torch.zeros(1)
+        correct = torch.zeros(self.depth)
+        total = torch.zeros(self.depth)
+        for j, example in enumerate(self.val):
+            if j % self.dist.world != self.dist.rank:
+                continue
+            example = self.features(-1 - j, example)
+            elems, _ = self.elements(example, None)
+            for seg in self.segments(elems):
+                sub = elems.subset(seg.elements)
+                terms = self.drafter.loss(example, elems, seg, self.builder.build(sub, sub))
+                loss_sum += terms.loss_sum.float()
+                count += terms.count
+                correct += terms.correct.float()
+                total += terms.total.float()
+        for t in (loss_sum, count, correct, total):
+            self.dist.sum_(t)
+        module.train()
+        acc = [float(c / t) if t > 0 else 0.0 for c, t in zip(correct, total, strict=True)]
+        return {
+            "step": self.step,
+            "val_loss": float(loss_sum.item() / max(count.item(), 1.0)),
+            "val_elements": int(count.item()),
+            "val_accuracy": acc,
+            "val_expected_al": expected_acceptance_length(acc),
+        }
+
+    def save(self) -> Path:
+        path = Path()
+        if self.dist.rank == 0:
+            path = checkpoint.save(
+                self.out, self.step, self.drafter, self.optimizer, self.scheduler, self.config_dict(),
+                {"data_position": self.step * self.cfg.batch_size},
+            )
+        self.dist.barrier()
+        return path
+
+    def record(self, entry: dict[str, Any]) -> None:
+        if self.dist.rank != 0:
+            return
+        entry = {"time": time.time(), **entry}
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+        if self.tb is not None:
+            for key, value in entry.items():
+                if key in ("step", "time") or value is None:
+                    continue
+                if isinstance(value, list):
+                    for d, v in enumerate(value):
+                        self.tb.add_scalar(f"{key}/depth{d}", v, entry["step"])
+                else:
+                    self.tb.add_scalar(key, value, entry["step"])
+
+    def run(self, progress: bool = True) -> TrainResult:
+        cfg = self.cfg
+        history: list[dict[str, Any]] = []
+        last_eval = None
+        last_ckpt = checkpoint.resolve(self.out) if checkpoint.has_checkpoint(self.out) else None
+        bar = _progress(progress and self.dist.rank == 0)
+        with bar:
+            task = bar.add_task("training", total=cfg.max_steps, completed=self.step)
+            while self.step < cfg.max_steps:
+                entry = self.train_step()
+                self.record(entry)
+                history.append(entry)
+                bar.update(task, completed=self.step, description=f"loss {entry['train_loss'] or 0:.4f}")
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
+                    last_eval = self.evaluate()
+                    if last_eval:
+                        self.record(last_eval)
+                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.max_steps:
+                    last_ckpt = self.save()
+        final_eval = self.evaluate()
+        if final_eval:
+            self.record(final_eval)
+            last_eval = final_eval
+        if last_ckpt is None or last_ckpt.name != checkpoint.step_name(self.step):
+            last_ckpt = self.save()
+        losses = [h["train_loss"] for h in history if h["train_loss"] is not None]
+        return TrainResult(self.step, last_ckpt, history, losses[-1] if losses else None, last_eval)
+
+
+def _unstructure(options: Any) -> dict[str, Any]:
+    import cattrs
+
+    return cattrs.unstructure(options)
+
+
+def _tensorboard(out: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional: metrics.jsonl always has everything
+        return None
+    return SummaryWriter(str(out / "tensorboard"))
+
+
+def _progress(enabled: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), disable=not enabled
+    )
+
+
+def train(cfg: TrainConfig, *, resume: str | None = None, target: Any = None, progress: bool = True) -> TrainResult:
+    """Train (or, with ``resume``, continue) a drafter as ``cfg`` says; returns where the last checkpoint is."""
+    trainer = Trainer(cfg, resume=resume, target=target)
+    try:
+        return trainer.run(progress=progress)
+    finally:
+        trainer.close()

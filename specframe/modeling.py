@@ -1,0 +1,256 @@
+"""Building blocks shared by the EAGLE-family drafters: Llama-style decoder layers over element sets.
+
+A layer's attention is not a causal mask but an ``api.Attention`` callable from a mask builder, so the same layer
+trains on any (anchor, depth) element set and, with a KV cache, drafts at inference. Rotary embeddings are applied
+at each element's position (anchor + depth). Parameter names follow the Llama / vLLM ``llama_eagle3`` layout
+(``self_attn.q_proj``, ``mlp.gate_proj``, ``input_layernorm`` ...) so export is a renaming-free copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@attrs.frozen
+class LayerShape:
+    """Sizes of one Llama decoder layer (taken from the target's config unless a drafter overrides them)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LayerShape:
+        heads = int(cfg.num_attention_heads)
+        hidden = int(cfg.hidden_size)
+        head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+        return cls(
+            hidden=hidden,
+            heads=heads,
+            kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            intermediate=int(cfg.intermediate_size),
+            eps=float(getattr(cfg, "rms_norm_eps", 1e-5)),
+            rope_theta=rope_theta(cfg),
+        )
+
+
+def rope_theta(cfg: Any) -> float:
+    """The rotary base of a transformers config (v5 keeps it in ``rope_parameters``, v4 on the config)."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(theta or getattr(cfg, "rope_theta", None) or 10000.0)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotary(position: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin [N, head_dim] at integer positions, in the Llama (rotate-half) layout."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=position.device) / head_dim))
+    freqs = position.to(torch.float32)[:, None] * inv[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class SelfAttention(nn.Module):
+    """Grouped-query attention whose masking is delegated to an ``Attention`` callable.
+
+    ``past`` (k, v) [B, kv_heads, M, D] are prepended to this call's keys (inference KV cache); the call returns the
+    new (k, v) so the caller decides which of them to keep.
+    """
+
+    def __init__(self, shape: LayerShape, in_features: int) -> None:
+        super().__init__()
+        self.shape = shape
+        d = shape.head_dim
+        self.q_proj = nn.Linear(in_features, shape.heads * d, bias=False)
+        self.k_proj = nn.Linear(in_features, shape.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(in_features, shape.kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(shape.heads * d, shape.hidden, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention, past: KV | None = None
+    ) -> tuple[torch.Tensor, KV]:
+        b, n, _ = x.shape
+        s = self.shape
+        q = self.q_proj(x).view(b, n, s.heads, s.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        new = (k, v)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        rep = s.heads // s.kv_heads
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        out = attention(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, s.heads * s.head_dim)), new
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: LayerShape) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False)
+        self.up_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False)
+        self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """A pre-norm Llama decoder layer. With ``eagle_input=True`` it is EAGLE-3's first layer: its attention reads
+    cat(input_layernorm(embedding), hidden_norm(hidden)) (2H wide) and its residual stream starts from ``hidden``
+    (vLLM's default, ``norm_before_residual=False``)."""
+
+    def __init__(self, shape: LayerShape, eagle_input: bool = False) -> None:
+        super().__init__()
+        self.eagle_input = eagle_input
+        self.input_layernorm = RMSNorm(shape.hidden, shape.eps)
+        if eagle_input:
+            self.hidden_norm = RMSNorm(shape.hidden, shape.eps)
+        self.self_attn = SelfAttention(shape, shape.hidden * (2 if eagle_input else 1))
+        self.post_attention_layernorm = RMSNorm(shape.hidden, shape.eps)
+        self.mlp = MLP(shape)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: Attention,
+        embeds: torch.Tensor | None = None,
+        past: KV | None = None,
+    ) -> tuple[torch.Tensor, KV]:
+        if self.eagle_input:
+            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        else:
+            x = self.input_layernorm(hidden)
+        attn, kv = self.self_attn(x, cos, sin, attention, past)
+        hidden = hidden + attn
+        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return hidden, kv
+
+
+def run_layers(
+    layers: nn.ModuleList,
+    hidden: torch.Tensor,
+    embeds: torch.Tensor,
+    position: torch.Tensor,
+    shape: LayerShape,
+    attention: Attention,
+    past: list[KV] | None = None,
+    checkpointing: bool = False,
+) -> tuple[torch.Tensor, list[KV]]:
+    """Run the layers over one element block; ``checkpointing`` recomputes each layer in backward (activation
+    memory O(one layer) instead of O(all layers)). Returns the last hidden state and each layer's new (k, v)."""
+    cos, sin = rotary(position, shape.head_dim, shape.rope_theta, hidden.dtype)
+    kvs: list[KV] = []
+    for i, layer in enumerate(layers):
+        extra = embeds if layer.eagle_input else None
+        layer_past = past[i] if past is not None else None
+        if checkpointing and torch.is_grad_enabled():
+            hidden, kv = checkpoint(layer, hidden, cos, sin, attention, extra, layer_past, use_reentrant=False)
+        else:
+            hidden, kv = layer(hidden, cos, sin, attention, extra, layer_past)
+        kvs.append(kv)
+    return hidden, kvs
+
+
+def causal_attention(offset: int) -> Attention:
+    """Plain causal attention for a block of queries that follow ``offset`` cached keys (inference)."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        nq, nk = q.shape[2], k.shape[2]
+        qpos = torch.arange(nq, device=q.device)[:, None] + offset
+        mask = torch.arange(nk, device=q.device)[None, :] <= qpos
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    return attend
+
+
+@attrs.frozen
+class KLResult:
+    loss_sum: torch.Tensor
+    correct: torch.Tensor  # bool [N]: draft top-1 equals the reference top-1
+
+
+def chunked_forward_kl(
+    hidden: torch.Tensor,
+    head: torch.Tensor,
+    target_hidden: torch.Tensor,
+    target_head: torch.Tensor,
+    reference_top1: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    chunk: int = 1024,
+) -> KLResult:
+    """Sum over rows of KL(p_target || q_draft) over the draft vocabulary, in row chunks.
+
+    ``hidden`` [N, H] are the drafter's normalised final states and ``head`` [Vd, H] its lm_head; the target
+    distribution is softmax(target_hidden @ target_head.T) with ``target_head`` the target's lm_head rows of the draft
+    vocabulary. Each chunk's logits are recomputed in backward, so memory is O(chunk x Vd) rather than O(N x Vd).
+    ``reference_top1(target_hidden_chunk)`` gives the draft-vocabulary id a hit must match (default: the target's
+    argmax within the draft vocabulary); rows where it returns -1 can never be hit.
+    """
+    losses = []
+    correct = []
+    for start in range(0, hidden.shape[0], chunk):
+        h = hidden[start : start + chunk]
+        th = target_hidden[start : start + chunk]
+        with torch.no_grad():
+            t_logp = torch.log_softmax((th @ target_head.T).float(), dim=-1)
+            ref = reference_top1(th) if reference_top1 is not None else t_logp.argmax(-1)
+        if torch.is_grad_enabled() and h.requires_grad:
+            loss, top = checkpoint(_kl_chunk, h, head, t_logp, use_reentrant=False)
+        else:
+            loss, top = _kl_chunk(h, head, t_logp)
+        losses.append(loss)
+        correct.append(top == ref)
+    if not losses:
+        return KLResult(hidden.new_zeros(()) + 0.0 * head.sum(), torch.zeros(0, dtype=torch.bool))
+    return KLResult(torch.stack(losses).sum(), torch.cat(correct))
+
+
+def _kl_chunk(h: torch.Tensor, head: torch.Tensor, t_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logq = torch.log_softmax((h @ head.T).float(), dim=-1)
+    p = t_logp.exp()
+    kl = (p * (t_logp - logq)).sum()
+    return kl, logq.argmax(-1)
