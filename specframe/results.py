@@ -1,0 +1,177 @@
+"""The results file every benchmark and bench command writes (DESIGN.md section 8).
+
+One JSON document: the figures (``metrics``, ``per_prompt``) plus the provenance a reader needs to trust and
+reproduce them: command line, specframe version and git commit, target id and weights hash, drafter checkpoint hash,
+training token budget, machine description and date. ``specframe report`` refuses a file without provenance.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from specframe import __version__
+from specframe.errors import SpecframeError
+
+SCHEMA = "specframe.results/1"
+#: provenance keys a results file must carry (values may be null only where the key says "none applies")
+REQUIRED_PROVENANCE = ("command", "specframe_version", "git_commit", "target", "token_budget", "machine", "date")
+
+
+def git_commit(path: Path | None = None) -> str | None:
+    """The commit of the specframe checkout (``+dirty`` when it has uncommitted changes), or None outside git."""
+    where = path or Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where, capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPU, core count, memory, accelerator, library versions."""
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_bytes": _total_memory(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def file_hash(path: Path) -> str:
+    """sha256 of a file, or of a directory's files (names and contents, sorted), as ``sha256:<hex>``."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def provenance(
+    *,
+    target: dict[str, Any],
+    drafter_checkpoint_hash: str | None = None,
+    token_budget: int | None = None,
+    command: list[str] | None = None,
+) -> dict[str, Any]:
+    """The provenance block. ``target`` is at least ``{"id": ..., "weights_hash": ...}``; ``token_budget`` is the
+    number of training tokens the drafter saw (None for untrained baselines such as plain or n-gram decoding)."""
+    return {
+        "command": shlex.join(command if command is not None else sys.argv),
+        "specframe_version": __version__,
+        "git_commit": git_commit(),
+        "target": target,
+        "drafter_checkpoint_hash": drafter_checkpoint_hash,
+        "token_budget": token_budget,
+        "machine": machine(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_results(
+    path: Path, *, kind: str, metrics: dict[str, Any], per_prompt: list[dict[str, Any]], provenance: dict[str, Any],
+    config: dict[str, Any] | None = None,
+) -> Path:
+    """Write one results file atomically (a reader never sees half a file)."""
+    document = {
+        "schema": SCHEMA,
+        "kind": kind,
+        "metrics": metrics,
+        "per_prompt": per_prompt,
+        "config": config or {},
+        "provenance": provenance,
+    }
+    check_results(document, source=str(path), strict=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(document, handle, indent=2, sort_keys=False)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def check_results(document: Any, source: str, strict: bool = True) -> None:
+    """Refuse a results document without the fields and provenance DESIGN.md section 8 requires.
+
+    ``strict=False`` (used when writing) lets a run outside a git checkout record a null commit; ``strict`` (used by
+    ``specframe report``) refuses it, since such figures cannot be traced to code.
+    """
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise SpecframeError(f"{source}: not a specframe results file (schema {SCHEMA!r} missing)")
+    for key in ("kind", "metrics", "per_prompt", "provenance"):
+        if key not in document:
+            raise SpecframeError(f"{source}: results file has no '{key}'")
+    prov = document["provenance"]
+    missing = [key for key in REQUIRED_PROVENANCE if not isinstance(prov, dict) or key not in prov]
+    if missing:
+        raise SpecframeError(f"{source}: results without provenance ({', '.join(missing)} missing)")
+    if strict and prov["git_commit"] in (None, ""):
+        raise SpecframeError(f"{source}: results without provenance (git commit unknown)")
+    target = prov["target"]
+    if not isinstance(target, dict) or not target.get("id") or not target.get("weights_hash"):
+        raise SpecframeError(f"{source}: results without provenance (target id or weights hash missing)")
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecframeError(f"{path}: cannot read results file: {exc}") from None
+    check_results(document, source=str(path))
+    return document

@@ -1,0 +1,52 @@
+import json
+
+import pytest
+
+from specframe import results
+from specframe.errors import SpecframeError
+
+TARGET = {"id": "tiny", "weights_hash": "sha256:abc"}
+
+
+def test_written_file_has_metrics_and_full_provenance(tmp_path):
+    prov = results.provenance(target=TARGET, token_budget=1000, command=["specframe", "bench", "acceptance"])
+    path = results.write_results(
+        tmp_path / "r.json", kind="acceptance", metrics={"al": 2.5}, per_prompt=[{"id": 0, "al": 2.5}], provenance=prov
+    )
+    document = results.read_results(path)
+    assert document["metrics"] == {"al": 2.5} and document["per_prompt"] == [{"id": 0, "al": 2.5}]
+    p = document["provenance"]
+    assert p["command"] == "specframe bench acceptance"
+    assert p["git_commit"] and p["target"] == TARGET and p["token_budget"] == 1000
+    assert p["machine"]["cpu_count"] >= 1 and p["date"].endswith("+00:00")
+    assert [f.name for f in tmp_path.iterdir()] == ["r.json"]  # no temp file left behind
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.pop("provenance"), "results file has no 'provenance'"),
+        (lambda d: d["provenance"].pop("command"), "results without provenance (command missing)"),
+        (lambda d: d["provenance"].update(git_commit=None), "results without provenance (git commit unknown)"),
+        (lambda d: d["provenance"].update(target={"id": "x"}), "results without provenance (target id or weights hash missing)"),
+        (lambda d: d.update(schema="other"), "not a specframe results file"),
+    ],
+)
+def test_results_without_provenance_are_refused(tmp_path, mutate, message):
+    prov = results.provenance(target=TARGET, command=["x"])
+    path = results.write_results(tmp_path / "r.json", kind="k", metrics={}, per_prompt=[], provenance=prov)
+    document = json.loads(path.read_text())
+    mutate(document)
+    path.write_text(json.dumps(document))
+    with pytest.raises(SpecframeError) as exc:
+        results.read_results(path)
+    assert str(exc.value).startswith(f"{path}: ") and message in str(exc.value)
+
+
+def test_file_hash_of_directory_depends_on_names_and_contents(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "w.bin").write_bytes(b"123")
+    first = results.file_hash(tmp_path / "a")
+    (tmp_path / "a" / "w.bin").write_bytes(b"124")
+    assert results.file_hash(tmp_path / "a") != first
+    assert first.startswith("sha256:")
