@@ -1,0 +1,125 @@
+"""``specframe regenerate``: answer prompts with the target (self-distilled training data)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import click
+
+
+@click.command("regenerate")
+@click.option("--target", default="default", show_default=True, help="Target: 'default', a model folder or a hub id.")
+@click.option(
+    "--data",
+    "data",
+    multiple=True,
+    required=True,
+    help="Prompt source (repeatable): sharegpt, gsm8k, gsm8k-eval, mt-bench, humaneval, a JSONL file or a hub id; "
+    "'default-prompts' = the prompts of the committed default set. The first user turn of each record is answered.",
+)
+@click.option("--limit", type=int, default=None, help="Use only the first N records of each --data source.")
+@click.option(
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Final answers file (.jsonl or .jsonl.gz, sorted by source and id). Work in progress goes to OUTPUT.part, "
+    "which a rerun resumes.",
+)
+@click.option("--provenance", type=click.Path(dir_okay=False), default=None, help="Write a provenance JSON here.")
+@click.option("--batch-size", type=int, default=16, show_default=True, help="Prompts per generate() call.")
+@click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Answer length cap (tokens).")
+@click.option(
+    "--max-prompt-tokens", type=int, default=512, show_default=True, help="Skip prompts longer than this (tokens)."
+)
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, threads, as_json):
+    """Answer prompts greedily with the target; resumable (rerun the same command after a kill)."""
+    import torch
+    from rich.progress import Progress
+
+    from specframe.data.regenerate import regenerate as run_regenerate
+    from specframe.data.sources import load_data
+    from specframe.targets import load_target
+
+    if threads:
+        torch.set_num_threads(threads)
+    tgt = load_target(target)
+    records = []
+    for d in data:
+        if d == "default-prompts":
+            from specframe.data.default import default_prompt_records
+
+            records.extend(default_prompt_records())
+        else:
+            records.extend(load_data(d, limit=limit))
+    out = Path(output)
+    part = out.with_name(out.name + ".part")
+    t0 = time.time()
+    with Progress(transient=True, disable=as_json or not sys.stderr.isatty()) as prog:
+        task = prog.add_task("regenerate", total=None)
+        rep = run_regenerate(
+            tgt,
+            records,
+            part,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            progress=lambda i, n: prog.update(task, completed=i, total=n),
+        )
+    rows = [json.loads(line) for line in part.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows.sort(key=lambda r: (r["source"], _natural(r["id"])))
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    if out.suffix == ".gz":
+        with open(tmp, "wb") as fb, gzip.GzipFile(fileobj=fb, mode="wb", mtime=0, filename="") as f:
+            f.write(text.encode("utf-8"))
+    else:
+        tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    summary = rep.as_dict() | {
+        "output": str(out),
+        "records": len(rows),
+        "bytes": out.stat().st_size,
+        "wall_seconds": round(time.time() - t0, 1),
+    }
+    if provenance:
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["source"]] = counts.get(r["source"], 0) + 1
+        prov = {
+            "command": "specframe regenerate " + " ".join(sys.argv[sys.argv.index("regenerate") + 1 :])
+            if "regenerate" in sys.argv
+            else "specframe regenerate",
+            "target_id": tgt.id,
+            "target_weights_hash": tgt.weights_hash,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "generation": {"greedy": True, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
+                           "batch_size": batch_size, "padding": "left", "torch_threads": torch.get_num_threads()},
+            "counts": {"records": len(rows), "by_source": counts,
+                       "finished_before_cap": sum(1 for r in rows if r["finished"]),
+                       "answer_tokens": sum(r["answer_tokens"] for r in rows)},
+            "this_run": rep.as_dict(),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
+            "note": "answers only; prompts are joined from their sources by specframe.data.default.load_default",
+        }
+        Path(provenance).write_text(json.dumps(prov, indent=1) + "\n", encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+    else:
+        click.echo(
+            f"{summary['records']} answers in {out} ({summary['bytes']} bytes); this run generated {rep.generated} "
+            f"({rep.answer_tokens} tokens in {rep.seconds:.0f} s), {rep.already_done} already done, "
+            f"{rep.skipped_long} prompts over --max-prompt-tokens, {rep.skipped_empty} empty"
+        )
+
+
+def _natural(s: str):
+    return (0, int(s), "") if s.isdigit() else (1, 0, s)

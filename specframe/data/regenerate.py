@@ -1,0 +1,155 @@
+"""Self-distillation: answer prompts with the target (batched greedy generation, left padding, resumable).
+
+Output is a JSONL "part file" of answers only: ``{"source", "id", "answer", "prompt_tokens", "answer_tokens",
+"finished"}`` (``finished`` = the target stopped on its own before ``max_new_tokens``). Prompt text is not stored:
+``specframe.data.default`` joins answers with the prompts from their source dataset.
+
+Determinism: prompts are sorted by (token length, source, id) and cut into fixed batches *before* skipping answered
+ids, and each batch is appended (one flush) only when finished, so a resumed run computes exactly the batches an
+uninterrupted run would, and greedy decoding gives the same answers. A torn last line from a kill is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from specframe.data.chat import check_chat_template, encode_prompt
+from specframe.errors import SpecframeError
+
+
+@attrs.define
+class RegenerateReport:
+    total: int = 0
+    already_done: int = 0
+    generated: int = 0
+    skipped_long: int = 0
+    skipped_empty: int = 0
+    answer_tokens: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        d = attrs.asdict(self)
+        d["tokens_per_second"] = self.answer_tokens / self.seconds if self.seconds else 0.0
+        return d
+
+
+def prompt_messages(messages: list[dict]) -> list[dict]:
+    """The prompt of a conversation: leading system messages and the first user turn."""
+    out = []
+    for m in messages:
+        out.append({"role": m["role"], "content": m["content"]})
+        if m["role"] == "user":
+            return out
+    return []
+
+
+def read_done(part: Path) -> set[tuple[str, str]]:
+    """(source, id) pairs already answered in ``part``; a torn trailing line (killed mid-write) is cut off."""
+    done: set[tuple[str, str]] = set()
+    if not part.exists():
+        return done
+    good = 0
+    with open(part, "rb") as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                break
+            done.add((r["source"], r["id"]))
+            good += len(line)
+    if good != part.stat().st_size:
+        with open(part, "r+b") as f:
+            f.truncate(good)
+    return done
+
+
+def regenerate(
+    target: Any,
+    records: Iterable[dict],
+    output: str | os.PathLike,
+    *,
+    batch_size: int = 16,
+    max_new_tokens: int = 256,
+    max_prompt_tokens: int = 512,
+    progress: Callable[[int, int], None] | None = None,
+) -> RegenerateReport:
+    """Answer the first user turn of every record greedily with ``target``; append to ``output`` (resumable)."""
+    import torch
+
+    tok = target.tokenizer
+    check_chat_template(tok)
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rep = RegenerateReport()
+    items = []
+    for r in records:
+        rep.total += 1
+        msgs = prompt_messages(list(r["messages"]))
+        if not msgs or not msgs[-1]["content"].strip():
+            rep.skipped_empty += 1
+            continue
+        ids = encode_prompt(tok, msgs)
+        if len(ids) > max_prompt_tokens:
+            rep.skipped_long += 1
+            continue
+        items.append((len(ids), str(r["source"]), str(r["id"]), ids))
+    items.sort(key=lambda x: (x[0], x[1], x[2]))
+    batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
+    done = read_done(out)
+    todo = [b for b in batches if not all((s, i) in done for _, s, i, _ in b)]
+    rep.already_done = sum(1 for _, s, i, _ in items if (s, i) in done)
+    eos = target.model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else tok.eos_token_id])
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    t0 = time.perf_counter()
+    with open(out, "a", encoding="utf-8") as f:
+        for bi, batch in enumerate(todo):
+            width = max(n for n, *_ in batch)
+            input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            attn = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, (n, _, _, ids) in enumerate(batch):
+                input_ids[row, width - n :] = torch.tensor(ids)
+                attn[row, width - n :] = 1
+            with torch.inference_mode():
+                gen = target.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attn,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=pad,
+                    eos_token_id=sorted(eos_ids),
+                )
+            lines = []
+            for row, (n, src, rid, _) in enumerate(batch):
+                new = gen[row, width:].tolist()
+                cut = next((k for k, t in enumerate(new) if t in eos_ids), None)
+                body = new if cut is None else new[:cut]
+                rep.answer_tokens += len(body)
+                if (src, rid) in done:
+                    continue
+                rec = {
+                    "source": src,
+                    "id": rid,
+                    "answer": tok.decode(body, skip_special_tokens=True),
+                    "prompt_tokens": n,
+                    "answer_tokens": len(body),
+                    "finished": cut is not None,
+                }
+                lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+                rep.generated += 1
+            f.write("".join(lines))
+            f.flush()
+            os.fsync(f.fileno())
+            if progress:
+                progress(bi + 1, len(todo))
+    rep.seconds = time.perf_counter() - t0
+    if rep.total and not items:
+        raise SpecframeError("no prompt left to answer (all empty or over --max-prompt-tokens)")
+    return rep
