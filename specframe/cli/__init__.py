@@ -18,6 +18,7 @@ from specframe.errors import SpecframeError
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
     "plugins": "specframe.cli.plugins_cmd:plugins",
+    "train": "specframe.cli.train_cmd:train",
 }
 
 

@@ -1,0 +1,162 @@
+"""P-EAGLE drafter: section 8 indexing, KV-cached drafting equals a plain forward, checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specframe import api, plugins
+from specframe.elements import full_grid
+from specframe.modeling import causal_attention
+from specframe.targets import load_target
+from tests.train_fixtures import build, small_options
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    torch.manual_seed(0)
+    target_dir, _ = build(tmp_path_factory.mktemp("peagle"))
+    target = load_target(target_dir)
+    cls = plugins.get("drafter", "peagle")
+    drafter = cls(target.config, cls.Options(**small_options(k_train=4)))
+    ids = torch.randint(7, target.config.vocab_size, (24,))
+    mask = torch.ones(24, dtype=torch.bool)
+    mask[:5] = False
+    example = api.TrainingExample(ids, mask, torch.zeros(24, dtype=torch.long))
+    drafter.prepare(target, [example])
+    with torch.no_grad():
+        out = target.model(ids[None], output_hidden_states=True)
+    feats = {
+        "aux_hidden": torch.cat([out.hidden_states[i][0] for i in drafter.aux_layer_ids], -1),
+        "final_hidden": out.hidden_states[-1][0],
+    }
+    example = api.TrainingExample(ids, mask, example.doc, feats)
+    return target, drafter, example
+
+
+def dense(sub):
+    return plugins.get("mask builder", "dense")().build(sub, sub)
+
+
+def test_supervision_is_the_loss_mask_of_x_i_plus_2(setup):
+    _, drafter, ex = setup
+    sup = drafter.supervision(ex)
+    assert sup.shape[0] == ex.input_ids.shape[0] - 1
+    assert torch.equal(sup[:-1], ex.loss_mask[2:])
+    assert not sup[-1]
+
+
+def test_mask_token_is_an_unseen_special_token(setup):
+    target, drafter, ex = setup
+    tok = target.tokenizer
+    assert drafter.mask_token_id in set(tok.all_special_ids) | {
+        i for i, t in tok.added_tokens_decoder.items() if t.special
+    }
+    assert drafter.mask_token_id not in set(ex.input_ids.tolist())
+
+
+def _segment_loss(drafter, ex, elems, charged):
+    seg = api.Segment(torch.arange(len(elems)), charged)
+    return drafter.loss(ex, elems, seg, dense(elems)).loss_sum
+
+
+def test_element_target_is_read_at_anchor_plus_depth(setup):
+    _, drafter, ex = setup
+    elems = full_grid(ex.input_ids.shape[0] - 1, 4)
+    p = 12
+    charged = elems.position == p
+    assert charged.sum() == 4  # (12,0), (11,1), (10,2), (9,3)
+    base = _segment_loss(drafter, ex, elems, charged)
+    moved = dict(ex.features)
+    moved["final_hidden"] = ex.features["final_hidden"].clone()
+    moved["final_hidden"][p + 1] += 1.0  # the distribution at y_{p+1}
+    changed = _segment_loss(drafter, api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc, moved), elems, charged)
+    assert not torch.allclose(base, changed)
+    other = dict(ex.features)
+    other["final_hidden"] = ex.features["final_hidden"].clone()
+    other["final_hidden"][p] += 1.0
+    same = _segment_loss(drafter, api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc, other), elems, charged)
+    assert torch.allclose(base, same)
+
+
+def test_depth0_reads_token_i_plus_1_and_feature_i(setup):
+    _, drafter, ex = setup
+    elems = full_grid(ex.input_ids.shape[0] - 1, 4)
+    charged = (elems.anchor == 10) & (elems.depth == 0)
+    base = _segment_loss(drafter, ex, elems, charged)
+    ids = ex.input_ids.clone()
+    ids[12] = (ids[12] + 1) % 300 + 7  # a later token: invisible to anchor 10
+    assert torch.allclose(base, _segment_loss(drafter, api.TrainingExample(ids, ex.loss_mask, ex.doc, ex.features),
+                                              elems, charged))
+    ids = ex.input_ids.clone()
+    ids[11] = (ids[11] + 1) % 300 + 7  # x_{a+1}: the anchor's own input token
+    assert not torch.allclose(base, _segment_loss(
+        drafter, api.TrainingExample(ids, ex.loss_mask, ex.doc, ex.features), elems, charged))
+
+
+def test_loss_counts_and_depth_totals(setup):
+    _, drafter, ex = setup
+    elems = full_grid(ex.input_ids.shape[0] - 1, 4)
+    seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    terms = drafter.loss(ex, elems, seg, dense(elems))
+    sup = drafter.supervision(ex)
+    assert terms.count == int(sup[elems.position].sum())
+    assert int(terms.total.sum()) == terms.count
+    assert terms.loss_sum.item() >= 0  # a KL divergence
+
+
+def test_propose_with_kv_cache_matches_a_plain_forward(setup):
+    _, drafter, ex = setup
+    model = drafter.module().eval()
+    ids, aux = ex.input_ids, ex.features["aux_hidden"]
+    n = 10
+    drafter.start(ids[:n], {"aux_hidden": aux[:n]})
+    drafter.accept(ids[n : n + 1], {"aux_hidden": aux[n - 1 : n]})
+    first = drafter.propose(3)
+    drafter.accept(ids[n + 1 : n + 4], {"aux_hidden": aux[n : n + 3]})
+    second = drafter.propose(4)
+    assert len(first) == 3 and len(second) == 4
+
+    def plain(m, k):  # drafter indices 0..m-1 hold (x_{i+1}, g_i), then k-1 mask slots
+        toks = torch.cat([ids[1 : m + 1], torch.full((k - 1,), drafter.mask_token_id)])
+        a = torch.cat([aux[:m], aux.new_zeros(k - 1, aux.shape[1])])
+        is_mask = torch.arange(m + k - 1) >= m
+        with torch.no_grad():
+            h, _ = model(toks, a, is_mask, torch.arange(m + k - 1), causal_attention(0))
+        d = model.lm_head(h[m - 1 :]).argmax(-1)
+        return d + model.d2t[d]
+
+    assert torch.equal(first.tokens, plain(n, 3))
+    assert torch.equal(second.tokens, plain(n + 3, 4))
+    assert bool(model.t2d[second.tokens].all())
+
+
+def test_save_load_roundtrip(setup, tmp_path):
+    target, drafter, ex = setup
+    drafter.save(tmp_path)
+    info = json.loads((tmp_path / "drafter.json").read_text())
+    assert info["mask_token_id"] == drafter.mask_token_id
+    assert info["aux_layer_ids"] == list(drafter.aux_layer_ids)
+    clone = type(drafter).from_checkpoint(tmp_path, target.config)
+    for k, v in drafter.module().state_dict().items():
+        assert torch.equal(v, clone.module().state_dict()[k]), k
+    info["drafter"] = "pard"
+    (tmp_path / "drafter.json").write_text(json.dumps(info))
+    with pytest.raises(api.SpecframeError, match="'pard' drafter"):
+        clone.load(tmp_path)
+
+
+def test_invalid_options_are_usage_errors(setup):
+    target, drafter, _ = setup
+    with pytest.raises(api.UsageError, match="layers"):
+        type(drafter).Options(layers=0)
+    with pytest.raises(api.UsageError, match="aux layer ids"):
+        type(drafter)(target.config, type(drafter).Options(aux_layer_ids=[0, 1, 99]))
+
+
+def test_default_aux_layers_follow_vllm():
+    from specframe_plugins.peagle import default_aux_layers
+
+    assert default_aux_layers(30) == [2, 15, 27]
