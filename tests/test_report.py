@@ -1,0 +1,66 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specframe import results
+from specframe.cli import main
+
+TARGET = {"id": "tiny", "weights_hash": "sha256:abc"}
+
+
+def write(directory, name, kind, metrics, config, budget=5000):
+    prov = results.provenance(target=TARGET, token_budget=budget, command=["pytest"])
+    return results.write_results(directory / name, kind=kind, metrics=metrics, per_prompt=[], provenance=prov,
+                                 config=config)
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    d = tmp_path / "run1"
+    write(d, "memory-peagle.json", "memory",
+          {"exponent": 1.02, "points": [{"seq_len": 512, "peak_bytes": 2**28}, {"seq_len": 4096, "peak_bytes": 2**31}]},
+          {"drafter": "peagle", "mask_builder": "chunked"})
+    for k, speedup in [(3, 1.3), (5, 1.5)]:
+        write(d, f"acc-k{k}.json", "acceptance",
+              {"al": 1 + k * 0.4, "speedup": speedup, "per_position_conditional": [0.8, 0.6, 0.5][:k]},
+              {"drafter": "peagle", "verifier": "greedy", "engine": "reference", "k": k})
+    (d / "pytest-benchmark.json").write_text(json.dumps({"benchmarks": []}))  # not ours: ignored
+    return d
+
+
+def test_report_has_tables_plots_and_provenance(results_dir):
+    result = CliRunner().invoke(main, ["report", str(results_dir)])
+    assert result.exit_code == 0, result.output
+    text = (results_dir / "report.md").read_text()
+    assert "## acceptance" in text and "## memory" in text and "## Provenance" in text
+    assert "drafter=peagle, engine=reference, verifier=greedy, k=5 | 3 |" in text
+    for plot in ("acceptance-acceptance.png", "acceptance-speedup.png", "memory-memory.png"):
+        assert (results_dir / plot).stat().st_size > 1000
+        assert f"]({plot})" in text
+
+
+def test_report_refuses_results_without_provenance(results_dir):
+    path = results_dir / "acc-k3.json"
+    document = json.loads(path.read_text())
+    del document["provenance"]["token_budget"]
+    path.write_text(json.dumps(document))
+    result = CliRunner().invoke(main, ["report", str(results_dir)])
+    assert result.exit_code == 1
+    assert result.stderr == f"error: {path}: results without provenance (token_budget missing)\n"
+    assert not (results_dir / "report.md").exists()
+
+
+def test_compare_two_directories(results_dir, tmp_path):
+    other = tmp_path / "run2"
+    write(other, "acc-k3.json", "acceptance", {"al": 2.4, "speedup": 1.2}, {"drafter": "peagle", "k": 3})
+    result = CliRunner().invoke(main, ["report", str(results_dir), "--compare", str(other), "--json"])
+    assert result.exit_code == 0, result.output
+    page = (other / "compare-run1.md").read_text()
+    assert "| drafter=peagle, engine=reference, verifier=greedy, k=3 | al | 2.2 | 2.4 | 0.2 | 1.091 |" in page
+    assert "Only in one directory: acc-k5.json, memory-peagle.json" in page
+
+
+def test_empty_directory_is_an_error(tmp_path):
+    result = CliRunner().invoke(main, ["report", str(tmp_path)])
+    assert result.exit_code == 1 and result.stderr == f"error: no specframe results files in {tmp_path}\n"
