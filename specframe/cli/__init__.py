@@ -18,6 +18,9 @@ from specframe.errors import SpecframeError
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
     "plugins": "specframe.cli.plugins_cmd:plugins",
+    "report": "specframe.cli.report_cmd:report",
+    "prepare": "specframe.cli.prepare_cmd:prepare",
+    "regenerate": "specframe.cli.regenerate_cmd:regenerate",
     "train": "specframe.cli.train_cmd:train",
 }
 

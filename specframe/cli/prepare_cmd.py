@@ -1,0 +1,97 @@
+"""``specframe prepare``: build (or resume) the feature cache every drafter trains on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import click
+
+
+@click.command("prepare")
+@click.option("--target", default="default", show_default=True, help="Target: 'default', a model folder or a hub id.")
+@click.option(
+    "--data",
+    default="default",
+    show_default=True,
+    help="Conversations: default (committed self-distilled set), sharegpt, gsm8k, a JSONL file of "
+    "{messages: [{role, content}]} records, or a hub dataset id.",
+)
+@click.option("--limit", type=int, default=None, help="Use only the first N records of --data.")
+@click.option("--output", required=True, type=click.Path(file_okay=False), help="Cache folder (created; resumed if it exists).")
+@click.option(
+    "--aux-layers",
+    default="default",
+    show_default=True,
+    help="Comma-separated aux layer ids (id i = hidden state entering decoder layer i, 0 = embeddings), "
+    "'default' = vLLM's (2, L//2, L-3), or 'none'.",
+)
+@click.option("--no-final-hidden", is_flag=True, help="Do not store the final (post-norm) hidden state.")
+@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True, help="Storage dtype of hidden states.")
+@click.option("--max-length", type=int, default=2048, show_default=True, help="Skip conversations longer than this (tokens).")
+@click.option("--shard-size", type=int, default=64, show_default=True, help="Conversations per shard file.")
+@click.option("--max-batch-tokens", type=int, default=4096, show_default=True, help="Padded tokens per target forward.")
+@click.option("--draft-vocab", type=int, default=8192, show_default=True, help="Draft vocabulary size saved with the cache (0 = none).")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--skip-bad-lines", is_flag=True, help="Skip (and count) malformed JSONL lines instead of stopping.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def prepare(target, data, limit, output, aux_layers, no_final_hidden, dtype, max_length, shard_size, max_batch_tokens,
+            draft_vocab, threads, skip_bad_lines, as_json):
+    """Run the target over conversations and cache token ids, assistant-only loss masks and hidden states.
+
+    Rerunning the same command after an interruption resumes: finished shards are kept. A cache folder made for
+    another target, data or configuration is refused.
+    """
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from specframe.cache import prepare_cache
+    from specframe.data.sources import load_data
+    from specframe.errors import UsageError
+    from specframe.features import FeatureSpec, default_aux_layers
+    from specframe.targets import load_target
+
+    if threads:
+        torch.set_num_threads(threads)
+    tgt = load_target(target)
+    if aux_layers == "default":
+        aux = default_aux_layers(tgt.num_layers)
+    elif aux_layers == "none":
+        aux = None
+    else:
+        try:
+            aux = tuple(int(x) for x in aux_layers.split(","))
+        except ValueError:
+            raise UsageError(f"--aux-layers must be 'default', 'none' or comma-separated integers, not '{aux_layers}'") from None
+    spec = FeatureSpec(aux_layers=aux, final_hidden=not no_final_hidden)
+    records = load_data(data, limit=limit, skip_bad_lines=skip_bad_lines)
+    kill_after = os.environ.get("SPECFRAME_TEST_KILL_AFTER_SHARD")  # test hook: SIGKILL ourselves after shard N
+
+    def after_shard(k: int) -> None:
+        if kill_after is not None and k == int(kill_after):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("prepare"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+                  transient=True, disable=as_json or not console.is_terminal) as prog:
+        task = prog.add_task("shards", total=None)
+        rep = prepare_cache(
+            tgt, records, output, spec=spec, dtype=dtype, max_length=max_length, shard_size=shard_size,
+            max_batch_tokens=max_batch_tokens, draft_vocab=draft_vocab or None,
+            data_name=f"{data}" + (f"[:{limit}]" if limit else ""),
+            progress=lambda i, n: prog.update(task, completed=i, total=n), _after_shard=after_shard,
+        )
+    d = rep.as_dict() | {"output": str(output), "target": tgt.id, "aux_layers": list(aux or []), "dtype": dtype}
+    if as_json:
+        click.echo(json.dumps(d, indent=1))
+    else:
+        click.echo(
+            f"cache {output}: {rep.examples} conversations, {rep.tokens} tokens, {rep.shards} shards "
+            f"({rep.shards_reused} reused), {rep.bytes / 2**20:.1f} MiB in {rep.seconds:.1f} s "
+            f"({rep.tokens_per_second:.0f} tokens/s captured); data: {rep.encode.summary()}; draft vocab "
+            f"{rep.draft_vocab_size} covers {rep.draft_vocab_coverage:.2%} of assistant tokens"
+        )
+    sys.stdout.flush()

@@ -1,0 +1,164 @@
+"""Draft vocabulary (the N most frequent target tokens) and mask-token ids.
+
+Draft vocabulary, EAGLE-3 convention: ``ids`` = the chosen target ids sorted ascending (draft id i <-> target id
+``ids[i]``); ``d2t[i] = ids[i] - i`` (so target = draft + d2t[draft]); ``t2d`` = bool mask over the target vocabulary.
+Token frequencies count loss-masked (assistant) tokens only; ties break towards the lower target id; if fewer than
+N distinct tokens occur, the lowest unseen ids fill the rest, so the size is always exactly N.
+Saved as safetensors (``ids``, ``d2t``, ``t2d``, ``counts``) with the N, coverage and target vocab size in metadata.
+
+Default N = 8192 for SmolLM2 (vocab 49,152): 8192 keeps the draft lm_head at 4.7 M parameters (576 x 8192) against
+28 M for the full vocabulary; see the issue-3 notes for measured coverage.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from specframe.errors import SpecframeError
+
+DEFAULT_DRAFT_VOCAB = 8192
+
+
+@attrs.define(eq=False)
+class DraftVocab:
+    ids: Any  # int64 [N], ascending target ids
+    d2t: Any  # int64 [N], ids[i] - i
+    t2d: Any  # bool [V]
+    counts: Any  # int64 [V], masked-token counts the vocabulary was built from
+    coverage: float  # share of counted tokens that fall inside the vocabulary
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.numel())
+
+    @property
+    def target_vocab_size(self) -> int:
+        return int(self.t2d.numel())
+
+    def to_draft(self, target_ids: Any) -> Any:
+        """Map target ids to draft ids (-1 where a token is outside the draft vocabulary)."""
+        import torch
+
+        lut = torch.full((self.target_vocab_size,), -1, dtype=torch.long)
+        lut[self.ids] = torch.arange(self.size)
+        return lut[torch.as_tensor(target_ids, dtype=torch.long)]
+
+    def to_target(self, draft_ids: Any) -> Any:
+        import torch
+
+        d = torch.as_tensor(draft_ids, dtype=torch.long)
+        return d + self.d2t[d]
+
+    def save(self, path: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        meta = {"size": str(self.size), "target_vocab_size": str(self.target_vocab_size), "coverage": repr(self.coverage)}
+        p = Path(path)
+        tmp = p.with_name(f".{p.name}.tmp")
+        save_file({"ids": self.ids, "d2t": self.d2t, "t2d": self.t2d, "counts": self.counts}, str(tmp), metadata=meta)
+        tmp.replace(p)
+
+    @classmethod
+    def load(cls, path: str | Path) -> DraftVocab:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            t = {k: f.get_tensor(k) for k in ("ids", "d2t", "t2d", "counts")}
+        return cls(coverage=float(meta.get("coverage", "nan")), **t)
+
+
+def count_tokens(examples: Iterable[Any], vocab_size: int, *, masked_only: bool = True) -> Any:
+    """Token counts [vocab_size] over examples with ``input_ids`` and ``loss_mask`` (attributes or keys)."""
+    import torch
+
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ex in examples:
+        ids = ex["input_ids"] if isinstance(ex, dict) else ex.input_ids
+        mask = ex["loss_mask"] if isinstance(ex, dict) else ex.loss_mask
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if masked_only:
+            ids = ids[torch.as_tensor(mask, dtype=torch.bool)]
+        if ids.numel() and int(ids.max()) >= vocab_size:
+            raise SpecframeError(f"token id {int(ids.max())} outside the target vocabulary ({vocab_size}): wrong tokenizer?")
+        counts += torch.bincount(ids, minlength=vocab_size)
+    return counts
+
+
+def build_draft_vocab(counts: Any, n: int = DEFAULT_DRAFT_VOCAB) -> DraftVocab:
+    """The ``n`` most frequent ids of ``counts`` (see module doc for order and tie rules)."""
+    import torch
+
+    counts = torch.as_tensor(counts, dtype=torch.long)
+    v = counts.numel()
+    if not 0 < n <= v:
+        raise SpecframeError(f"draft vocabulary size {n} must be in 1..{v} (the target vocabulary)")
+    # stable sort on -count keeps ascending id order among equal counts
+    order = torch.sort(-counts, stable=True).indices
+    ids = torch.sort(order[:n]).values
+    total = int(counts.sum())
+    coverage = float(counts[ids].sum()) / total if total else 0.0
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[ids] = True
+    d2t = ids - torch.arange(n)
+    return DraftVocab(ids=ids, d2t=d2t, t2d=t2d, counts=counts, coverage=coverage)
+
+
+def coverage(vocab: DraftVocab, counts: Any) -> float:
+    """Share of the tokens counted in ``counts`` (e.g. held-out data) inside the draft vocabulary."""
+    import torch
+
+    counts = torch.as_tensor(counts, dtype=torch.long)
+    total = int(counts.sum())
+    return float(counts[vocab.t2d].sum()) / total if total else 0.0
+
+
+def mask_token_ids(tokenizer: Any, k: int, *, data_counts: Any = None, embedding_rows: int | None = None) -> list[int]:
+    """``k`` distinct mask-token ids by DESIGN.md section 8's rule. Deterministic.
+
+    Rule: candidates are the tokenizer's special / added tokens (``added_tokens_decoder``), in ascending id order,
+    followed by embedding rows beyond the tokenizer (``len(tokenizer)..embedding_rows-1``, reserved ids that exist in
+    the embedding vLLM uses). Excluded: bos / eos / pad / unk, every token the chat template emits (found by
+    rendering a two-turn conversation), and every id with a nonzero count in ``data_counts`` (counts over *all*
+    training tokens, not only masked ones). The first ``k`` survivors are returned. ``SpecframeError`` if fewer than
+    ``k`` exist. For SmolLM2 this yields ``<repo_name>`` (3), ``<reponame>`` (4), ... .
+    """
+    import torch
+
+    if k < 1:
+        raise SpecframeError("need at least one mask token (k >= 1)")
+    rows = embedding_rows if embedding_rows is not None else len(tokenizer)
+    banned = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    if getattr(tokenizer, "chat_template", None):
+        probe = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "v"},
+        ]
+        for msgs in (probe, probe[1:]):
+            text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            banned.update(tokenizer(text, add_special_tokens=False)["input_ids"])
+    special = sorted(i for i in getattr(tokenizer, "added_tokens_decoder", {}) if i < rows)
+    candidates = special + list(range(len(tokenizer), rows))
+    if data_counts is not None:
+        data_counts = torch.as_tensor(data_counts)
+    out = []
+    for i in candidates:
+        if i in banned:
+            continue
+        if data_counts is not None and i < data_counts.numel() and int(data_counts[i]) > 0:
+            continue
+        out.append(i)
+        if len(out) == k:
+            return out
+    raise SpecframeError(
+        f"only {len(out)} token ids qualify as mask tokens (special/reserved, unused by the chat template and absent "
+        f"from the training data), {k} needed; add special tokens to the tokenizer and resize the embedding"
+    )
+
