@@ -12,20 +12,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import attrs
 import torch
 
 # Drafter building blocks (decoder layers over element sets, chunked KL) are part of the public surface, as
-# ``api.modeling``, so drafter plugins share them without importing core internals.
-from specframe import modeling
+# ``api.modeling``, so drafter plugins share them without importing core internals; so is the draft-vocabulary and
+# mask-token rule (``api.vocab``), which every drafter must apply the same way.
+from specframe import modeling, vocab
 from specframe.elements import ElementSet, full_grid, visible
 from specframe.errors import PluginError, SpecframeError, UsageError
 from specframe.hookspecs import hookimpl
 
-if TYPE_CHECKING:
-    from specframe.features import FeatureSpec
+from specframe.features import FeatureSpec
 
 API_VERSION = "1"
 
@@ -35,6 +35,7 @@ __all__ = [
     "Component",
     "Draft",
     "Drafter",
+    "FeatureSpec",
     "ElementSet",
     "LossTerms",
     "MaskBuilder",
@@ -50,6 +51,7 @@ __all__ = [
     "full_grid",
     "hookimpl",
     "modeling",
+    "vocab",
     "visible",
 ]
 

@@ -48,13 +48,13 @@ def test_supervision_is_the_loss_mask_of_x_i_plus_2(setup):
     assert not sup[-1]
 
 
-def test_mask_token_is_an_unseen_special_token(setup):
+def test_mask_token_follows_the_vocab_rule_and_is_unseen(setup):
     target, drafter, ex = setup
-    tok = target.tokenizer
-    assert drafter.mask_token_id in set(tok.all_special_ids) | {
-        i for i, t in tok.added_tokens_decoder.items() if t.special
-    }
+    counts = api.vocab.count_tokens([ex], drafter.vocab_size, masked_only=False)
+    rule = api.vocab.mask_token_ids(target.tokenizer, 1, data_counts=counts, embedding_rows=drafter.vocab_size)
+    assert drafter.mask_token_id == rule[0]
     assert drafter.mask_token_id not in set(ex.input_ids.tolist())
+    assert not drafter.module().t2d[drafter.mask_token_id]
 
 
 def _segment_loss(drafter, ex, elems, charged):

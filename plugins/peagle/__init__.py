@@ -15,16 +15,14 @@ position whose logits produced that token (the verification forward's rows 0..le
 forwards [not-yet-cached accepted tokens | MASK x (k-1)] once, keeps the KV of the accepted tokens and drops the
 mask slots'.
 
-Mask token: the highest-id special token of the target tokenizer that never occurs in the training data (it must
-also exist in the embedding), recorded in the checkpoint.
+Mask token: the first id ``api.vocab.mask_token_ids`` picks (a special or reserved token that the chat template never
+emits and the training data never contains, with an embedding row), recorded in the checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -62,8 +60,9 @@ class PEagleOptions:
     k_train: int = attrs.field(default=8, validator=_positive)
     #: tokens drafted per round at inference (K_infer)
     k_infer: int = attrs.field(default=5, validator=_positive)
-    #: size of the reduced draft vocabulary (most frequent training tokens); clamped to the target vocabulary
-    draft_vocab_size: int = attrs.field(default=32000, validator=_positive)
+    #: size of the reduced draft vocabulary (most frequent training tokens); clamped to the target vocabulary.
+    #: Default ``api.vocab.DEFAULT_DRAFT_VOCAB`` (8192, sized for SmolLM2's 49K vocabulary)
+    draft_vocab_size: int = attrs.field(default=api.vocab.DEFAULT_DRAFT_VOCAB, validator=_positive)
     #: target aux layer ids (hidden state entering that decoder layer); default vLLM's (2, L//2, L-3)
     aux_layer_ids: list[int] | None = None
     #: COD keep ratio r and floor r_min (ratio 1 trains the full grid)
@@ -84,10 +83,10 @@ def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
     ids = [int(i) for i in ids]
     if len(ids) != 3:
         raise api.UsageError(f"peagle needs exactly 3 aux layer ids (low, mid, high), got {ids}")
-    bad = [i for i in ids if not 0 <= i <= num_layers]
+    bad = [i for i in ids if not 0 <= i < num_layers]
     if bad:
         raise api.UsageError(
-            f"aux layer ids {bad} are invalid for a target with {num_layers} layers (valid: 0..{num_layers}; "
+            f"aux layer ids {bad} are invalid for a target with {num_layers} layers (valid: 0..{num_layers - 1}; "
             "set drafter.aux_layer_ids in --config)"
         )
     return ids
@@ -115,25 +114,26 @@ class PEagleDrafter(api.Drafter):
 
     # ------------------------------------------------------------------------------------------------ description
     def feature_spec(self) -> Any:
-        spec = getattr(api, "FeatureSpec", None)
-        if spec is None:  # the feature spec type is not public yet: consumers read these two attributes
-            return SimpleNamespace(aux_layer_ids=tuple(self.aux_layer_ids), final_hidden=True)
-        return spec(aux_layer_ids=tuple(self.aux_layer_ids), final_hidden=True)
+        return api.FeatureSpec(aux_layers=tuple(self.aux_layer_ids), final_hidden=True)
 
     def module(self) -> torch.nn.Module:
         return self.model
 
     # ---------------------------------------------------------------------------------------------------- training
     def prepare(self, target: Any, examples: Any) -> None:
-        """Initialise the embedding from the target's, pick the draft vocabulary (most frequent training tokens, ties
-        to the lower id) and the mask token, and keep the target's lm_head for the loss."""
+        """Initialise the embedding from the target's, pick the draft vocabulary (``api.vocab``: most frequent
+        assistant tokens) and the mask token (``api.vocab.mask_token_ids``' rule: a special or reserved token never
+        seen in the training data), and keep the target's lm_head for the loss."""
         emb = target.model.get_input_embeddings().weight.detach()
         head = target.model.get_output_embeddings().weight.detach()
-        counts: Counter[int] = Counter()
-        for ex in examples:
-            counts.update(ex.input_ids.tolist())
-        self.mask_token_id = choose_mask_token(target.tokenizer, set(counts), self.vocab_size)
-        draft = draft_vocabulary(counts, self.draft_vocab_size, self.vocab_size, exclude={self.mask_token_id})
+        examples = list(examples)
+        all_counts = api.vocab.count_tokens(examples, self.vocab_size, masked_only=False)
+        self.mask_token_id = api.vocab.mask_token_ids(
+            target.tokenizer, 1, data_counts=all_counts, embedding_rows=self.vocab_size
+        )[0]
+        counts = api.vocab.count_tokens(examples, self.vocab_size, masked_only=True)
+        counts[self.mask_token_id] = -1  # never a draft token
+        draft = api.vocab.build_draft_vocab(counts, self.draft_vocab_size).ids
         with torch.no_grad():
             self.model.embed_tokens.weight.copy_(emb.to(self.model.embed_tokens.weight.dtype))
             self.model.set_draft_vocab(draft)
@@ -329,36 +329,6 @@ class PEagleDrafter(api.Drafter):
         drafter = cls(target_config, options)
         drafter.load(directory)
         return drafter
-
-
-def choose_mask_token(tokenizer: Any, seen: set[int], vocab_size: int) -> int:
-    """The highest-id special token of ``tokenizer`` that never occurs in the training data and has an embedding row.
-
-    Special tokens are never produced by the tokenizer from plain text, and one unseen in training carries no
-    meaning the drafter would have to unlearn; the highest id is a stable, documented choice.
-    """
-    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = {int(i) for i, tok in decoder.items() if getattr(tok, "special", False)}
-    special |= {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
-    candidates = sorted(i for i in special if i < vocab_size and i not in seen)
-    if not candidates:
-        raise api.SpecframeError(
-            "no special token of the target tokenizer is unused by the training data, so P-EAGLE has no mask token"
-        )
-    return candidates[-1]
-
-
-def draft_vocabulary(counts: Counter[int], size: int, vocab_size: int, exclude: set[int]) -> torch.Tensor:
-    """The ``size`` most frequent token ids (ties and unseen tokens filled by the lower id), sorted ascending."""
-    freq = torch.zeros(vocab_size, dtype=torch.float64)
-    for tok, c in counts.items():
-        if 0 <= tok < vocab_size:
-            freq[tok] = c
-    for tok in exclude:
-        freq[tok] = -1.0
-    # stable sort on -freq keeps lower ids first among equal counts
-    order = torch.sort(-freq, stable=True).indices[:size]
-    return order.sort().values
 
 
 @api.hookimpl

@@ -1,0 +1,175 @@
+"""The training engine: loss falls, exact partitioning, exact resume after SIGKILL, two ranks, safety checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specframe.engine import TrainConfig, train
+from specframe.engine import checkpoint as ckpt
+from specframe.engine.loop import expected_acceptance_length
+from specframe.errors import SpecframeError, UsageError
+from tests.train_fixtures import build, small_options
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("engine"))
+
+
+def config(assets, out, **kw):
+    target, chat = assets
+    base = dict(
+        drafter="peagle", output=str(out), target=str(target), data=str(chat), seq_len=48, max_steps=4,
+        batch_size=2, lr=3e-3, val_examples=2, mask_builder="dense", drafter_options=small_options(k_train=4),
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(directory):
+    return load_file(str(ckpt.resolve(directory) / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_loss_falls_when_overfitting_a_tiny_batch(assets, tmp_path):
+    r = train(config(assets, tmp_path / "o", max_steps=25, max_examples=4, val_examples=1, lr=1e-2,
+                     drafter_options=small_options(k_train=3, cod_ratio=1.0)), progress=False)
+    losses = [m["train_loss"] for m in r.metrics]
+    assert losses[-1] < 0.6 * losses[0], losses
+    lines = [json.loads(x) for x in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["val_expected_al"] == expected_acceptance_length(lines[-1]["val_accuracy"])
+
+
+def test_partitions_give_the_same_weights(assets, tmp_path):
+    one = train(config(assets, tmp_path / "s1", max_steps=2), progress=False)
+    four = train(config(assets, tmp_path / "s4", max_steps=2, partitioner="peagle", partitions=4), progress=False)
+    a, b = weights(one.checkpoint), weights(four.checkpoint)
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4), k
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {root!r})
+    import torch
+    torch.set_num_threads(1)
+    from specframe.engine import TrainConfig, loop
+    cfg = TrainConfig(**{cfg!r})
+    kill_at = int(sys.argv[1])
+    original = loop.Trainer.train_step
+    def step(self):
+        if self.step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self)
+    loop.Trainer.train_step = step
+    resume = sys.argv[2] if len(sys.argv) > 2 else None
+    loop.train(cfg, resume=resume, progress=False)
+    """
+)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_exact(assets, tmp_path):
+    full = train(config(assets, tmp_path / "full", max_steps=6, save_every=2), progress=False)
+    cfg = attrs.asdict(config(assets, tmp_path / "killed", max_steps=6, save_every=2))
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(root=str(ROOT), cfg=cfg))
+    proc = subprocess.run([sys.executable, str(script), "3"], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert (tmp_path / "killed" / "latest").read_text() == "step-00000002"
+    proc = subprocess.run([sys.executable, str(script), "-1", str(tmp_path / "killed")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = weights(full.checkpoint), weights(tmp_path / "killed")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+             if "train_loss" in x]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one(assets, tmp_path):
+    single = train(config(assets, tmp_path / "one", max_steps=2), progress=False)
+    cfg = attrs.asdict(config(assets, tmp_path / "two", max_steps=2))
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import torch
+        torch.set_num_threads(1)
+        from specframe.engine import TrainConfig, train
+        train(TrainConfig(**{cfg!r}), progress=False)
+    """))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29517", str(script)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "config.json").read_text())["world_size"] == 2
+    a, b = weights(single.checkpoint), weights(tmp_path / "two")
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4), k
+
+
+def test_refuses_to_overwrite_and_checks_resume_drafter(assets, tmp_path):
+    out = tmp_path / "o"
+    train(config(assets, out, max_steps=1), progress=False)
+    before = weights(out)
+    with pytest.raises(SpecframeError, match="already holds a checkpoint"):
+        train(config(assets, out, max_steps=2), progress=False)
+    other = tmp_path / "other"
+    shutil.copytree(ckpt.resolve(out), other)
+    saved = json.loads((other / "config.json").read_text())
+    saved["drafter"] = "eagle3"
+    (other / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(SpecframeError, match="drafter 'eagle3'"):
+        train(config(assets, out, max_steps=2), resume=str(other), progress=False)
+    after = weights(out)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_lock_blocks_a_second_writer(tmp_path):
+    lock = ckpt.OutputLock(tmp_path)
+    with pytest.raises(SpecframeError, match="another training run"):
+        ckpt.OutputLock(tmp_path)
+    lock.release()
+    ckpt.OutputLock(tmp_path).release()
+
+
+def test_bad_values_are_usage_errors(assets, tmp_path):
+    for bad in ({"max_steps": 0}, {"partitions": -1}, {"lr": 0.0}, {"batch_size": 0}):
+        with pytest.raises(UsageError):
+            config(assets, tmp_path, **bad)
+    with pytest.raises(UsageError, match="extra fields"):
+        train(config(assets, tmp_path / "x", drafter_options={"nope": 1}), progress=False)
+
+
+def test_checkpoint_keeps_only_the_latest_complete_one(assets, tmp_path):
+    out = tmp_path / "o"
+    train(config(assets, out, max_steps=4, save_every=1), progress=False)
+    assert sorted(p.name for p in out.glob("step-*")) == ["step-00000004"]
+    assert not list(out.glob(".*tmp*"))
+    state = json.loads((out / "step-00000004" / "state.json").read_text())
+    assert state == {"step": 4, "data_position": 8}
+
+
+def test_expected_acceptance_length():
+    assert expected_acceptance_length([]) == 1.0
+    assert expected_acceptance_length([1.0, 1.0]) == 3.0
+    assert expected_acceptance_length([0.5, 0.5]) == pytest.approx(1.75)
