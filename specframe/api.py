@@ -21,6 +21,9 @@ import torch
 # ``api.modeling``, so drafter plugins share them without importing core internals; so is the draft-vocabulary and
 # mask-token rule (``api.vocab``), which every drafter must apply the same way.
 from specframe import modeling, vocab
+
+# The feature-reading drafters' shared backbone (vLLM EAGLE-3 names), draft vocabulary and depth bookkeeping.
+from specframe import eagle
 from specframe.elements import ElementSet, full_grid, visible
 from specframe.errors import PluginError, SpecframeError, UsageError
 from specframe.hookspecs import hookimpl
@@ -51,6 +54,7 @@ __all__ = [
     "full_grid",
     "hookimpl",
     "modeling",
+    "eagle",
     "vocab",
     "visible",
 ]

@@ -1,0 +1,373 @@
+"""``eagle3``: the autoregressive EAGLE-3 drafter (Li et al. 2025, arXiv 2503.01840) on the shared engine.
+
+Network (vLLM ``llama_eagle3`` layout, ``api.eagle.EagleBackbone``): the target's low / mid / high hidden states
+(3H) go through ``fc`` to H; the first decoder layer's attention reads cat(norm(embedding), norm(hidden)) (2H); one
+layer by default, as released; a draft-vocabulary ``lm_head`` with ``d2t`` / ``t2d``. The token embedding is the
+target's, frozen unless ``train_embedding``.
+
+Training-time test (TTT), the shared rule of DESIGN.md section 3: element (a, d) has rotary position a + d, token
+input the true next token at its reference position (x_{a+d+1} in the EAGLE shift) and, for d >= 1, hidden input the
+drafter's own pre-norm output at (a, d-1). Pass d forwards the segment with the engine's attention and charges the
+loss of its depth-d elements. The visibility rule lets no element see a deeper one, so the deeper elements a pass
+also forwards (their inputs are not final yet) never change a shallower output: no private mask is needed and every
+mask builder and partitioner applies. Each pass forwards the whole segment (the engine's attention is built for it),
+so a step costs ``depth`` forwards of the element set; gradients flow through the fed-back states, as in the original
+TTT loop. Loss: forward KL from the target distribution over the draft vocabulary (soft cross-entropy up to a
+constant), weighted 0.8^d by default (``depth_decay`` or explicit ``depth_weights``). COD is off by default
+(``cod_ratio`` 1: the full grid, as EAGLE-3 trains every position at every step).
+
+Inference (batch 1): ``start`` / ``accept`` queue committed tokens with their features (token x_{t+1} with g_t);
+``propose(k)`` forwards the queued tokens into the KV cache, then drafts k tokens one forward each, feeding its own
+output state back; the draft steps' KV entries are dropped afterwards (rollback), so after partial acceptance the
+accepted tokens are re-read with the target's real features. ``propose_tree`` grows an EAGLE-2 dynamic tree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import torch
+
+from specframe import api
+
+modeling = api.modeling
+eagle = api.eagle
+AUX = "aux_hidden"
+FINAL = "final_hidden"
+CONFIG_FILE = "drafter.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise api.UsageError(f"eagle3 option '{attribute.name}' must be a positive integer, got {value!r}")
+
+
+def _unit(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise api.UsageError(f"eagle3 option '{attribute.name}' must be in [0, 1], got {value!r}")
+
+
+def _weights(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not value or any(not isinstance(w, int | float) or w < 0 for w in value)):
+        raise api.UsageError(f"eagle3 option 'depth_weights' must be a non-empty list of weights >= 0, got {value!r}")
+
+
+@attrs.define
+class Eagle3Options:
+    """EAGLE-3 settings (``[drafter]`` table of ``--config``)."""
+
+    #: decoder layers; the first reads cat(embedding, hidden). 1 as released.
+    layers: int = attrs.field(default=1, validator=_positive)
+    #: training-time-test passes (training depth); ``--depth`` overrides it. 7 as in the original code.
+    ttt_steps: int = attrs.field(default=7, validator=_positive)
+    #: tokens drafted per round at inference
+    k_infer: int = attrs.field(default=5, validator=_positive)
+    #: depth d's loss weight is depth_decay ** d (0.8 in the original) unless ``depth_weights`` lists them
+    depth_decay: float = attrs.field(default=0.8, validator=_unit)
+    depth_weights: list[float] | None = attrs.field(default=None, validator=_weights)
+    draft_vocab_size: int = attrs.field(default=32000, validator=_positive)
+    #: target aux layer ids (hidden state entering that layer); default vLLM's (2, L//2, L-3), clamped for tiny targets
+    aux_layer_ids: list[int] | None = None
+    #: train the token embedding (initialised from the target's) instead of keeping it frozen
+    train_embedding: bool = False
+    #: COD keep ratio (1: full grid, the EAGLE-3 recipe) and floor
+    cod_ratio: float = attrs.field(default=1.0, validator=_unit)
+    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit)
+    activation_checkpointing: bool = False
+    loss_chunk: int = attrs.field(default=1024, validator=_positive)
+
+    @property
+    def k_train(self) -> int:
+        """The engine's default training depth: one element depth per TTT pass."""
+        return self.ttt_steps
+
+
+def parents_of(elements: api.ElementSet) -> torch.Tensor:
+    """Index of each element's parent (a, d-1) within ``elements`` (-1 at depth 0). Raises if a chain is broken."""
+    key = elements.anchor * (elements.max_depth + 1) + elements.depth
+    order = torch.argsort(key)
+    pos = torch.searchsorted(key[order], key - 1).clamp(max=len(elements) - 1)
+    parent = order[pos] if len(elements) else pos
+    deep = elements.depth > 0
+    if bool((key[parent][deep] != (key - 1)[deep]).any()):
+        raise api.PluginError("eagle3: a segment holds an element without its parent (the partition is not causal)")
+    return torch.where(deep, parent, torch.full_like(parent, -1))
+
+
+class Eagle3Drafter(api.Drafter):
+    name = "eagle3"
+    Options = Eagle3Options
+    parallel = False
+
+    def __init__(self, target_config: Any, options: Eagle3Options | None = None) -> None:
+        super().__init__(target_config, options)
+        opts = self.options
+        n_layers = int(target_config.num_hidden_layers)
+        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(eagle.default_aux_layers(n_layers))
+        if len(ids) != 3 or any(not 0 <= int(i) < n_layers for i in ids):
+            raise api.UsageError(
+                f"eagle3 needs 3 aux layer ids in 0..{n_layers - 1} (low, mid, high), got {ids}; "
+                "set drafter.aux_layer_ids in --config"
+            )
+        self.aux_layer_ids = [int(i) for i in ids]
+        self.shape = modeling.LayerShape.from_config(target_config)
+        self.vocab_size = int(target_config.vocab_size)
+        self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
+        self.model = eagle.EagleBackbone(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers)
+        self.model.embed_tokens.weight.requires_grad_(opts.train_embedding)
+        self._target_head: torch.Tensor | None = None
+        self._reset_inference()
+
+    def feature_spec(self) -> api.FeatureSpec:
+        return api.FeatureSpec(aux_layers=tuple(self.aux_layer_ids), final_hidden=True)
+
+    def module(self) -> torch.nn.Module:
+        return self.model
+
+    # ---------------------------------------------------------------------------------------------------- training
+    def prepare(self, target: Any, examples: Any) -> None:
+        """Copy the target's embedding, choose the draft vocabulary and initialise ``lm_head`` from the target's
+        rows of it; keep the target's lm_head for the loss."""
+        examples = list(examples)
+        emb = target.model.get_input_embeddings().weight.detach()
+        head = target.model.get_output_embeddings().weight.detach()
+        draft = eagle.draft_vocabulary(examples, self.draft_vocab_size, self.vocab_size)
+        with torch.no_grad():
+            self.model.embed_tokens.weight.copy_(emb)
+            self.model.set_draft_vocab(draft)
+            self.model.lm_head.weight.copy_(head[draft])
+        self._target_head = head
+
+    def supervision(self, example: api.TrainingExample) -> torch.Tensor:
+        lm = example.loss_mask.to(torch.bool)
+        doc = example.doc
+        n = lm.shape[0] - 1
+        sup = torch.zeros(max(n, 0), dtype=torch.bool)
+        if n >= 2:
+            # position i is charged with x_{i+2}, which must share the document of its input x_{i+1}
+            sup[: n - 1] = lm[2:] & (doc[2:] == doc[1:-1])
+        return sup
+
+    def loss(
+        self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: api.Attention
+    ) -> api.LossTerms:
+        if self._target_head is None:
+            raise api.SpecframeError("eagle3: prepare(target, examples) must run before loss()")
+        model = self.model
+        device = model.lm_head.weight.device
+        dtype = model.lm_head.weight.dtype
+        sub = elements.subset(segment.elements)
+        depth = sub.depth.to(device)
+        pos = sub.position.to(device)
+        parent = parents_of(sub).to(device)
+        ids = example.input_ids.to(device)
+        aux = example.features[AUX].to(device=device, dtype=dtype)
+        final = example.features[FINAL].to(device=device, dtype=dtype)
+        sup = self.supervision(example).to(device)
+        charged = segment.loss_mask.to(device) & sup[pos]
+        k = elements.max_depth
+        weights = eagle.depth_weights(k, self.options.depth_decay, self.options.depth_weights).to(device)
+        target_head = self._target_head.to(device=device, dtype=dtype)
+        draft_head = target_head[model.draft_ids()]
+        reference = None if model.training else eagle.full_vocab_top1(model.t2d, target_head)
+
+        embeds = model.embed_tokens(ids[pos + 1])
+        hidden = model.fuse(aux[sub.anchor.to(device)])
+        loss_sum = hidden.new_zeros(())
+        hits = torch.zeros(len(sub), dtype=torch.bool)
+        passes = int(depth.max()) + 1 if len(sub) else 0
+        for d in range(passes):
+            out, _ = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)
+            rows = charged & (depth == d)
+            if bool(rows.any()):
+                result = modeling.chunked_forward_kl(
+                    model.norm(out[rows]), model.lm_head.weight, final[pos[rows] + 1], draft_head,
+                    reference_top1=reference, chunk=self.options.loss_chunk,
+                )
+                loss_sum = loss_sum + weights[d] * result.loss_sum
+                hits[rows.cpu()] = result.correct.cpu()
+            if d + 1 < passes:
+                # depth d+1 now reads its parent's fresh output; every shallower input is unchanged
+                nxt = depth == d + 1
+                hidden = torch.where(nxt[:, None], out[parent.clamp(min=0)], hidden)
+        d_ch = sub.depth[charged.cpu()]
+        correct, total = eagle.per_depth(d_ch, hits[charged.cpu()], k)
+        return api.LossTerms(loss_sum, int(charged.sum()), correct, total)
+
+    # --------------------------------------------------------------------------------------------------- inference
+    def _reset_inference(self) -> None:
+        self._cache: list[modeling.KV] | None = None
+        self._cached = 0
+        self._pending_tokens: list[torch.Tensor] = []
+        self._pending_aux: list[torch.Tensor] = []
+        self._last: torch.Tensor | None = None  # pre-norm output of the last committed position
+
+    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        self._reset_inference()
+        ids = prompt_ids.reshape(-1)
+        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
+        n = ids.shape[0]
+        if aux.shape[0] not in (n, n - 1):
+            raise api.SpecframeError(f"eagle3.start: {n} prompt tokens but {aux.shape[0]} feature rows")
+        if n > 1:
+            self._pending_tokens.append(ids[1:])
+            self._pending_aux.append(aux[: n - 1])
+
+    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        emitted = emitted.reshape(-1)
+        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
+        if aux.shape[0] != emitted.shape[0]:
+            raise api.SpecframeError(
+                f"eagle3.accept: {emitted.shape[0]} emitted tokens need as many feature rows, got {aux.shape[0]}"
+            )
+        self._pending_tokens.append(emitted)
+        self._pending_aux.append(aux)
+
+    def _commit(self) -> torch.Tensor:
+        """Forward the queued committed tokens into the KV cache; returns the last one's pre-norm output."""
+        if not self._pending_tokens:
+            raise api.SpecframeError("eagle3: no new token to draft from (call accept with the verifier's tokens)")
+        model = self.model
+        device = model.lm_head.weight.device
+        tokens = torch.cat(self._pending_tokens).to(device)
+        aux = torch.cat(self._pending_aux).to(device)
+        position = torch.arange(self._cached, self._cached + tokens.shape[0], device=device)
+        out, kvs = model.run(
+            model.embed_tokens(tokens), model.fuse(aux), position, modeling.causal_attention(self._cached),
+            past=self._cache,
+        )
+        self._cache = kvs if self._cache is None else _cat_kv(self._cache, kvs)
+        self._cached += tokens.shape[0]
+        self._pending_tokens, self._pending_aux = [], []
+        return out[-1:]
+
+    def _step(self, token: torch.Tensor, hidden: torch.Tensor, chain: list[modeling.KV] | None, offset: int):
+        """One draft step past the committed cache: ``chain`` holds the KV of this path's earlier draft steps."""
+        model = self.model
+        past = self._cache if chain is None else _cat_kv(self._cache, chain)
+        position = torch.tensor([self._cached + offset], device=hidden.device)
+        out, kvs = model.run(
+            model.embed_tokens(token.view(1)), hidden, position, modeling.causal_attention(self._cached + offset),
+            past=past,
+        )
+        return out, (kvs if chain is None else _cat_kv(chain, kvs))
+
+    @torch.no_grad()
+    def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
+        if k < 1:
+            raise api.UsageError(f"eagle3.propose: k must be positive, got {k}")
+        model = self.model
+        out = self._commit()
+        chain = None
+        drafted = []
+        for step in range(k):
+            token = model.to_target(model.logits(out).argmax(-1))
+            drafted.append(token)
+            if step + 1 < k:
+                out, chain = self._step(token, out, chain, step)
+        # the draft steps' KV entries are never stored: the cache holds committed tokens only
+        return api.Draft(tokens=torch.cat(drafted).cpu())
+
+    @torch.no_grad()
+    def propose_tree(
+        self, depth: int, top_k: int, total_tokens: int, generator: torch.Generator | None = None
+    ) -> api.Draft:
+        model = self.model
+        root = self._commit()
+        states: dict[int, tuple[torch.Tensor, list[modeling.KV] | None]] = {}
+
+        def full_logprobs(out: torch.Tensor) -> torch.Tensor:
+            logp = torch.log_softmax(model.logits(out).float(), dim=-1)
+            full = logp.new_full((logp.shape[0], self.vocab_size), float("-inf"))
+            full[:, model.draft_ids()] = logp
+            return full
+
+        def expand(tree: api.DraftTree, nodes: list[int]) -> torch.Tensor:
+            rows = []
+            for node in nodes:
+                parent = tree.parents[node]
+                hidden, chain = (root, None) if parent < 0 else states[parent]
+                token = torch.tensor(tree.tokens[node], device=root.device)
+                out, new_chain = self._step(token, hidden, chain, tree.depth[node] - 1)
+                states[node] = (out, new_chain)
+                rows.append(full_logprobs(out))
+            return torch.cat(rows)
+
+        return api.dynamic_tree(full_logprobs(root)[0], expand, depth=depth, top_k=top_k, total_tokens=total_tokens)
+
+    # -------------------------------------------------------------------------------------------------- checkpoints
+    def describe(self) -> dict[str, Any]:
+        """What inference and vLLM export need besides the tensors."""
+        s = self.shape
+        return {
+            "drafter": self.name,
+            "options": cattrs.unstructure(self.options),
+            "aux_layer_ids": list(self.aux_layer_ids),
+            "draft_vocab_size": self.draft_vocab_size,
+            "vocab_size": self.vocab_size,
+            "hidden_size": s.hidden,
+            "target_hidden_size": s.hidden,
+            "num_attention_heads": s.heads,
+            "num_key_value_heads": s.kv_heads,
+            "head_dim": s.head_dim,
+            "intermediate_size": s.intermediate,
+            "rms_norm_eps": s.eps,
+            "rope_theta": s.rope_theta,
+            "num_hidden_layers": self.options.layers,
+            "d2t": "offsets: target id = draft id + d2t[draft id]",
+        }
+
+    def save(self, directory: Path) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        save_file(state, str(directory / WEIGHTS_FILE), metadata={"drafter": self.name})
+        (directory / CONFIG_FILE).write_text(json.dumps(self.describe(), indent=1))
+
+    def load(self, directory: Path) -> None:
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        info = _read_info(directory, self.name)
+        if list(info["aux_layer_ids"]) != self.aux_layer_ids or info["draft_vocab_size"] != self.draft_vocab_size:
+            raise api.SpecframeError(
+                f"{directory} was trained with aux layers {info['aux_layer_ids']} and draft vocabulary "
+                f"{info['draft_vocab_size']}; this drafter has {self.aux_layer_ids} and {self.draft_vocab_size}"
+            )
+        try:
+            self.model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+        except RuntimeError as exc:
+            raise api.SpecframeError(f"{directory}: weights do not fit this eagle3 drafter: {exc}") from exc
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path, target_config: Any) -> Eagle3Drafter:
+        info = _read_info(Path(directory), cls.name)
+        drafter = cls(target_config, cattrs.structure(info["options"], Eagle3Options))
+        drafter.load(directory)
+        return drafter
+
+
+def _read_info(directory: Path, name: str) -> dict[str, Any]:
+    path = directory / CONFIG_FILE
+    if not path.exists():
+        raise api.SpecframeError(f"{directory} is not an {name} checkpoint (no {CONFIG_FILE})")
+    info = json.loads(path.read_text())
+    if info.get("drafter") != name:
+        raise api.SpecframeError(f"{directory} holds a '{info.get('drafter')}' drafter, not '{name}'")
+    return info
+
+
+def _cat_kv(a: list[modeling.KV], b: list[modeling.KV]) -> list[modeling.KV]:
+    return [(torch.cat([ak, bk], dim=2), torch.cat([av, bv], dim=2)) for (ak, av), (bk, bv) in zip(a, b, strict=True)]
+
+
+@api.hookimpl
+def register_drafters(register):
+    register(Eagle3Drafter)

@@ -1,0 +1,333 @@
+"""``parallelspec``: ParallelSpec (Xiao et al. 2024, arXiv 2410.05589), a parallel drafter with k distinct masks.
+
+What the paper fixes (section 3): the drafter appends k-1 mask tokens [MASK]_1..[MASK]_{k-1}, each with its *own*
+learned embedding, after the last real token and drafts k tokens in one forward; training is *group-wise parallel*:
+every training position is followed by its own group of masks, and the attention mask lets a group see the real
+prefix up to its position and the earlier members of its own group, never another group (exactly the shared
+(anchor, depth) visibility rule: element (a, d >= 1) is [MASK]_d of anchor a's group, rotary position a + d); the
+drafter is aligned to the target by distillation. This plugin distils with forward KL from the target's distribution
+at each element's reference position, over a reduced draft vocabulary (EAGLE-3 indexing, DESIGN.md section 8).
+
+Choices where the paper leaves room (each an option):
+
+- ``backbone``: ``"eagle"`` (default) builds on EAGLE, as the paper's strongest results do: the drafter reads the
+  target's fused low / mid / high hidden states through ``fc`` and its first layer takes cat(embedding, hidden).
+  ``"standalone"`` is a small causal LM initialised from the target's embedding and first ``layers`` layers that
+  reads no target features (the target-independent setting the paper also compares against).
+- The hidden input of a mask slot (eagle backbone) is its anchor's fused target feature, the last feature that
+  exists at inference (the bonus token's); a mask slot is told apart from its anchor only by its own [MASK]_d
+  embedding. (P-EAGLE instead shares one mask embedding and one learned hidden state across depths.)
+- ``cod_ratio`` 1 (default) gives every position its full group, the paper's group-wise training; below 1 it
+  samples groups PARD-style.
+- The k-1 mask embeddings are a separate parameter ``mask_embeddings`` [k-1, H], initialised from the target's
+  embedding rows of k-1 reserved ids chosen by the project's mask-token rule; the ids are recorded in the checkpoint
+  so an export can write the learned rows into the embedding.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import torch
+from torch import nn
+
+from specframe import api
+
+modeling = api.modeling
+eagle = api.eagle
+AUX = "aux_hidden"
+FINAL = "final_hidden"
+CONFIG_FILE = "drafter.json"
+WEIGHTS_FILE = "model.safetensors"
+BACKBONES = ("eagle", "standalone")
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise api.UsageError(f"parallelspec option '{attribute.name}' must be a positive integer, got {value!r}")
+
+
+def _unit(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise api.UsageError(f"parallelspec option '{attribute.name}' must be in [0, 1], got {value!r}")
+
+
+def _backbone(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value not in BACKBONES:
+        raise api.UsageError(f"parallelspec option 'backbone' must be one of {', '.join(BACKBONES)}, got {value!r}")
+
+
+@attrs.define
+class ParallelSpecOptions:
+    """ParallelSpec settings (``[drafter]`` table of ``--config``)."""
+
+    backbone: str = attrs.field(default="eagle", validator=_backbone)
+    layers: int = attrs.field(default=1, validator=_positive)
+    #: group size k (the real token plus k-1 masks) trained; ``--depth`` overrides it up to ``num_masks`` + 1
+    k_train: int = attrs.field(default=5, validator=_positive)
+    k_infer: int = attrs.field(default=5, validator=_positive)
+    #: distinct mask tokens; default k_train - 1
+    num_masks: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    draft_vocab_size: int = attrs.field(default=32000, validator=_positive)
+    aux_layer_ids: list[int] | None = None
+    #: train the token embedding (always copied from the target); the mask embeddings always train
+    train_embedding: bool = False
+    cod_ratio: float = attrs.field(default=1.0, validator=_unit)
+    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit)
+    activation_checkpointing: bool = False
+    loss_chunk: int = attrs.field(default=1024, validator=_positive)
+
+    @property
+    def masks(self) -> int:
+        return self.num_masks if self.num_masks is not None else max(self.k_train - 1, 1)
+
+
+class ParallelSpecDrafter(api.Drafter):
+    name = "parallelspec"
+    Options = ParallelSpecOptions
+    parallel = True
+
+    def __init__(self, target_config: Any, options: ParallelSpecOptions | None = None) -> None:
+        super().__init__(target_config, options)
+        opts = self.options
+        n_layers = int(target_config.num_hidden_layers)
+        self.reads_features = opts.backbone == "eagle"
+        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(eagle.default_aux_layers(n_layers))
+        if self.reads_features and (len(ids) != 3 or any(not 0 <= int(i) < n_layers for i in ids)):
+            raise api.UsageError(f"parallelspec needs 3 aux layer ids in 0..{n_layers - 1}, got {ids}")
+        self.aux_layer_ids = [int(i) for i in ids] if self.reads_features else []
+        self.shape = modeling.LayerShape.from_config(target_config)
+        self.vocab_size = int(target_config.vocab_size)
+        self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
+        self.model = eagle.EagleBackbone(
+            self.shape, self.vocab_size, self.draft_vocab_size, 3 if self.reads_features else 0, opts.layers,
+            eagle_input=self.reads_features,
+        )
+        self.model.mask_embeddings = nn.Parameter(torch.randn(opts.masks, self.shape.hidden) * 0.02)
+        self.model.embed_tokens.weight.requires_grad_(opts.train_embedding)
+        self.mask_token_ids: list[int] | None = None
+        self._target_head: torch.Tensor | None = None
+        self._reset_inference()
+
+    def feature_spec(self) -> api.FeatureSpec:
+        aux = tuple(self.aux_layer_ids) if self.reads_features else ()
+        return api.FeatureSpec(aux_layers=aux, final_hidden=True)
+
+    def module(self) -> torch.nn.Module:
+        return self.model
+
+    # ---------------------------------------------------------------------------------------------------- training
+    def prepare(self, target: Any, examples: Any) -> None:
+        examples = list(examples)
+        counts = eagle.all_token_counts(examples, self.vocab_size)
+        self.mask_token_ids = eagle.mask_token_ids(
+            target.tokenizer, self.options.masks, data_counts=counts, embedding_rows=self.vocab_size
+        )
+        emb = target.model.get_input_embeddings().weight.detach()
+        head = target.model.get_output_embeddings().weight.detach()
+        draft = eagle.draft_vocabulary(examples, self.draft_vocab_size, self.vocab_size, exclude=self.mask_token_ids)
+        model = self.model
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(emb)
+            model.mask_embeddings.copy_(emb[self.mask_token_ids])
+            model.set_draft_vocab(draft)
+            model.lm_head.weight.copy_(head[draft])
+            if not self.reads_features:
+                self._copy_layers(target.model)
+        self._target_head = head
+
+    def _copy_layers(self, target_model: Any) -> None:
+        source = target_model.state_dict()
+        if self.options.layers > int(target_model.config.num_hidden_layers):
+            raise api.UsageError(
+                f"parallelspec: {self.options.layers} layers cannot be copied from a "
+                f"{target_model.config.num_hidden_layers}-layer target"
+            )
+        for key, value in self.model.state_dict().items():
+            if key.startswith("layers.") or key == "norm.weight":
+                value.copy_(source["model." + key].to(value.dtype))
+
+    def supervision(self, example: api.TrainingExample) -> torch.Tensor:
+        lm = example.loss_mask.to(torch.bool)
+        doc = example.doc
+        n = lm.shape[0] - 1
+        sup = torch.zeros(max(n, 0), dtype=torch.bool)
+        if n >= 2:
+            sup[: n - 1] = lm[2:] & (doc[2:] == doc[1:-1])
+        return sup
+
+    def _check_depth(self, k: int) -> None:
+        if k - 1 > self.options.masks:
+            raise api.UsageError(
+                f"parallelspec has {self.options.masks} mask tokens, so it trains and drafts at most "
+                f"{self.options.masks + 1} tokens per group; got depth {k} (raise drafter.num_masks or k_train)"
+            )
+
+    def _inputs(self, tokens: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        real = model.embed_tokens(tokens)
+        masks = model.mask_embeddings[(depth - 1).clamp(min=0)]
+        return torch.where((depth > 0)[:, None], masks.to(real.dtype), real)
+
+    def loss(
+        self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: api.Attention
+    ) -> api.LossTerms:
+        if self._target_head is None:
+            raise api.SpecframeError("parallelspec: prepare(target, examples) must run before loss()")
+        self._check_depth(elements.max_depth)
+        model = self.model
+        device = model.lm_head.weight.device
+        dtype = model.lm_head.weight.dtype
+        sub = elements.subset(segment.elements)
+        anchor, depth = sub.anchor.to(device), sub.depth.to(device)
+        pos = anchor + depth
+        ids = example.input_ids.to(device)
+        embeds = self._inputs(ids[anchor + 1], depth)
+        hidden = model.fuse(example.features[AUX].to(device)[anchor]) if self.reads_features else None
+        out, _ = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)
+        charged = segment.loss_mask.to(device) & self.supervision(example).to(device)[pos]
+        final = example.features[FINAL].to(device=device, dtype=dtype)
+        target_head = self._target_head.to(device=device, dtype=dtype)
+        reference = None if model.training else eagle.full_vocab_top1(model.t2d, target_head)
+        result = modeling.chunked_forward_kl(
+            model.norm(out[charged]), model.lm_head.weight, final[pos[charged] + 1], target_head[model.draft_ids()],
+            reference_top1=reference, chunk=self.options.loss_chunk,
+        )
+        correct, total = eagle.per_depth(sub.depth[charged.cpu()], result.correct, elements.max_depth)
+        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total)
+
+    # --------------------------------------------------------------------------------------------------- inference
+    def _reset_inference(self) -> None:
+        self._cache: list[modeling.KV] | None = None
+        self._cached = 0
+        self._pending_tokens: list[torch.Tensor] = []
+        self._pending_aux: list[torch.Tensor] = []
+
+    def _aux_rows(self, features: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
+        if not self.reads_features:
+            return None
+        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
+        return aux[:n]
+
+    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        if self.mask_token_ids is None:
+            raise api.SpecframeError("parallelspec: no mask tokens chosen (train the drafter or load a checkpoint)")
+        self._reset_inference()
+        ids = prompt_ids.reshape(-1)
+        if ids.shape[0] > 1:
+            self._pending_tokens.append(ids[1:])
+            aux = self._aux_rows(features, ids.shape[0] - 1)
+            if aux is not None:
+                self._pending_aux.append(aux)
+
+    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        emitted = emitted.reshape(-1)
+        aux = self._aux_rows(features, emitted.shape[0])
+        if aux is not None and aux.shape[0] != emitted.shape[0]:
+            raise api.SpecframeError(
+                f"parallelspec.accept: {emitted.shape[0]} emitted tokens need as many feature rows, got {aux.shape[0]}"
+            )
+        self._pending_tokens.append(emitted)
+        if aux is not None:
+            self._pending_aux.append(aux)
+
+    @torch.no_grad()
+    def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
+        if k < 1:
+            raise api.UsageError(f"parallelspec.propose: k must be positive, got {k}")
+        self._check_depth(k)
+        if not self._pending_tokens:
+            raise api.SpecframeError("parallelspec.propose: no new token to draft from (call accept first)")
+        model = self.model
+        device = model.lm_head.weight.device
+        tokens = torch.cat(self._pending_tokens).to(device)
+        p = tokens.shape[0]
+        depth = torch.cat([torch.zeros(p, dtype=torch.long), torch.arange(1, k)]).to(device)
+        embeds = self._inputs(torch.cat([tokens, tokens.new_zeros(k - 1)]), depth)
+        hidden = None
+        if self.reads_features:
+            fused = model.fuse(torch.cat(self._pending_aux).to(device))
+            # mask slots carry the anchor's (the bonus token's) feature
+            hidden = torch.cat([fused, fused[-1:].expand(k - 1, -1)])
+        position = torch.arange(self._cached, self._cached + p + k - 1, device=device)
+        out, kvs = model.run(embeds, hidden, position, modeling.causal_attention(self._cached), past=self._cache)
+        draft = model.to_target(model.logits(out[p - 1 :]).argmax(-1))
+        kept = [(kk[:, :, :p], vv[:, :, :p]) for kk, vv in kvs]
+        self._cache = kept if self._cache is None else [
+            (torch.cat([ck, nk], 2), torch.cat([cv, nv], 2)) for (ck, cv), (nk, nv) in zip(self._cache, kept, strict=True)
+        ]
+        self._cached += p
+        self._pending_tokens, self._pending_aux = [], []
+        return api.Draft(tokens=draft.cpu())
+
+    # -------------------------------------------------------------------------------------------------- checkpoints
+    def describe(self) -> dict[str, Any]:
+        s = self.shape
+        return {
+            "drafter": self.name,
+            "options": cattrs.unstructure(self.options),
+            "backbone": self.options.backbone,
+            "mask_token_ids": self.mask_token_ids,
+            "aux_layer_ids": self.aux_layer_ids,
+            "draft_vocab_size": self.draft_vocab_size,
+            "vocab_size": self.vocab_size,
+            "hidden_size": s.hidden,
+            "num_attention_heads": s.heads,
+            "num_key_value_heads": s.kv_heads,
+            "head_dim": s.head_dim,
+            "intermediate_size": s.intermediate,
+            "rms_norm_eps": s.eps,
+            "rope_theta": s.rope_theta,
+            "num_hidden_layers": self.options.layers,
+        }
+
+    def save(self, directory: Path) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        save_file(state, str(directory / WEIGHTS_FILE), metadata={"drafter": self.name})
+        (directory / CONFIG_FILE).write_text(json.dumps(self.describe(), indent=1))
+
+    def load(self, directory: Path) -> None:
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        info = _read_info(directory, self.name)
+        if info["backbone"] != self.options.backbone or info["draft_vocab_size"] != self.draft_vocab_size:
+            raise api.SpecframeError(
+                f"{directory} holds a {info['backbone']} backbone with draft vocabulary {info['draft_vocab_size']}; "
+                f"this drafter is {self.options.backbone} with {self.draft_vocab_size}"
+            )
+        try:
+            self.model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+        except RuntimeError as exc:
+            raise api.SpecframeError(f"{directory}: weights do not fit this parallelspec drafter: {exc}") from exc
+        self.mask_token_ids = list(info["mask_token_ids"])
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path, target_config: Any) -> ParallelSpecDrafter:
+        info = _read_info(Path(directory), cls.name)
+        drafter = cls(target_config, cattrs.structure(info["options"], ParallelSpecOptions))
+        drafter.load(directory)
+        return drafter
+
+
+def _read_info(directory: Path, name: str) -> dict[str, Any]:
+    path = directory / CONFIG_FILE
+    if not path.exists():
+        raise api.SpecframeError(f"{directory} is not a {name} checkpoint (no {CONFIG_FILE})")
+    info = json.loads(path.read_text())
+    if info.get("drafter") != name:
+        raise api.SpecframeError(f"{directory} holds a '{info.get('drafter')}' drafter, not '{name}'")
+    return info
+
+
+@api.hookimpl
+def register_drafters(register):
+    register(ParallelSpecDrafter)

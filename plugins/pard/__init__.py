@@ -1,0 +1,297 @@
+"""``pard``: PARD, the target-independent parallel draft model (An et al. 2025, arXiv 2504.18583; AMD-AGI/PARD).
+
+A small causal LM with the target's tokenizer (by default a ``layers``-layer Llama whose embedding, first layers,
+final norm and lm_head are copied from the target) drafts k tokens in one forward over
+[accepted | bonus | MASK x (k-1)]: one mask token, chosen by the project's rule (``api.eagle.mask_token_ids``: an
+unused special / reserved id that exists in the embedding) and recorded as ``pard_token`` in the checkpoint config.
+
+Training on the shared engine, unshifted on data tokens (DESIGN.md section 8): position i holds token x_i; element
+(a, d) has rotary position a + d, token input x_a at depth 0 and MASK at depth >= 1, and predicts x_{a+d+1} (hard
+cross-entropy over the full vocabulary, the PARD objective). It is supervised when x_{a+d+1} is a loss-masked token
+of a's document. COD (r 0.7, r_min 0.2, PARD's defaults) keeps about 3.4 L elements at K = 8. No target features.
+
+Checkpoint: ``causal_lm/`` is a plain transformers ``LlamaForCausalLM.save_pretrained`` folder (safetensors, config
+with ``pard_token``) that vLLM loads as ``{"method": "draft_model", "parallel_drafting": true}``; it sits in a
+sub-folder because the engine writes its own ``config.json`` beside the drafter's files. ``drafter.json`` holds the
+specframe options.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from specframe import api
+
+modeling = api.modeling
+CONFIG_FILE = "drafter.json"
+HF_DIR = "causal_lm"
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise api.UsageError(f"pard option '{attribute.name}' must be a positive integer, got {value!r}")
+
+
+def _unit(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        raise api.UsageError(f"pard option '{attribute.name}' must be in [0, 1], got {value!r}")
+
+
+@attrs.define
+class PardOptions:
+    """PARD settings (``[drafter]`` table of ``--config``)."""
+
+    #: decoder layers of the draft LM
+    layers: int = attrs.field(default=2, validator=_positive)
+    #: copy the target's embedding, first ``layers`` layers, final norm and lm_head (else random init)
+    init_from_target: bool = True
+    #: depths trained; ``--depth`` overrides it
+    k_train: int = attrs.field(default=8, validator=_positive)
+    k_infer: int = attrs.field(default=5, validator=_positive)
+    cod_ratio: float = attrs.field(default=0.7, validator=_unit)
+    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit)
+    activation_checkpointing: bool = False
+    loss_chunk: int = attrs.field(default=1024, validator=_positive)
+
+
+class PardLM(nn.Module):
+    """A Llama causal LM whose parameter names are exactly ``LlamaForCausalLM``'s (``model.embed_tokens``,
+    ``model.layers.N.*``, ``model.norm``, ``lm_head``), with attention delegated to an ``api.Attention``."""
+
+    def __init__(self, shape: modeling.LayerShape, vocab_size: int, layers: int, tie: bool) -> None:
+        super().__init__()
+        self.shape = shape
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(vocab_size, shape.hidden)
+        self.model.layers = nn.ModuleList([modeling.DecoderLayer(shape) for _ in range(layers)])
+        self.model.norm = modeling.RMSNorm(shape.hidden, shape.eps)
+        self.lm_head = nn.Linear(shape.hidden, vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+        self.tied = tie
+        if tie:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        position: torch.Tensor,
+        attention: modeling.Attention,
+        past: list[modeling.KV] | None = None,
+        checkpointing: bool = False,
+    ) -> tuple[torch.Tensor, list[modeling.KV]]:
+        """Normalised final states [N, H] of ``tokens`` [N] at ``position`` [N], and each layer's new (k, v)."""
+        embeds = self.model.embed_tokens(tokens)[None]
+        out, kvs = modeling.run_layers(
+            self.model.layers, embeds, embeds, position, self.shape, attention, past=past, checkpointing=checkpointing
+        )
+        return self.model.norm(out[0]), kvs
+
+
+def _ce_chunk(h: torch.Tensor, head: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = (h @ head.T).float()
+    return nn.functional.cross_entropy(logits, labels, reduction="sum"), logits.argmax(-1)
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of hard cross-entropy over rows and the top-1 hits, logits recomputed per chunk in backward so memory is
+    O(chunk x V), not O(N x V) (the full vocabulary is large)."""
+    losses, hits = [], []
+    for s in range(0, hidden.shape[0], chunk):
+        h, y = hidden[s : s + chunk], labels[s : s + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            loss, top = checkpoint(_ce_chunk, h, head, y, use_reentrant=False)
+        else:
+            loss, top = _ce_chunk(h, head, y)
+        losses.append(loss)
+        hits.append(top == y)
+    if not losses:
+        return hidden.sum() * 0.0 + head.sum() * 0.0, torch.zeros(0, dtype=torch.bool)
+    return torch.stack(losses).sum(), torch.cat(hits)
+
+
+class PardDrafter(api.Drafter):
+    name = "pard"
+    Options = PardOptions
+    parallel = True
+
+    def __init__(self, target_config: Any, options: PardOptions | None = None) -> None:
+        super().__init__(target_config, options)
+        self.shape = modeling.LayerShape.from_config(target_config)
+        self.vocab_size = int(target_config.vocab_size)
+        self.tie = bool(getattr(target_config, "tie_word_embeddings", False))
+        self.model = PardLM(self.shape, self.vocab_size, self.options.layers, self.tie)
+        self.mask_token_id: int | None = None
+        self._reset_inference()
+
+    def feature_spec(self) -> api.FeatureSpec:
+        # an explicit empty tuple: readers of the spec treat a missing aux list as "none" only when iterable
+        return api.FeatureSpec(aux_layers=())
+
+    def module(self) -> torch.nn.Module:
+        return self.model
+
+    # ---------------------------------------------------------------------------------------------------- training
+    def prepare(self, target: Any, examples: Any) -> None:
+        examples = list(examples)
+        counts = api.eagle.all_token_counts(examples, self.vocab_size)
+        self.mask_token_id = api.eagle.mask_token_ids(
+            target.tokenizer, 1, data_counts=counts, embedding_rows=self.vocab_size
+        )[0]
+        if self.options.init_from_target:
+            self._copy_from(target.model)
+
+    def _copy_from(self, target_model: Any) -> None:
+        source = target_model.state_dict()
+        n_target = int(target_model.config.num_hidden_layers)
+        if self.options.layers > n_target:
+            raise api.UsageError(
+                f"pard: {self.options.layers} layers cannot be copied from a {n_target}-layer target "
+                "(lower drafter.layers or set drafter.init_from_target = false)"
+            )
+        own = self.model.state_dict()
+        missing = [k for k in own if k not in source]
+        if missing:
+            raise api.UsageError(f"pard: the target has no {missing[0]} to initialise from (not a Llama layout?)")
+        with torch.no_grad():
+            for key, value in own.items():
+                value.copy_(source[key].to(value.dtype))
+
+    def supervision(self, example: api.TrainingExample) -> torch.Tensor:
+        lm = example.loss_mask.to(torch.bool)
+        doc = example.doc
+        sup = torch.zeros(lm.shape[0], dtype=torch.bool)
+        # position i predicts x_{i+1}, charged when it is a loss-masked token of i's document
+        sup[:-1] = lm[1:] & (doc[1:] == doc[:-1])
+        return sup
+
+    def loss(
+        self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: api.Attention
+    ) -> api.LossTerms:
+        if self.mask_token_id is None:
+            raise api.SpecframeError("pard: prepare(target, examples) must run before loss()")
+        model = self.model
+        device = model.lm_head.weight.device
+        sub = elements.subset(segment.elements)
+        anchor, depth = sub.anchor.to(device), sub.depth.to(device)
+        pos = anchor + depth
+        ids = example.input_ids.to(device)
+        tokens = torch.where(depth > 0, torch.full_like(anchor, self.mask_token_id), ids[anchor])
+        hidden, _ = model(tokens, pos, attention, checkpointing=self.options.activation_checkpointing)
+        charged = segment.loss_mask.to(device) & self.supervision(example).to(device)[pos]
+        loss_sum, hits = chunked_cross_entropy(
+            hidden[charged], model.lm_head.weight, ids[pos[charged] + 1], self.options.loss_chunk
+        )
+        correct, total = api.eagle.per_depth(sub.depth[charged.cpu()], hits, elements.max_depth)
+        return api.LossTerms(loss_sum, int(charged.sum()), correct, total)
+
+    # --------------------------------------------------------------------------------------------------- inference
+    def _reset_inference(self) -> None:
+        self._cache: list[modeling.KV] | None = None
+        self._cached = 0
+        self._pending: list[torch.Tensor] = []
+
+    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        if self.mask_token_id is None:
+            raise api.SpecframeError("pard: no mask token chosen (train the drafter or load a checkpoint first)")
+        self._reset_inference()
+        self._pending.append(prompt_ids.reshape(-1))
+
+    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        self._pending.append(emitted.reshape(-1))
+
+    @torch.no_grad()
+    def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
+        if k < 1:
+            raise api.UsageError(f"pard.propose: k must be positive, got {k}")
+        if not self._pending:
+            raise api.SpecframeError("pard.propose: no new token to draft from (call accept first)")
+        model = self.model
+        device = model.lm_head.weight.device
+        tokens = torch.cat(self._pending).to(device)
+        p = tokens.shape[0]
+        block = torch.cat([tokens, torch.full((k - 1,), self.mask_token_id, device=device, dtype=torch.long)])
+        position = torch.arange(self._cached, self._cached + p + k - 1, device=device)
+        hidden, kvs = model(block, position, modeling.causal_attention(self._cached), past=self._cache)
+        draft = model.lm_head(hidden[p - 1 :]).argmax(-1)
+        # keep the committed tokens' KV only; the mask slots' are rewritten next round
+        kept = [(kk[:, :, :p], vv[:, :, :p]) for kk, vv in kvs]
+        self._cache = kept if self._cache is None else [
+            (torch.cat([ck, nk], 2), torch.cat([cv, nv], 2)) for (ck, cv), (nk, nv) in zip(self._cache, kept, strict=True)
+        ]
+        self._cached += p
+        self._pending = []
+        return api.Draft(tokens=draft.cpu())
+
+    # -------------------------------------------------------------------------------------------------- checkpoints
+    def hf_config(self) -> Any:
+        """The transformers config of the draft LM: the target's, with the drafter's depth and ``pard_token``."""
+        cfg = copy.deepcopy(self.target_config)
+        cfg.num_hidden_layers = self.options.layers
+        if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
+            cfg.layer_types = list(cfg.layer_types)[: self.options.layers]
+        cfg.tie_word_embeddings = self.tie
+        cfg.pard_token = self.mask_token_id
+        cfg.architectures = ["LlamaForCausalLM"]
+        return cfg
+
+    def save(self, directory: Path) -> None:
+        from transformers import LlamaForCausalLM
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        hf = LlamaForCausalLM(self.hf_config())
+        missing, unexpected = hf.load_state_dict({k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                                                 strict=False)
+        if unexpected or [m for m in missing if not (self.tie and m == "lm_head.weight")]:
+            raise api.SpecframeError(f"pard: draft weights do not map onto LlamaForCausalLM: {missing} {unexpected}")
+        hf.save_pretrained(str(directory / HF_DIR), safe_serialization=True)
+        info = {"drafter": self.name, "options": cattrs.unstructure(self.options), "mask_token_id": self.mask_token_id,
+                "pard_token": self.mask_token_id, "causal_lm": HF_DIR}
+        (directory / CONFIG_FILE).write_text(json.dumps(info, indent=1))
+
+    def load(self, directory: Path) -> None:
+        from transformers import LlamaForCausalLM
+
+        directory = Path(directory)
+        info = _read_info(directory, self.name)
+        hf = LlamaForCausalLM.from_pretrained(str(directory / info["causal_lm"]), dtype=torch.float32)
+        try:
+            self.model.load_state_dict(hf.state_dict())
+        except RuntimeError as exc:
+            raise api.SpecframeError(f"{directory}: weights do not fit this pard drafter: {exc}") from exc
+        self.mask_token_id = int(hf.config.pard_token)
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path, target_config: Any) -> PardDrafter:
+        info = _read_info(Path(directory), cls.name)
+        drafter = cls(target_config, cattrs.structure(info["options"], PardOptions))
+        drafter.load(directory)
+        return drafter
+
+
+def _read_info(directory: Path, name: str) -> dict[str, Any]:
+    path = directory / CONFIG_FILE
+    if not path.exists():
+        raise api.SpecframeError(f"{directory} is not a {name} checkpoint (no {CONFIG_FILE})")
+    info = json.loads(path.read_text())
+    if info.get("drafter") != name:
+        raise api.SpecframeError(f"{directory} holds a '{info.get('drafter')}' drafter, not '{name}'")
+    return info
+
+
+@api.hookimpl
+def register_drafters(register):
+    register(PardDrafter)

@@ -1,0 +1,165 @@
+"""Pieces shared by the drafters that read the target's features and draft over a reduced vocabulary.
+
+Exposed to plugins as ``api.eagle``. EAGLE-3 (``eagle3``) and ParallelSpec (``parallelspec``) use all of it; P-EAGLE
+keeps its own copy of the same layout today and could switch to ``EagleBackbone`` (its ``mask_hidden`` is the one
+extra parameter), ``draft_vocabulary``, ``full_vocab_top1`` and ``per_depth``.
+
+``EagleBackbone`` holds the vLLM ``llama_eagle3`` parameter names (``embed_tokens``, ``fc``, ``layers.N.*``,
+``norm``, ``lm_head``, ``d2t`` offsets and ``t2d`` mask), so a checkpoint exports without renaming. Draft vocabulary
+and mask tokens follow ``specframe.vocab``'s documented rules (loss-masked token counts, ties to the lower id; mask
+ids are unused special / reserved tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from specframe import modeling
+from specframe.errors import UsageError
+from specframe.features import default_aux_layers
+from specframe.vocab import build_draft_vocab, count_tokens, mask_token_ids
+
+__all__ = [
+    "EagleBackbone",
+    "all_token_counts",
+    "default_aux_layers",
+    "depth_weights",
+    "draft_vocabulary",
+    "full_vocab_top1",
+    "mask_token_ids",
+    "per_depth",
+]
+
+
+class EagleBackbone(nn.Module):
+    """Embedding, optional ``fc`` fusing ``num_aux`` target hidden states (num_aux * H -> H), Llama layers (the
+    first one EAGLE-3's cat(embedding, hidden) layer when ``eagle_input``), final norm and a draft-vocabulary head.
+
+    With ``num_aux`` 0 there is no ``fc`` and, with ``eagle_input`` False, the layers are a plain causal LM stack
+    whose residual stream starts from the token embedding.
+    """
+
+    def __init__(
+        self,
+        shape: modeling.LayerShape,
+        vocab_size: int,
+        draft_vocab_size: int,
+        num_aux: int,
+        layers: int,
+        eagle_input: bool = True,
+    ) -> None:
+        super().__init__()
+        if layers < 1:
+            raise UsageError(f"a drafter needs at least one layer, got {layers}")
+        self.shape = shape
+        self.eagle_input = eagle_input
+        h = shape.hidden
+        self.embed_tokens = nn.Embedding(vocab_size, h)
+        self.fc = nn.Linear(num_aux * h, h, bias=False) if num_aux else None
+        self.layers = nn.ModuleList(
+            [modeling.DecoderLayer(shape, eagle_input=(eagle_input and i == 0)) for i in range(layers)]
+        )
+        self.norm = modeling.RMSNorm(h, shape.eps)
+        self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(vocab_size, dtype=torch.bool))
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+        self.set_draft_vocab(torch.arange(draft_vocab_size))
+
+    def set_draft_vocab(self, draft_ids: torch.Tensor) -> None:
+        """Install the draft vocabulary (target ids, strictly increasing): target id = draft id + d2t[draft id]."""
+        draft_ids = draft_ids.to(device=self.d2t.device, dtype=torch.long)
+        self.d2t.copy_(draft_ids - torch.arange(draft_ids.numel(), device=self.d2t.device))
+        self.t2d.zero_()
+        self.t2d[draft_ids] = True
+
+    def draft_ids(self) -> torch.Tensor:
+        return self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
+
+    def to_target(self, draft: torch.Tensor) -> torch.Tensor:
+        return draft + self.d2t[draft]
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's concatenated aux states [N, num_aux * H] projected to the drafter width [N, H]."""
+        if self.fc is None:
+            raise UsageError("this backbone reads no target features (num_aux 0)")
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def run(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor | None,
+        position: torch.Tensor,
+        attention: modeling.Attention,
+        past: list[modeling.KV] | None = None,
+        checkpointing: bool = False,
+    ) -> tuple[torch.Tensor, list[modeling.KV]]:
+        """One block of N elements: ``embeds`` [N, H] token inputs, ``hidden`` [N, H] hidden inputs (ignored, and
+        may be None, without ``eagle_input``), ``position`` [N]. Returns the last layer's *pre-norm* output [N, H]
+        (what EAGLE-3 feeds forward) and each layer's new (k, v)."""
+        stream = hidden if self.eagle_input else embeds
+        out, kvs = modeling.run_layers(
+            self.layers, stream[None], embeds[None], position, self.shape, attention, past=past,
+            checkpointing=checkpointing,
+        )
+        return out[0], kvs
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of pre-norm outputs."""
+        return self.lm_head(self.norm(out))
+
+
+def all_token_counts(examples: Iterable[Any], vocab_size: int) -> torch.Tensor:
+    """Counts of every token (loss-masked or not) over ``examples``: what the mask-token rule must avoid."""
+    return count_tokens(examples, vocab_size, masked_only=False)
+
+
+def draft_vocabulary(
+    examples: Iterable[Any], size: int, vocab_size: int, exclude: Iterable[int] = ()
+) -> torch.Tensor:
+    """Target ids (ascending) of the ``size`` most frequent loss-masked training tokens (``specframe.vocab`` rule);
+    ``exclude`` (mask tokens) never enters, even as filler."""
+    counts = count_tokens(examples, vocab_size).clone()
+    for tok in exclude:
+        counts[int(tok)] = -1
+    return build_draft_vocab(counts, min(size, vocab_size)).ids
+
+
+def full_vocab_top1(t2d: torch.Tensor, target_head: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Reference for evaluation hits: the target's argmax over its whole vocabulary (what greedy verification
+    accepts), as a draft id, or -1 when it lies outside the draft vocabulary (a hit is then impossible)."""
+    index = torch.cumsum(t2d.long(), 0) - 1
+
+    def top1(target_hidden: torch.Tensor) -> torch.Tensor:
+        best = (target_hidden @ target_head.T).argmax(-1)
+        return torch.where(t2d[best], index[best], torch.full_like(best, -1))
+
+    return top1
+
+
+def per_depth(depth: torch.Tensor, hit: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct [k], total [k]) per depth from element depths and top-1 hit flags."""
+    depth = depth.cpu()
+    total = torch.bincount(depth, minlength=k)[:k]
+    correct = torch.bincount(depth[hit.cpu().bool()], minlength=k)[:k]
+    return correct, total
+
+
+def depth_weights(k: int, decay: float, explicit: list[float] | None = None) -> torch.Tensor:
+    """Loss weight of each depth: ``explicit`` when given (one per depth, at least k), else decay ** d."""
+    if explicit is not None:
+        if len(explicit) < k:
+            raise UsageError(f"depth_weights has {len(explicit)} entries but training uses depth {k}")
+        return torch.tensor([float(w) for w in explicit[:k]])
+    return torch.tensor([decay**d for d in range(k)], dtype=torch.float32)
+
+
+# Re-exported so plugins reach the project's mask-token rule and vLLM's default aux layers through ``api.eagle``.
+mask_token_ids = mask_token_ids
+default_aux_layers = default_aux_layers
