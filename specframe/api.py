@@ -27,6 +27,7 @@ from specframe import eagle
 from specframe.elements import ElementSet, full_grid, visible
 from specframe.errors import PluginError, SpecframeError, UsageError
 from specframe.hookspecs import hookimpl
+from specframe.inference.tree import DraftTree, dynamic_tree
 
 from specframe.features import FeatureSpec
 
@@ -37,6 +38,7 @@ __all__ = [
     "Attention",
     "Component",
     "Draft",
+    "DraftTree",
     "Drafter",
     "FeatureSpec",
     "ElementSet",
@@ -51,8 +53,10 @@ __all__ = [
     "UsageError",
     "Verification",
     "Verifier",
+    "dynamic_tree",
     "full_grid",
     "hookimpl",
+    "sampling_distribution",
     "modeling",
     "eagle",
     "vocab",
@@ -131,9 +135,11 @@ class Draft:
     """Proposed tokens, as a chain or a tree.
 
     ``tokens`` [N]: draft tokens. ``parents`` [N] (int64) or None: index of each node's parent, -1 for children of
-    the root (the last committed token); None means a chain (node i's parent is i - 1). ``probs`` [N, V] or None: the
-    drafter distribution each token was drawn from (over the target vocabulary); None means deterministic (argmax)
-    drafting, i.e. one-hot q.
+    the root (the last committed token); None means a chain (node i's parent is i - 1). Nodes are in topological
+    order (a parent's index is below its children's) and siblings in the order a verifier tries them. ``probs``
+    [N, V] or None: the drafter distribution each token was drawn from (over the target vocabulary); siblings of a
+    tree are independent draws from their (shared) distribution. None means deterministic drafting (argmax or
+    top-k), i.e. one-hot q.
     """
 
     tokens: torch.Tensor
@@ -148,6 +154,32 @@ class Draft:
         if self.parents is not None:
             return self.parents
         return torch.arange(len(self), dtype=torch.long) - 1
+
+
+def sampling_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """The distribution a target's ``logits`` [..., V] sample from: temperature, then top-k, then top-p (nucleus).
+
+    ``temperature`` 0 means greedy (one-hot at the argmax); ``top_k`` 0 and ``top_p`` 1 switch those filters off.
+    Sampling verifiers accept against this distribution, so plain sampling and speculative sampling with the same
+    options draw from the same law.
+    """
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        raise UsageError(f"invalid sampling options: temperature {temperature}, top_k {top_k}, top_p {top_p}")
+    logits = logits.float()
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the token that crosses it included).
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
 
 
 @attrs.frozen
@@ -255,12 +287,26 @@ class Drafter(Component, ABC):
 
     @abstractmethod
     def propose(self, k: int, generator: torch.Generator | None = None) -> Draft:
-        """Draft up to ``k`` tokens beyond the committed sequence."""
+        """Draft a chain of up to ``k`` tokens beyond the committed sequence (an empty draft is allowed)."""
+
+    def propose_tree(
+        self, depth: int, top_k: int, total_tokens: int, generator: torch.Generator | None = None
+    ) -> Draft:
+        """Draft a tree of at most ``total_tokens`` nodes and ``depth`` levels for a tree verifier.
+
+        Drafters that can score candidates build an EAGLE-2 dynamic tree with ``dynamic_tree`` (``top_k`` children
+        per expanded node). Default: the chain ``propose(depth)``, a one-branch tree, so every drafter can be served
+        with a tree verifier.
+        """
+        return self.propose(depth, generator)
 
     @abstractmethod
     def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        """Commit ``emitted`` (the verifier's emitted tokens) with the target's features at those positions, and
-        drop any state the rejected draft left behind."""
+        """Commit ``emitted`` (the verifier's emitted tokens) and drop any state the rejected draft left behind.
+
+        ``features[name][j]`` is the target's feature at the position that *predicted* ``emitted[j]`` (the token
+        before it), the EAGLE pairing of token x_{t+1} with feature g_t (DESIGN.md section 8). The first call after
+        ``start`` commits the token the prefill produced, paired with the last prompt position's features."""
 
     # -- checkpoints
     def save(self, directory: Path) -> None:

@@ -1,0 +1,78 @@
+"""``sampling``: speculative sampling over a chain (Leviathan et al. 2023; Chen et al. 2023).
+
+The target distribution p at each slot is ``api.sampling_distribution`` of the target logits (temperature, top-k,
+top-p). Draft token d_i is accepted with probability min(1, p(d_i) / q(d_i)); at the first rejection the target's
+token is drawn from normalise(max(0, p - q)) and the round stops; after a fully accepted chain a bonus token is
+drawn from p at the last slot. q is ``Draft.probs`` when the drafter sampled, one-hot at d_i when it took the argmax.
+Every random draw comes from the given generator. The emitted tokens are distributed exactly as sampling from p
+token by token (plain decoding with the same options).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from specframe import api
+
+
+@attrs.define
+class SamplingOptions:
+    #: softmax temperature; 0 is greedy (p one-hot at the argmax)
+    temperature: float = 1.0
+    #: keep only the k most likely tokens (0: off)
+    top_k: int = 0
+    #: keep the smallest set of tokens whose mass reaches top_p (1: off)
+    top_p: float = 1.0
+
+
+class SamplingVerifier(api.Verifier):
+    name = "sampling"
+    Options = SamplingOptions
+    supports_tree = False
+
+    def target(self, logits: torch.Tensor) -> torch.Tensor:
+        o = self.options
+        return api.sampling_distribution(logits, o.temperature, o.top_k, o.top_p)
+
+    @staticmethod
+    def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Where the target's token comes from after a rejection: normalise(max(0, p - q)).
+
+        If p <= q everywhere a rejection has probability zero; floating-point error can still get here, and p is
+        then the right law.
+        """
+        r = (p - q).clamp_min(0)
+        total = r.sum()
+        return r / total if total > 0 else p
+
+    def verify(self, logits: torch.Tensor, draft: api.Draft, generator: torch.Generator | None = None):
+        if draft.parents is not None and draft.parents.tolist() != list(range(-1, len(draft) - 1)):
+            raise api.UsageError("the 'sampling' verifier verifies chains; use 'tree' for draft trees")
+        tokens = draft.tokens.tolist()
+        accepted: list[int] = []
+        for i, token in enumerate(tokens):
+            p = self.target(logits[i])
+            if draft.probs is not None:
+                q = draft.probs[i].float()
+            else:
+                q = torch.zeros_like(p)
+                q[token] = 1.0
+            ratio = p[token] / q[token] if q[token] > 0 else torch.tensor(0.0)
+            if torch.rand((), generator=generator) < ratio:
+                accepted.append(i)
+                continue
+            fix = torch.multinomial(self.residual(p, q), 1, generator=generator).item()
+            return _verification(accepted, tokens, fix)
+        bonus = torch.multinomial(self.target(logits[len(tokens)]), 1, generator=generator).item()
+        return _verification(accepted, tokens, bonus)
+
+
+def _verification(accepted: list[int], tokens: list[int], last: int) -> api.Verification:
+    emitted = [tokens[i] for i in accepted] + [last]
+    return api.Verification(torch.tensor(accepted, dtype=torch.long), torch.tensor(emitted, dtype=torch.long))
+
+
+@api.hookimpl
+def register_verifiers(register):
+    register(SamplingVerifier)
