@@ -173,3 +173,20 @@ def test_expected_acceptance_length():
     assert expected_acceptance_length([]) == 1.0
     assert expected_acceptance_length([1.0, 1.0]) == 3.0
     assert expected_acceptance_length([0.5, 0.5]) == pytest.approx(1.75)
+
+
+def test_cache_and_online_features_train_alike(assets, tmp_path):
+    from specframe.cache import prepare_cache
+    from specframe.data.sources import load_data
+    from specframe.features import FeatureSpec
+    from specframe.targets import load_target
+
+    target = load_target(assets[0])
+    spec = FeatureSpec(aux_layers=(2, 2, 1), final_hidden=True)  # peagle's default ids for a 4-layer target
+    prepare_cache(target, load_data(str(assets[1])), tmp_path / "cache", spec=spec, dtype="float32", draft_vocab=None)
+    online = train(config(assets, tmp_path / "online", max_steps=2), progress=False)
+    cached = train(config(assets, tmp_path / "cached", max_steps=2, data=None, cache=str(tmp_path / "cache")),
+                   progress=False)
+    a, b = weights(online.checkpoint), weights(cached.checkpoint)
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-3), k

@@ -27,7 +27,7 @@ from specframe import api, plugins
 from specframe.elements import full_grid
 from specframe.engine import checkpoint
 from specframe.engine.config import TrainConfig, structure_options, to_dict
-from specframe.engine.data import OnlineFeatures, feature_request, load_sequences
+from specframe.engine.data import CacheSource, OnlineSource
 from specframe.errors import SpecframeError, UsageError
 
 
@@ -116,8 +116,6 @@ class Trainer:
 
     def _setup(self, target: Any) -> None:
         cfg = self.cfg
-        if cfg.cache is not None:
-            raise UsageError("--cache is not supported yet: the shared feature cache is not written; use --data")
         torch.manual_seed(cfg.seed)
         if target is None:
             from specframe.targets import load_target
@@ -146,12 +144,16 @@ class Trainer:
             cfg, depth=self.depth, mask_builder=builder_name, drafter_options=_unstructure(options)
         )
 
-        examples = load_sequences(cfg.data, target.tokenizer, cfg.seq_len, cfg.max_examples)
-        n_val = min(cfg.val_examples, len(examples) - 1)
-        self.val = examples[len(examples) - n_val :] if n_val > 0 else []
-        self.train = examples[: len(examples) - n_val]
-        self.features = OnlineFeatures(target.model, *feature_request(self.drafter))
-        self.drafter.prepare(target, self.train)
+        spec = self.drafter.feature_spec()
+        if cfg.cache is not None:
+            self.source: Any = CacheSource(cfg.cache, target, spec, cfg.seq_len, cfg.max_examples)
+        else:
+            self.source = OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples)
+        n = len(self.source)
+        n_val = min(cfg.val_examples, n - 1)
+        self.train_ids = list(range(n - n_val))
+        self.val_ids = list(range(n - n_val, n))
+        self.drafter.prepare(target, [self.source.tokens(i) for i in self.train_ids])
         module = self.drafter.module().to(cfg.device)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -174,8 +176,8 @@ class Trainer:
         d["world_size"] = self.dist.world
         d["target_id"] = getattr(self.target, "id", None)
         d["target_weights_hash"] = getattr(self.target, "weights_hash", None)
-        d["train_sequences"] = len(self.train)
-        d["val_sequences"] = len(self.val)
+        d["train_sequences"] = len(self.train_ids)
+        d["val_sequences"] = len(self.val_ids)
         return d
 
     def _trim_metrics(self) -> None:
@@ -218,13 +220,13 @@ class Trainer:
         return segs
 
     def batch_indices(self, step: int) -> list[int]:
-        n = len(self.train)
+        n = len(self.train_ids)
         out = []
         for slot in range(self.cfg.batch_size):
             position = step * self.cfg.batch_size + slot
             epoch, offset = divmod(position, n)
             perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch))
-            out.append(int(perm[offset]))
+            out.append(self.train_ids[int(perm[offset])])
         return out
 
     # ------------------------------------------------------------------------------------------------ one step
@@ -238,7 +240,7 @@ class Trainer:
             if slot % self.dist.world != self.dist.rank:
                 continue
             gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 4096 + slot)
-            example = self.features(idx, self.train[idx])
+            example = self.source.example(idx)
             elems, sup = self.elements(example, gen)
             segs = self.segments(elems)
             local_count += int(sup[elems.position].sum())
@@ -271,7 +273,7 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any] | None:
-        if not self.val:
+        if not self.val_ids:
             return None
         module = self.drafter.module()
         module.eval()
@@ -279,10 +281,10 @@ class Trainer:
         count = torch.zeros(1)
         correct = torch.zeros(self.depth)
         total = torch.zeros(self.depth)
-        for j, example in enumerate(self.val):
+        for j, idx in enumerate(self.val_ids):
             if j % self.dist.world != self.dist.rank:
                 continue
-            example = self.features(-1 - j, example)
+            example = self.source.example(idx)
             elems, _ = self.elements(example, None)
             for seg in self.segments(elems):
                 sub = elems.subset(seg.elements)
