@@ -1,0 +1,118 @@
+"""Shared pieces of the drafter tests: a tiny target with a peaked output distribution, examples with target
+features, small drafter options, and the engine's per-segment gradient accumulation in a few lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specframe import api, plugins
+from specframe.elements import cod_sample, full_grid
+from specframe.targets import load_target
+from tests.train_fixtures import build
+
+DRAFTERS = ("peagle", "eagle3", "pard", "parallelspec")
+SMALL = {
+    "peagle": {"layers": 2, "draft_vocab_size": 128, "k_train": 4},
+    "eagle3": {"draft_vocab_size": 128, "ttt_steps": 4},
+    "pard": {"layers": 1, "k_train": 4},
+    "parallelspec": {"draft_vocab_size": 128, "k_train": 4},
+}
+
+
+def tiny_target(root: Path, sharpen: float = 30.0):
+    """The shared tiny random target, its lm_head scaled so the target distribution is peaked (a random target is
+    near uniform, so a distillation loss would start near zero and say little)."""
+    target_dir, _ = build(root)
+    target = load_target(target_dir)
+    with torch.no_grad():
+        target.model.get_output_embeddings().weight.mul_(sharpen)
+    return target
+
+
+def features(target, ids: torch.Tensor, drafter: api.Drafter) -> dict[str, torch.Tensor]:
+    spec = drafter.feature_spec()
+    aux = tuple(getattr(spec, "aux_layers", None) or ())
+    with torch.no_grad():
+        out = target.model(ids[None], output_hidden_states=True)
+    feats = {"final_hidden": out.hidden_states[-1][0]}
+    if aux:
+        feats["aux_hidden"] = torch.cat([out.hidden_states[i][0] for i in aux], -1)
+    return feats
+
+
+def make(name: str, target, length: int = 20, seed: int = 0, docs: int = 1, **options):
+    """A prepared drafter and one example of ``length`` tokens (``docs`` packed documents), seeded."""
+    torch.manual_seed(seed)
+    cls = plugins.get("drafter", name)
+    drafter = cls(target.config, cls.Options(**{**SMALL[name], **options}))
+    g = torch.Generator().manual_seed(seed)
+    # ids 7.. avoid the special and reserved tokens that mask-token rules pick
+    ids = torch.randint(7, target.config.vocab_size, (length,), generator=g)
+    mask = torch.ones(length, dtype=torch.bool)
+    mask[:3] = False
+    doc = torch.zeros(length, dtype=torch.long)
+    if docs > 1:
+        doc = torch.arange(length) * docs // length
+    plain = api.TrainingExample(ids, mask, doc)
+    drafter.prepare(target, [plain])
+    return drafter, api.TrainingExample(ids, mask, doc, features(target, ids, drafter))
+
+
+def depth_of(drafter: api.Drafter) -> int:
+    opts = drafter.options
+    return int(getattr(opts, "k_train"))
+
+
+def elements(drafter: api.Drafter, example: api.TrainingExample, depth: int, seed: int = 0):
+    """The engine's element rule: COD when the drafter's ``cod_ratio`` < 1, else the full grid."""
+    sup = drafter.supervision(example)
+    n = sup.shape[0]
+    doc = example.doc[example.doc.shape[0] - n :]
+    ratio = getattr(drafter.options, "cod_ratio", 1.0)
+    if ratio < 1.0:
+        g = torch.Generator().manual_seed(seed)
+        return cod_sample(sup, depth, ratio, drafter.options.cod_min_ratio, generator=g, doc=doc), sup
+    return full_grid(n, depth, doc), sup
+
+
+def accumulate(drafter, example, elems, sup, builder: str = "dense", partitioner: str = "none", parts: int = 1):
+    """Back-propagate one sequence as the engine does (segments, global count); returns the normalised loss."""
+    b = plugins.get("mask builder", builder)()
+    p = plugins.get("partitioner", partitioner)()
+    count = float(sup[elems.position].sum())
+    total = 0.0
+    for seg in p.partition(elems, parts):
+        sub = elems.subset(seg.elements)
+        terms = drafter.loss(example, elems, seg, b.build(sub, sub))
+        (terms.loss_sum / count).backward()
+        total += float(terms.loss_sum.detach())
+    return total / count
+
+
+def grads(drafter) -> dict[str, torch.Tensor]:
+    return {
+        n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+        for n, p in drafter.module().named_parameters()
+        if p.requires_grad
+    }
+
+
+def zero_grads(drafter) -> None:
+    for p in drafter.module().parameters():
+        p.grad = None
+
+
+def overfit(drafter, example, depth: int, steps: int, lr: float = 1e-2) -> list[float]:
+    """Adam on one fixed example (fixed element set); the losses per step."""
+    elems, sup = elements(drafter, example, depth)
+    params = [p for p in drafter.module().parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=lr)
+    drafter.module().train()
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        losses.append(accumulate(drafter, example, elems, sup))
+        opt.step()
+    return losses
