@@ -1,0 +1,171 @@
+"""Data sources, assistant-only loss masks, bad input, evaluation sets, regeneration and the default set."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from specframe.data.chat import EncodeStats, encode_conversation, encode_dataset
+from specframe.data.evalsets import eval_prompts
+from specframe.data.regenerate import read_done, regenerate
+from specframe.data.sources import load_chat_file, load_data, load_gsm8k, load_sharegpt
+from specframe.errors import SpecframeError
+from specframe.targets import load_target, tiny_target
+from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
+
+CONV = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "hello world"},
+    {"role": "assistant", "content": "I am fine"},
+    {"role": "user", "content": "add?"},
+    {"role": "assistant", "content": "def add(a, b)"},
+]
+
+
+def _supervised_text(tok, ids, mask):
+    pieces, cur = [], []
+    for t, m in zip(ids, mask):
+        if m:
+            cur.append(t)
+        elif cur:
+            pieces.append(tok.decode(cur))
+            cur = []
+    if cur:
+        pieces.append(tok.decode(cur))
+    return pieces
+
+
+def test_loss_mask_covers_assistant_turns_only(tiny):  # noqa: F811
+    ids, mask = encode_conversation(tiny.tokenizer, CONV)
+    assert len(ids) == len(mask)
+    assert _supervised_text(tiny.tokenizer, ids, mask) == ["I am fine<|im_end|>\n", "def add(a, b)<|im_end|>\n"]
+    # same ids as the plain template rendering
+    assert ids == tiny.tokenizer.apply_chat_template(CONV, tokenize=True, return_dict=True)["input_ids"]
+
+
+def test_loss_mask_same_with_generation_markers(tmp_path):
+    marked = (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+        "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' + '\n' }}"
+        "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' + '\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    t = load_target(tiny_target(tmp_path / "m", chat_template=marked))
+    ids, mask = encode_conversation(t.tokenizer, CONV)
+    hf = t.tokenizer.apply_chat_template(CONV, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert ids == hf["input_ids"] and mask == hf["assistant_masks"]
+
+
+def test_loss_mask_smollm2_template_with_default_system_prompt(default_target):  # noqa: F811
+    conv = CONV[1:]  # no system message: SmolLM2's template injects its own
+    ids, mask = encode_conversation(default_target.tokenizer, conv)
+    assert _supervised_text(default_target.tokenizer, ids, mask) == [
+        "I am fine<|im_end|>\n",
+        "def add(a, b)<|im_end|>\n",
+    ]
+
+
+def test_sources():
+    sg = load_sharegpt(limit=5)
+    assert len(sg) == 5 and sg[0]["source"] == "sharegpt" and sg[0]["id"] == "QWJhYvA_0"
+    assert {m["role"] for r in sg for m in r["messages"]} <= {"system", "user", "assistant"}
+    train = load_gsm8k(split="train")
+    assert len(train) == 7473 - 200 and train[0]["id"] == "200"
+    assert [m["role"] for m in train[0]["messages"]] == ["user", "assistant"]
+    assert len(load_gsm8k(split="eval")) == 200
+    assert len(load_data("mt-bench")) == 80 and len(load_data("humaneval")) == 164
+
+
+def test_eval_sets_by_name():
+    mt = eval_prompts("mt-bench")
+    assert len(mt) == 80 and all(len(p.turns) == 2 for p in mt) and mt[0].id == "81"
+    he = eval_prompts("humaneval", limit=3)
+    assert [p.id for p in he] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    gs = eval_prompts("gsm8k")
+    assert len(gs) == 200 and gs[0].id == "0" and gs[-1].id == "199" and len(gs[0].turns) == 1
+    train_ids = {r["id"] for r in load_gsm8k(split="train")}
+    assert not train_ids & {p.id for p in gs}
+    with pytest.raises(SpecframeError, match="unknown evaluation set 'mtbench' \\(did you mean 'mt-bench'\\?\\)"):
+        eval_prompts("mtbench")
+
+
+def test_chat_jsonl_and_malformed_line(tmp_path):
+    p = tmp_path / "chats.jsonl"
+    good = json.dumps({"id": "a", "messages": CONV[1:3]})
+    p.write_text(good + "\n{not json\n" + json.dumps({"messages": CONV[1:3]}) + "\n")
+    with pytest.raises(SpecframeError, match=f"^{p}:2: malformed JSON line"):
+        load_chat_file(p)
+    stats: dict = {}
+    ds = load_chat_file(p, skip_bad_lines=True, stats=stats)
+    assert stats == {"bad_lines": 1} and [r["id"] for r in ds] == ["a", "2"]
+    q = tmp_path / "nomsg.jsonl"
+    q.write_text(json.dumps({"id": "x", "text": "hi"}) + "\n")
+    with pytest.raises(SpecframeError, match=f"^{q}:1 \\(record x\\): no 'messages' field$"):
+        load_chat_file(q)
+    with pytest.raises(SpecframeError, match="data 'nope.jsonl' is neither a built-in name"):
+        load_data("nope.jsonl")
+
+
+def test_bad_conversations_are_skipped_and_counted(tiny):  # noqa: F811
+    recs = chat_records(3) + [
+        {"source": "toy", "id": "empty", "messages": []},
+        {"source": "toy", "id": "long", "messages": [{"role": "user", "content": "x " * 300}, {"role": "assistant", "content": "y"}]},
+        {"source": "toy", "id": "noasst", "messages": [{"role": "user", "content": "only a question"}]},
+    ]
+    stats = EncodeStats()
+    out = list(encode_dataset(tiny.tokenizer, recs, max_length=200, stats=stats))
+    assert [e.id for e in out] == ["0", "1", "2"]
+    assert (stats.kept, stats.empty, stats.too_long, stats.no_assistant) == (3, 1, 1, 1)
+    assert stats.skipped_ids == ["toy:empty", "toy:long", "toy:noasst"]
+    assert stats.summary() == "3 kept, 3 skipped (1 empty, 1 over max length, 1 without assistant turn)"
+
+
+def test_missing_chat_template_stops(tmp_path):
+    t = load_target(tiny_target(tmp_path / "nt", chat_template=None))
+    with pytest.raises(SpecframeError, match="has no chat template; conversations cannot be rendered"):
+        list(encode_dataset(t.tokenizer, chat_records(1)))
+
+
+def test_regenerate_resumes_to_the_same_file(tmp_path, tiny):  # noqa: F811
+    recs = chat_records(7, turns=1)
+    full = tmp_path / "full.jsonl"
+    rep = regenerate(tiny, recs, full, batch_size=2, max_new_tokens=6)
+    assert rep.generated == 7 and rep.answer_tokens > 0
+    part = tmp_path / "part.jsonl"
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(i, n):
+        if i == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        regenerate(tiny, recs, part, batch_size=2, max_new_tokens=6, progress=stop_after_two)
+    assert len(read_done(part)) == 4
+    with open(part, "a") as f:  # a torn line from a kill mid-write is dropped on resume
+        f.write('{"source": "toy", "id": "9", "ans')
+    rep2 = regenerate(tiny, recs, part, batch_size=2, max_new_tokens=6)
+    assert rep2.already_done == 4 and rep2.generated == 3
+    assert part.read_bytes() == full.read_bytes()
+    rec = json.loads(full.read_text().splitlines()[0])
+    assert set(rec) == {"source", "id", "answer", "prompt_tokens", "answer_tokens", "finished"}
+
+
+def test_default_training_set_joins_answers_with_prompts():
+    from specframe.data.default import ANSWERS, PROVENANCE, load_default
+
+    if not ANSWERS.exists():
+        pytest.skip("default training set not generated yet")
+    prov = json.loads(PROVENANCE.read_text())
+    with gzip.open(ANSWERS, "rt") as f:
+        n = sum(1 for _ in f)
+    assert prov["counts"]["records"] == n
+    ds = load_default(limit=50)
+    assert len(ds) == 50
+    for r in ds:
+        assert [m["role"] for m in r["messages"]][-2:] == ["user", "assistant"]
+        if r["source"] == "gsm8k":
+            assert int(r["id"]) >= 200  # never the evaluation slice

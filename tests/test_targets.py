@@ -1,0 +1,77 @@
+"""Target loading: the embedded default target (GGUF -> cached safetensors), tiny targets, bad targets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specframe import targets
+from specframe.errors import SpecframeError
+from specframe.targets import TARGET_INFO_FILE, load_target, tiny_target, weights_hash
+from tests.target_fixtures import PINNED_IDS, PINNED_PROMPT, default_target, tiny  # noqa: F401
+
+
+def test_default_target_loads_from_converted_cache_and_gives_pinned_tokens(default_target):  # noqa: F811
+    from specframe.data.chat import encode_prompt
+
+    folder = targets.default_target_dir()
+    assert default_target.path == folder and (folder / "model.safetensors").exists()
+    assert default_target.id == targets.DEFAULT_ID
+    info = json.loads((folder / TARGET_INFO_FILE).read_text())
+    assert info["weights_hash"] == default_target.weights_hash
+    assert default_target.num_layers == 30 and default_target.hidden_size == 576 and default_target.vocab_size == 49152
+    assert "<|im_start|>" in default_target.tokenizer.chat_template
+    ids = torch.tensor([encode_prompt(default_target.tokenizer, PINNED_PROMPT)])
+    with torch.no_grad():
+        out = default_target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    assert out[0, ids.shape[1] :].tolist() == PINNED_IDS
+
+
+def test_interrupted_conversion_leaves_no_half_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFRAME_HOME", str(tmp_path))
+
+    def broken(src_dir, gguf, out):
+        (out / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt  # as if killed mid-write
+
+    monkeypatch.setattr(targets, "_convert_gguf", broken)
+    with pytest.raises(KeyboardInterrupt):
+        targets.ensure_default_target()
+    models = tmp_path / "models"
+    assert not targets.default_target_dir().exists()
+    assert list(models.iterdir()) == []
+
+
+def test_tiny_target_round_trip_and_stable_hash(tmp_path, tiny):  # noqa: F811
+    assert tiny.num_layers == 4 and tiny.hidden_size == 32
+    assert tiny.tokenizer.chat_template and "<|reserved_3|>" in tiny.tokenizer.get_vocab()
+    assert tiny.weights_hash == weights_hash(tiny.path, cache=False)
+    again = load_target(tiny.path)
+    assert again.weights_hash == tiny.weights_hash
+    # the hash reads tensors, not files: re-sharding the same weights keeps it
+    tiny.model.save_pretrained(tmp_path / "resharded", max_shard_size="20KB")
+    assert len(list((tmp_path / "resharded").glob("*.safetensors"))) > 1
+    assert weights_hash(tmp_path / "resharded") == tiny.weights_hash
+    # another seed, another hash
+    other = tiny_target(tmp_path / "other", seed=1)
+    assert weights_hash(other) != tiny.weights_hash
+
+
+def test_bad_targets(tmp_path):
+    with pytest.raises(SpecframeError, match="target path ./no/such/model does not exist"):
+        load_target("./no/such/model")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecframeError, match="has no config.json"):
+        load_target(tmp_path / "empty")
+    # a tokenizer with more tokens than the model has embeddings does not match it
+    path = tiny_target(tmp_path / "mismatch")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.add_tokens([f"<extra_{i}>" for i in range(8)], special_tokens=True)
+    tok.save_pretrained(path)
+    with pytest.raises(SpecframeError, match=r"tokenizer of target .* has 328 tokens but the model has only 320 "
+                                             r"embeddings: tokenizer and model do not match"):
+        load_target(path)
