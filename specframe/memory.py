@@ -1,0 +1,414 @@
+"""The memory budget: size strings, a peak-memory estimator for one training step, and the in-run guard.
+
+Estimator (an analytic model of what the code holds, checked against measured child-process peaks by
+``tests/test_memory.py`` and ``benchmarks/memory_context.py``):
+
+    peak = process baseline                           (Python + torch + transformers + specframe, CPU only)
+         + target weights                             (the engine holds the whole target; ``synthetic``: lm_head only)
+         + drafter weights, gradients, AdamW moments  (4 x trainable parameters)
+         + features held in memory                    (online: every training sequence's, memoised)
+         + the largest segment's step memory:
+             elements forwarded x per-element bytes   (every layer's saved activations; with activation checkpointing
+                                                       one layer input per layer plus one layer being recomputed)
+           + attention scratch                        (dense / precomputed: the [N, N] mask and SDPA's copy of it;
+                                                       chunked: a few [heads, chunk, keys] score blocks)
+           + loss                                     (the chunked KL keeps each chunk's target log-probabilities,
+                                                       [charged elements, draft vocab], for backward)
+
+Element counts are not approximated: the estimator runs the real COD sampler on an all-supervised sequence and the
+real partitioner, so every segment's forwarded and charged counts are the ones training will see (COD sizes depend
+only on L, K and the ratios). Per-element byte counts were read off the saved-tensor sizes of
+``specframe.modeling.DecoderLayer`` (about 10.8 H + 4 I floats per element and layer) and the constants below
+(baseline, transient factors) were fitted on a few measured configurations; the tests check configurations that were
+not used to fit them. Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for
+every training sequence, the target forward computed without logits (``specframe.features``).
+
+Guard: ``MemoryGuard`` reads the process's peak (VmHWM / ru_maxrss on CPU, ``torch.cuda.max_memory_allocated`` on
+CUDA) after every optimizer step and raises ``MemoryBudgetExceeded`` when it is over the budget; the engine then stops
+without writing a checkpoint, so the last complete one is what remains.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any
+
+import attrs
+import torch
+
+from specframe.errors import SpecframeError, UsageError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3, "ti": 1024**4,
+    "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+#: resident bytes of a training process before any model tensor: Python, torch, transformers, specframe and its
+#: plugins (fitted on measured peaks; CPU only: ``max_memory_allocated`` on CUDA counts tensors alone)
+CPU_BASELINE_BYTES = 560 * 2**20
+#: saved activation floats per element and decoder layer: A_H * hidden + A_I * intermediate (counted from
+#: DecoderLayer's saved tensors), times a factor fitted on measured peaks (below 1: some saved tensors are views of others)
+A_H, A_I, ACT_TRANSIENT = 10.8, 4.0, 0.9
+#: per-element floats outside the layers: gathered aux features (n_aux H), embedding, fused input, final norm,
+#: rotary tables and the gradients flowing into them
+INPUT_FLOATS_PER_H = 8
+#: AdamW's foreach step briefly holds about one more parameter-sized buffer per trainable parameter
+OPTIMIZER_TRANSIENT = 1.0
+#: dense / precomputed: bytes per mask entry alive at once (the bool mask, its build temporaries, SDPA's float copy)
+DENSE_BYTES_PER_ENTRY = 9.0
+#: chunked attention: score-sized fp32 blocks alive at once in backward (p, dS, dO V^T)
+CHUNK_SCORE_BLOCKS = 3
+
+
+class MemoryBudgetExceeded(SpecframeError):
+    """Training stopped because the measured peak went over ``--memory-budget`` (the last checkpoint is kept)."""
+
+    exit_code = 3
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in a size string: ``8GiB``, ``8G`` / ``8GB`` (powers of 1000), ``512MiB``, ``1.5GB``, ``1048576``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise UsageError(f"memory budget must be positive, got {text!r}")
+        return text
+    match = _SIZE.match(str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise UsageError(
+            f"invalid memory size '{text}': use a number with an optional unit, e.g. 8GiB, 8G, 512MiB, 1.5GB "
+            "or plain bytes (KiB/MiB/GiB/TiB are powers of 1024, K/M/G/T and KB/MB/GB/TB powers of 1000)"
+        )
+    value = float(match.group(1)) * _UNITS[unit]
+    if value < 1:
+        raise UsageError(f"memory size '{text}' is less than one byte")
+    return int(value)
+
+
+def format_size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@attrs.define
+class MemoryConfig:
+    """What a training step's peak depends on (mirrors ``TrainConfig``'s fields of the same names)."""
+
+    drafter: str
+    target_config: Any
+    seq_len: int
+    depth: int | None = None
+    mask_builder: str = "chunked"
+    partitioner: str = "none"
+    partitions: int = 1
+    drafter_options: dict[str, Any] = attrs.field(factory=dict)
+    mask_builder_options: dict[str, Any] = attrs.field(factory=dict)
+    #: online (target in the loop, features memoised), cache (``--cache``), synthetic (no target trunk in memory)
+    features: str = "online"
+    #: training sequences whose features stay in memory (online memoises every one)
+    sequences: int = 1
+    device: str = "cpu"
+    dtype_bytes: int = 4
+
+
+@attrs.define
+class Estimate:
+    peak_bytes: int
+    fixed_bytes: int
+    step_bytes: int
+    breakdown: dict[str, int]
+    elements: int
+    segments: int
+    largest_segment: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def _drafter(cfg: MemoryConfig) -> tuple[Any, Any]:
+    from specframe import plugins
+    from specframe.engine.config import structure_options
+
+    cls = plugins.get("drafter", cfg.drafter)
+    options = structure_options(cfg.drafter_options, cls.Options, f"drafter '{cfg.drafter}'")
+    try:
+        with torch.device("meta"):  # shapes only: no weight is allocated or initialised
+            return cls(cfg.target_config, options), options
+    except (NotImplementedError, RuntimeError):
+        return cls(cfg.target_config, options), options
+
+
+def _numel(tensors: Any) -> int:
+    return sum(int(t.numel()) for t in tensors)
+
+
+def _layers(module: torch.nn.Module) -> tuple[int, Any]:
+    from specframe.modeling import DecoderLayer, LayerShape
+
+    layers = [m for m in module.modules() if isinstance(m, DecoderLayer)]
+    shape = layers[0].self_attn.shape if layers else None
+    return len(layers), shape if isinstance(shape, LayerShape) else None
+
+
+def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tuple[list[tuple[int, int, int]], int]:
+    """(forwarded, charged, depth-0 keys) of every segment, from the real COD sampler and partitioner."""
+    from specframe import api, plugins
+    from specframe.elements import check_partition, cod_sample, full_grid
+    from specframe.engine.config import structure_options
+
+    n = cfg.seq_len
+    example = api.TrainingExample(
+        torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.long)
+    )
+    sup = drafter.supervision(example).to(torch.bool).cpu()
+    ratio = getattr(options, "cod_ratio", None)
+    if ratio is not None and ratio < 1.0:
+        elems = cod_sample(sup, depth, ratio, getattr(options, "cod_min_ratio", 0.0),
+                           generator=torch.Generator().manual_seed(0))
+    else:
+        elems = full_grid(sup.shape[0], depth)
+    part_cls = plugins.get("partitioner", cfg.partitioner)
+    partitioner = part_cls(structure_options({}, part_cls.Options, "partitioner"))
+    segs = partitioner.partition(elems, cfg.partitions)
+    check_partition(elems, segs, cfg.partitioner)
+    charged_all = sup[elems.position]
+    out = []
+    for seg in segs:
+        idx = seg.elements
+        out.append((int(idx.numel()), int((seg.loss_mask & charged_all[idx]).sum()), int((elems.depth[idx] == 0).sum())))
+    return out, len(elems)
+
+
+def estimate(cfg: MemoryConfig) -> Estimate:
+    """Predicted peak memory (bytes) of one training step of ``cfg``, with a breakdown."""
+    if cfg.features not in ("online", "cache", "synthetic"):
+        raise UsageError(f"features must be online, cache or synthetic, got {cfg.features!r}")
+    drafter, options = _drafter(cfg)
+    depth = cfg.depth or getattr(options, "k_train", None)
+    if not depth:
+        raise UsageError(f"drafter '{cfg.drafter}' has no default training depth: pass --depth")
+    module = drafter.module()
+    e = cfg.dtype_bytes
+    trainable = _numel(p for p in module.parameters() if p.requires_grad)
+    frozen = _numel(p for p in module.parameters() if not p.requires_grad) + _numel(module.buffers())
+    n_layers, shape = _layers(module)
+    tc = cfg.target_config
+    h_t, v_t = int(tc.hidden_size), int(tc.vocab_size)
+    h = shape.hidden if shape else h_t
+    inter = shape.intermediate if shape else int(getattr(tc, "intermediate_size", 4 * h))
+    heads = shape.heads if shape else int(getattr(tc, "num_attention_heads", 1))
+    vd = int(getattr(drafter, "draft_vocab_size", v_t))
+    spec = drafter.feature_spec()
+    n_aux = len(tuple(getattr(spec, "aux_layers", None) or ())) if spec is not None else 0
+    final = bool(getattr(spec, "final_hidden", False)) if spec is not None else False
+    feature_floats = (n_aux + int(final)) * h_t * cfg.seq_len
+
+    target_params = _target_params(tc)
+    cpu = torch.device(cfg.device).type == "cpu"
+    fixed = {
+        "process_baseline": CPU_BASELINE_BYTES if cpu else 0,
+        "target_weights": (v_t * h_t if cfg.features == "synthetic" else target_params) * e,
+        "drafter_weights": (trainable + frozen) * e,
+        "drafter_gradients": trainable * e,
+        "optimizer_state": 2 * trainable * e,
+        "features": feature_floats * 4 * (cfg.sequences if cfg.features != "cache" else 2),
+    }
+    segs, n_elements = _segments(cfg, drafter, depth, options)
+    checkpointing = bool(getattr(options, "activation_checkpointing", False))
+    loss_chunk = int(getattr(options, "loss_chunk", 1024))
+    builder_opts = cfg.mask_builder_options
+    chunk = int(builder_opts.get("chunk_size", 256))
+    layer_floats = (A_H * h + A_I * inter) * ACT_TRANSIENT
+    per_element = (INPUT_FLOATS_PER_H * h + (n_layers * h + layer_floats if checkpointing
+                                              else n_layers * layer_floats)) * e
+    best: tuple[int, dict[str, int], tuple[int, int, int]] | None = None
+    for forwarded, charged, roots in segs:
+        if cfg.mask_builder in ("dense", "precomputed"):
+            attention = DENSE_BYTES_PER_ENTRY * forwarded**2
+            if cfg.mask_builder == "precomputed":  # the cached grid mask of the whole sequence stays alive
+                attention += (cfg.seq_len * depth) ** 2
+        else:  # chunked, flex and anything else that works in query blocks
+            keys = min(forwarded, roots + depth)
+            attention = CHUNK_SCORE_BLOCKS * heads * min(chunk, forwarded) * keys * 4 + 4 * min(chunk, forwarded) * keys
+        step = {
+            "activations": int(forwarded * per_element),
+            "attention": int(attention),
+            # the chunked KL keeps every chunk's target log-probs [rows, Vd] (fp32) for backward, plus the gathered
+            # hidden / target rows, one chunk's logits and grads, and the target head's draft-vocabulary rows
+            "loss": int(charged * (vd * 4 + 3 * h * e) + min(loss_chunk, max(charged, 1)) * vd * 4 + vd * h_t * e),
+        }
+        total = sum(step.values())
+        if best is None or total > best[0]:
+            best = (total, step, (forwarded, charged, roots))
+    assert best is not None
+    step_total, step_parts, (forwarded, charged, _) = best
+    if cfg.features == "online":
+        # the target forward that captures features (no grad; SDPA's causal path keeps no score matrix)
+        online = (4 * h_t + 3 * int(getattr(tc, "intermediate_size", 4 * h_t))) * cfg.seq_len * e
+        step_total = max(step_total, online)
+        step_parts = {**step_parts, "target_forward": online}
+    optimizer_peak = int(OPTIMIZER_TRANSIENT * trainable * e)
+    fixed_total = sum(fixed.values())
+    peak = fixed_total + max(step_total, optimizer_peak)
+    return Estimate(
+        peak_bytes=int(peak), fixed_bytes=int(fixed_total), step_bytes=int(max(step_total, optimizer_peak)),
+        breakdown={**fixed, **step_parts, "optimizer_step_transient": optimizer_peak},
+        elements=n_elements, segments=len(segs),
+        largest_segment={"forwarded": forwarded, "charged": charged},
+    )
+
+
+def _target_params(tc: Any) -> int:
+    h, v = int(tc.hidden_size), int(tc.vocab_size)
+    inter = int(getattr(tc, "intermediate_size", 4 * h))
+    heads = int(getattr(tc, "num_attention_heads", 1))
+    kv = int(getattr(tc, "num_key_value_heads", None) or heads)
+    hd = int(getattr(tc, "head_dim", None) or h // heads)
+    layer = h * heads * hd * 2 + 2 * h * kv * hd + 3 * h * inter + 2 * h
+    tied = bool(getattr(tc, "tie_word_embeddings", False))
+    return int(tc.num_hidden_layers) * layer + v * h * (1 if tied else 2) + h
+
+
+# ------------------------------------------------------------------------------------------------------ refusal
+def check_budget(cfg: MemoryConfig, budget: int | str) -> Estimate:
+    """The estimate, or one ``SpecframeError`` saying the configuration cannot fit ``budget`` and what would."""
+    limit = parse_size(budget)
+    est = estimate(cfg)
+    if est.peak_bytes <= limit:
+        return est
+    raise SpecframeError(refusal(cfg, est, limit))
+
+
+def refusal(cfg: MemoryConfig, est: Estimate, limit: int) -> str:
+    what = (f"{cfg.drafter} at --seq-len {cfg.seq_len} with mask builder '{cfg.mask_builder}', partitioner "
+            f"'{cfg.partitioner}' ({cfg.partitions} partition{'s' if cfg.partitions != 1 else ''})")
+    head = (f"memory budget {format_size(limit)} is too small: {what} needs about {format_size(est.peak_bytes)} "
+            f"(fixed {format_size(est.fixed_bytes)} + step {format_size(est.step_bytes)})")
+    return head + "; " + "; ".join(advice(cfg, limit)) + " (nothing was written)"
+
+
+def advice(cfg: MemoryConfig, limit: int) -> list[str]:
+    """What would fit ``limit``: the largest --seq-len, the partitions needed, another mask builder."""
+    out = []
+    fixed = estimate(attrs.evolve(cfg, seq_len=8)).fixed_bytes
+    if fixed >= limit:
+        return [f"even the fixed part (weights, optimizer state, process) needs {format_size(fixed)}: "
+                "use a smaller drafter or a larger budget"]
+    longest = largest_seq_len(cfg, limit)
+    if longest:
+        out.append(f"fits with --seq-len {longest} or less")
+    if cfg.mask_builder in ("dense", "precomputed"):
+        alt = attrs.evolve(cfg, mask_builder="chunked")
+        peak = estimate(alt).peak_bytes
+        if peak <= limit:
+            out.append(f"fits with --mask-builder chunked (about {format_size(peak)})")
+    parts = partitions_needed(cfg, limit)
+    if parts:
+        builder = "" if cfg.mask_builder not in ("dense", "precomputed") else " --mask-builder chunked"
+        out.append(f"fits with --partitioner peagle --partitions {parts}{builder}")
+    if not getattr(_drafter(cfg)[1], "activation_checkpointing", True):
+        alt = attrs.evolve(cfg, drafter_options={**cfg.drafter_options, "activation_checkpointing": True})
+        peak = estimate(alt).peak_bytes
+        if peak <= limit:
+            out.append(f"fits with activation_checkpointing = true in [drafter] (about {format_size(peak)})")
+    return out or ["no --seq-len, partitioning or mask builder tried fits: raise the budget"]
+
+
+def largest_seq_len(cfg: MemoryConfig, limit: int, multiple: int = 64) -> int | None:
+    """The largest ``seq_len`` (a multiple of ``multiple``, below ``cfg.seq_len``) whose estimate fits."""
+    lo, hi = 0, cfg.seq_len // multiple
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if mid * multiple >= 16 and estimate(attrs.evolve(cfg, seq_len=mid * multiple)).peak_bytes <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * multiple if lo else None
+
+
+def partitions_needed(cfg: MemoryConfig, limit: int, most: int = 256) -> int | None:
+    """The smallest power-of-two S with the ``peagle`` partitioner (and a chunked mask) that fits, if any."""
+    from specframe import plugins
+
+    if "peagle" not in plugins.load().names("partitioner"):
+        return None
+    builder = cfg.mask_builder if cfg.mask_builder not in ("dense", "precomputed") else "chunked"
+    s = 2
+    while s <= most:
+        if estimate(attrs.evolve(cfg, partitioner="peagle", partitions=s, mask_builder=builder)).peak_bytes <= limit:
+            return s
+        s *= 2
+    return None
+
+
+# -------------------------------------------------------------------------------------------------------- guard
+def peak_bytes(device: str | torch.device = "cpu") -> int:
+    """This process's peak memory so far: CUDA tensors on a CUDA device, else the resident-set high-water mark."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(dev))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+@attrs.define
+class MemoryGuard:
+    """Checks the measured peak against the budget after every step."""
+
+    budget: int
+    device: str = "cpu"
+
+    def check(self, step: int, all_sum: Any = None) -> int:
+        """The peak so far; raises ``MemoryBudgetExceeded`` over budget. With ``all_sum`` (a sum all-reduce) every
+        rank stops when any rank is over, so no rank is left waiting in a collective."""
+        peak = peak_bytes(self.device)
+        over = peak > self.budget
+        if all_sum is not None:
+            over = float(all_sum(torch.tensor([float(over)])).item()) > 0
+        if over:
+            raise MemoryBudgetExceeded(
+                f"memory budget exceeded: peak {format_size(peak)} > --memory-budget {format_size(self.budget)} "
+                f"after step {step}; training stopped, the last checkpoint is kept"
+            )
+        return peak
+
+
+def skip_precheck() -> bool:
+    """``SPECFRAME_SKIP_MEMORY_CHECK=1`` skips the start-up estimate (the in-run guard still applies)."""
+    return os.environ.get("SPECFRAME_SKIP_MEMORY_CHECK", "") not in ("", "0")
+
+
+def engine_guard(cfg: Any, target_config: Any) -> MemoryGuard | None:
+    """The training engine's memory budget: refuse a resolved ``TrainConfig`` whose estimate cannot fit
+    ``cfg.memory_budget`` (unless ``SPECFRAME_SKIP_MEMORY_CHECK`` is set), and return the in-run guard."""
+    if cfg.memory_budget is None:
+        return None
+    budget = parse_size(cfg.memory_budget)
+    if not skip_precheck():
+        sequences = cfg.max_steps * cfg.batch_size
+        if cfg.max_examples is not None:
+            sequences = min(sequences, cfg.max_examples)
+        check_budget(MemoryConfig(
+            drafter=cfg.drafter, target_config=target_config, seq_len=cfg.seq_len, depth=cfg.depth,
+            mask_builder=cfg.mask_builder, partitioner=cfg.partitioner, partitions=cfg.partitions,
+            drafter_options=cfg.drafter_options, mask_builder_options=cfg.mask_builder_options,
+            features="cache" if cfg.cache is not None else "online", sequences=sequences, device=cfg.device,
+        ), budget)
+    return MemoryGuard(budget, cfg.device)
