@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "prepare": "specframe.cli.prepare_cmd:prepare",
     "regenerate": "specframe.cli.regenerate_cmd:regenerate",
     "train": "specframe.cli.train_cmd:train",
+    "memory": "specframe.cli.memory_cmd:memory",
 }
 
 

@@ -64,8 +64,10 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
 @click.option("--partitioner", default="none", show_default=True, help="Sequence partitioner plugin (none, peagle).")
 @click.option("--partitions", type=int, default=1, show_default=True,
               help="Segments per sequence (gradient accumulation within a sequence; exact).")
-@click.option("--memory-budget", default=None, help="Memory budget, e.g. 8GiB. Recorded in the run config only: "
-              "the memory estimator that would check it is not written yet, so it is NOT enforced.")
+@click.option("--memory-budget", default=None, help="Memory budget (8GiB, 8G, 512MiB, 1.5GB or bytes). Enforced: "
+              "a configuration whose estimated peak (see `specframe memory`) exceeds it is refused before training, "
+              "and a run whose measured peak goes over it stops after that step, keeping the last checkpoint "
+              "(exit code 3).")
 @click.option("--max-steps", type=int, default=30, show_default=True, help="Optimizer steps to train.")
 @click.option("--batch-size", type=int, default=2, show_default=True,
               help="Sequences per optimizer step, over all ranks.")

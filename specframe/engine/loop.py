@@ -143,6 +143,10 @@ class Trainer:
         self.resolved = attrs.evolve(
             cfg, depth=self.depth, mask_builder=builder_name, drafter_options=_unstructure(options)
         )
+        from specframe.memory import engine_guard
+
+        # refuse a configuration that cannot fit --memory-budget before any data is read or file written
+        self.memory_guard = engine_guard(self.resolved, target.config)
 
         spec = self.drafter.feature_spec()
         if cfg.cache is not None:
@@ -172,7 +176,7 @@ class Trainer:
 
     def config_dict(self) -> dict[str, Any]:
         d = to_dict(self.resolved)
-        d["memory_budget_enforced"] = False
+        d["memory_budget_enforced"] = self.memory_guard is not None
         d["world_size"] = self.dist.world
         d["target_id"] = getattr(self.target, "id", None)
         d["target_weights_hash"] = getattr(self.target, "weights_hash", None)
@@ -341,6 +345,8 @@ class Trainer:
             task = bar.add_task("training", total=cfg.max_steps, completed=self.step)
             while self.step < cfg.max_steps:
                 entry = self.train_step()
+                if self.memory_guard is not None:  # over budget: stop before saving, the last checkpoint stays
+                    entry["peak_memory_bytes"] = self.memory_guard.check(self.step, self.dist.sum_)
                 self.record(entry)
                 history.append(entry)
                 bar.update(task, completed=self.step, description=f"loss {entry['train_loss'] or 0:.4f}")
