@@ -1,0 +1,20 @@
+"""The vLLM integration: checkpoint layouts vLLM loads, an in-process engine, metrics conversion and parity checks.
+
+- ``specframe.vllm.export``: writers for the EAGLE-3, P-EAGLE and PARD layouts (drafter plugins call them from
+  ``Drafter.export_vllm``), the export manifest and the ``speculative_config`` built from it. Imports no vLLM.
+- ``specframe.vllm.engine``: starts vLLM on a target (optionally with an exported drafter), generates greedily
+  from token ids and turns vLLM's spec-decode counters into specframe's metrics (``specframe.metrics``).
+- ``specframe.vllm.parity``: compares vLLM's greedy tokens and acceptance with the reference engine's.
+
+vLLM is optional (``make setup VLLM=cpu|gpu``); only ``engine`` needs it, and ``vllm_available`` says whether it
+imports.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+
+def vllm_available() -> bool:
+    """Whether the ``vllm`` package is installed (without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None

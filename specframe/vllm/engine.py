@@ -1,0 +1,401 @@
+"""Run vLLM on a target, with or without an exported drafter, and read its speculative-decoding figures.
+
+``VllmEngine`` starts vLLM in this process (``from vllm import LLM``): greedy generation from token ids, one prompt
+at a time (as the reference engine decodes, so per-prompt timings and rounds mean the same thing). Scripts that use
+it need an ``if __name__ == "__main__":`` guard, because vLLM may spawn workers that re-import the main module.
+``run_jobs`` / ``compare`` run engines in a child process instead, one after the other (``VllmEngine.close``
+between them): the child takes vLLM's memory and threads with it, and vLLM is imported once for all of them. That
+is also how plain and speculative decoding are measured side by side in one run.
+
+What vLLM 0.32 exposes and how it maps onto ``specframe.metrics`` (DESIGN.md section 8):
+
+- Aggregate counters (``LLM.get_metrics()``): ``vllm:spec_decode_num_drafts`` (verification steps that carried a
+  draft, summed over requests), ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and the vector
+  ``..._num_accepted_tokens_per_pos`` (slot i accepted, per draft). vLLM counts a step's accepted tokens *before*
+  the output is cut at ``max_tokens``, and ignores decode steps that carried no draft.
+- Per request, with ``per_request_spec_decode_metrics="detailed"`` (set here whenever a drafter runs):
+  ``CompletionOutput.spec_decode_metrics.per_step_accepted`` / ``per_step_drafted``, one entry per verification
+  step in order. These give specframe's ``Round`` s exactly: each step emits accepted + 1 tokens, the last ones cut
+  at ``max_tokens`` like the reference engine's; every output token not accounted for by a drafting step came from
+  a decode forward without a draft (1 token each); the prefill's token is excluded.
+- Per request timings (``RequestOutput.metrics``): engine-core timestamps of the first and last token; the decode
+  phase is the time between them, so OTPS = decode tokens / that time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from specframe.errors import SpecframeError
+from specframe.metrics import AggregateMetrics, PromptMetrics, aggregate
+
+# Without a KV-cache size vLLM's CPU backend claims about 90% of RAM; 1 GiB serves short prompts of small models.
+DEFAULT_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+@attrs.frozen
+class EngineOptions:
+    """How vLLM is started. ``dtype`` float32 keeps plain and speculative greedy outputs bit-identical on CPU;
+    ``kv_cache_gib`` sets ``VLLM_CPU_KVCACHE_SPACE`` unless the environment already does."""
+
+    max_model_len: int = 2048
+    dtype: str = "float32"
+    seed: int = 0
+    kv_cache_gib: float = 1.0
+    enforce_eager: bool = True
+
+
+def configure_environment(options: EngineOptions = EngineOptions()) -> None:
+    """Set vLLM's environment defaults (values already set win); must run before ``vllm`` is imported."""
+    env = dict(DEFAULT_ENV, VLLM_CPU_KVCACHE_SPACE=f"{options.kv_cache_gib:g}")
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+
+
+def import_llm() -> Any:
+    """``vllm.LLM``, or a ``SpecframeError`` saying how to install vLLM."""
+    try:
+        from vllm import LLM
+    except ImportError as exc:
+        raise SpecframeError(
+            f"vLLM is not usable here ({exc}); install it with `make setup VLLM=cpu` (CPU) or `VLLM=gpu`"
+        ) from exc
+    return LLM
+
+
+@attrs.frozen
+class Round:
+    """One decode forward as vLLM reported it: ``drafted`` draft tokens, ``accepted`` of them, ``emitted`` kept."""
+
+    drafted: int
+    accepted: int
+    emitted: int
+
+
+@attrs.frozen
+class VllmGeneration:
+    """One prompt's outcome: new ``tokens`` (the prefill's first), the decode ``rounds`` (drafting steps in order,
+    then the draft-less decode forwards, whose position in the sequence vLLM does not report) and timings."""
+
+    tokens: tuple[int, ...]
+    rounds: tuple[Round, ...]
+    decode_seconds: float
+    total_seconds: float
+
+    def prompt_metrics(self) -> PromptMetrics:
+        return PromptMetrics(
+            emitted=sum(r.emitted for r in self.rounds),
+            forwards=len(self.rounds),
+            accepted=tuple(r.accepted for r in self.rounds),
+            drafted=tuple(r.drafted for r in self.rounds),
+            decode_seconds=self.decode_seconds,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VllmGeneration:
+        return cls(
+            tokens=tuple(data["tokens"]),
+            rounds=tuple(Round(**r) for r in data["rounds"]),
+            decode_seconds=data["decode_seconds"],
+            total_seconds=data["total_seconds"],
+        )
+
+
+def rounds_from_steps(n_tokens: int, accepted: Sequence[int], drafted: Sequence[int]) -> tuple[Round, ...]:
+    """specframe rounds from vLLM's per-step counts for a request that produced ``n_tokens`` tokens.
+
+    Step i emitted accepted[i] + 1 tokens, cut so the total never passes the n_tokens - 1 decode tokens (vLLM cuts
+    the output at ``max_tokens`` / eos after counting). Decode tokens left over came from draft-less forwards.
+    """
+    if len(accepted) != len(drafted):
+        raise SpecframeError(f"vLLM reported {len(accepted)} accepted counts for {len(drafted)} drafting steps")
+    remaining = max(n_tokens - 1, 0)
+    rounds = []
+    for a, d in zip(accepted, drafted):
+        if not 0 <= a <= d:
+            raise SpecframeError(f"vLLM reported {a} accepted of {d} drafted tokens in one step")
+        emitted = min(a + 1, remaining)
+        remaining -= emitted
+        rounds.append(Round(drafted=int(d), accepted=min(int(a), emitted), emitted=emitted))
+    rounds.extend(Round(drafted=0, accepted=0, emitted=1) for _ in range(remaining))
+    return tuple(rounds)
+
+
+@attrs.frozen
+class SpecCounters:
+    """vLLM's aggregate spec-decode counters (cumulative over an engine's life)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+    @classmethod
+    def from_metrics(cls, metrics: Iterable[Any]) -> SpecCounters:
+        """From ``LLM.get_metrics()`` (objects with ``name`` and ``value`` or ``values``)."""
+        by_name = {m.name: m for m in metrics}
+
+        def value(name: str) -> int:
+            m = by_name.get(f"vllm:spec_decode_{name}")
+            return int(m.value) if m is not None else 0
+
+        per_pos = by_name.get("vllm:spec_decode_num_accepted_tokens_per_pos")
+        return cls(
+            drafts=value("num_drafts"),
+            draft_tokens=value("num_draft_tokens"),
+            accepted_tokens=value("num_accepted_tokens"),
+            accepted_per_pos=tuple(int(v) for v in per_pos.values) if per_pos is not None else (),
+        )
+
+    def minus(self, before: SpecCounters) -> SpecCounters:
+        """The counts between two snapshots."""
+        pos = [a - (before.accepted_per_pos[i] if i < len(before.accepted_per_pos) else 0) for i, a in enumerate(self.accepted_per_pos)]
+        return SpecCounters(
+            drafts=self.drafts - before.drafts,
+            draft_tokens=self.draft_tokens - before.draft_tokens,
+            accepted_tokens=self.accepted_tokens - before.accepted_tokens,
+            accepted_per_pos=tuple(pos),
+        )
+
+    def drafting_acceptance_length(self) -> float:
+        """Tokens emitted per *drafting* verification step (accepted + the target's token), vLLM's "mean acceptance
+        length". It equals specframe's AL when every decode forward drafted and nothing was cut at ``max_tokens``;
+        ``VllmGeneration.prompt_metrics`` gives the exact figure."""
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else float("nan")
+
+    def per_slot_acceptance(self) -> list[float]:
+        """Slot i accepted / drafting steps: specframe's per-slot acceptance (``specframe.metrics``)."""
+        return [c / self.drafts if self.drafts else float("nan") for c in self.accepted_per_pos]
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+class VllmEngine:
+    """vLLM in this process on ``target`` (a local folder or hub id), with an optional ``speculative_config``
+    (``specframe.vllm.export.speculative_config`` builds one for an exported drafter)."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike,
+        speculative_config: Mapping[str, Any] | None = None,
+        options: EngineOptions = EngineOptions(),
+    ) -> None:
+        configure_environment(options)
+        LLM = import_llm()
+        self.speculative_config = dict(speculative_config) if speculative_config else None
+        kwargs: dict[str, Any] = {}
+        if self.speculative_config:
+            kwargs["speculative_config"] = self.speculative_config
+            kwargs["per_request_spec_decode_metrics"] = "detailed"
+        self.llm = LLM(
+            model=str(target),
+            dtype=options.dtype,
+            max_model_len=options.max_model_len,
+            max_num_seqs=1,
+            enforce_eager=options.enforce_eager,
+            seed=options.seed,
+            disable_log_stats=False,
+            enable_prefix_caching=False,
+            **kwargs,
+        )
+
+    def counters(self) -> SpecCounters:
+        return SpecCounters.from_metrics(self.llm.get_metrics())
+
+    def close(self) -> None:
+        """Release the engine so another can start in this process (vLLM keeps process-wide parallel state)."""
+        import gc
+
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        self.llm = None
+        gc.collect()
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 256, ignore_eos: bool = False
+    ) -> list[VllmGeneration]:
+        """Greedy generation of each prompt (token ids), one after the other."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=ignore_eos)
+        results = []
+        for ids in prompts:
+            started = time.perf_counter()
+            (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in ids])], params, use_tqdm=False)
+            total = time.perf_counter() - started
+            completion = out.outputs[0]
+            tokens = tuple(int(t) for t in completion.token_ids)
+            stats = completion.spec_decode_metrics
+            accepted = list(stats.per_step_accepted) if stats is not None else []
+            drafted = list(stats.per_step_drafted) if stats is not None else []
+            if self.speculative_config and stats is None and len(tokens) > 1:
+                raise SpecframeError("vLLM returned no per-request spec-decode metrics; is this vLLM older than 0.32?")
+            results.append(
+                VllmGeneration(
+                    tokens=tokens,
+                    rounds=rounds_from_steps(len(tokens), accepted, drafted),
+                    decode_seconds=_decode_seconds(out, total),
+                    total_seconds=total,
+                )
+            )
+        return results
+
+
+def _decode_seconds(out: Any, total: float) -> float:
+    stats = getattr(out, "metrics", None)
+    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
+    if first and last >= first:
+        return float(last - first)
+    latency = getattr(stats, "first_token_latency", 0.0) or 0.0
+    return max(total - latency, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------- in a child process
+
+
+@attrs.frozen
+class Job:
+    """One engine to run in a child process: a target and an optional ``speculative_config``."""
+
+    target: str
+    speculative_config: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class VllmRun:
+    """What one engine produced for a list of prompts, plus its counters over exactly those prompts."""
+
+    generations: tuple[VllmGeneration, ...]
+    counters: SpecCounters
+    startup_seconds: float
+
+    def metrics(self, k: int, baseline: VllmRun | None = None) -> AggregateMetrics:
+        """specframe's pooled metrics (``k`` draft slots); ``baseline`` (plain decoding) gives the speedup."""
+        base = [g.prompt_metrics() for g in baseline.generations] if baseline is not None else None
+        return aggregate([g.prompt_metrics() for g in self.generations], k, base)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> VllmRun:
+        return cls(
+            generations=tuple(VllmGeneration.from_dict(g) for g in data["generations"]),
+            counters=SpecCounters(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["counters"].items()}),
+            startup_seconds=data["startup_seconds"],
+        )
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int = 256,
+    ignore_eos: bool = False,
+    options: EngineOptions = EngineOptions(),
+    timeout: float = 1800,
+) -> list[VllmRun]:
+    """Run ``jobs`` one after the other in one child process (vLLM is imported once; each engine is closed before
+    the next starts) on the same ``prompts``, and return one ``VllmRun`` per job."""
+    request = {
+        "jobs": [attrs.asdict(j) for j in jobs],
+        "prompts": [[int(t) for t in p] for p in prompts],
+        "max_new_tokens": max_new_tokens,
+        "ignore_eos": ignore_eos,
+        "options": attrs.asdict(options),
+    }
+    with tempfile.TemporaryDirectory(prefix="specframe-vllm-") as tmp:
+        req_path, out_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        req_path.write_text(json.dumps(request))
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "specframe.vllm._worker", str(req_path), str(out_path)],
+                capture_output=True, text=True, timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SpecframeError(f"vLLM did not finish within {timeout:.0f} s") from exc
+        if proc.returncode != 0 or not out_path.exists():
+            raise SpecframeError(f"vLLM failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
+        data = json.loads(out_path.read_text())
+    if "error" in data:
+        raise SpecframeError(data["error"])
+    return [VllmRun.from_dict(r) for r in data["runs"]]
+
+
+def run_in_subprocess(
+    target: str | os.PathLike,
+    prompts: Sequence[Sequence[int]],
+    speculative_config: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> VllmRun:
+    """``run_jobs`` for a single engine."""
+    job = Job(str(target), dict(speculative_config) if speculative_config else None)
+    return run_jobs([job], prompts, **kwargs)[0]
+
+
+@attrs.frozen
+class Comparison:
+    """Plain and speculative vLLM on the same prompts, measured in one run."""
+
+    plain: VllmRun
+    speculative: VllmRun
+    metrics: AggregateMetrics
+    outputs_equal: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "metrics": self.metrics.as_dict(),
+            "outputs_equal": self.outputs_equal,
+            "counters": self.speculative.counters.as_dict(),
+            "plain_otps": aggregate([g.prompt_metrics() for g in self.plain.generations], 1).otps,
+            "per_prompt": [
+                {"tokens": len(g.tokens), **attrs.asdict(g.prompt_metrics())} for g in self.speculative.generations
+            ],
+        }
+
+
+def compare(
+    target: str | os.PathLike,
+    prompts: Sequence[Sequence[int]],
+    speculative_config: Mapping[str, Any],
+    *,
+    max_new_tokens: int = 256,
+    ignore_eos: bool = False,
+    options: EngineOptions = EngineOptions(),
+) -> Comparison:
+    """Plain decoding, then speculative decoding, of ``prompts`` on ``target``, one engine after the other in one child process;
+    speedup = OTPS(speculative) / OTPS(plain) as DESIGN.md section 8 defines it."""
+    plain, spec = run_jobs(
+        [Job(str(target)), Job(str(target), dict(speculative_config))],
+        prompts, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, options=options,
+    )
+    k = int(speculative_config["num_speculative_tokens"])
+    return Comparison(
+        plain=plain,
+        speculative=spec,
+        metrics=spec.metrics(k, baseline=plain),
+        outputs_equal=[g.tokens for g in plain.generations] == [g.tokens for g in spec.generations],
+    )
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])

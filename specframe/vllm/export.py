@@ -1,0 +1,393 @@
+"""Writers for the drafter checkpoint layouts vLLM (0.32 and later) loads.
+
+A drafter plugin's ``export_vllm`` gathers its tensors under the layout's names plus a few config values, and calls
+one of ``write_eagle3``, ``write_peagle`` or ``write_pard``. Each writer validates shapes and ids (raising
+``SpecframeError`` with the offending name), then writes ``config.json``, ``model.safetensors``, the tokenizer files
+(when given a tokenizer) and ``specframe_vllm.json`` (the manifest ``speculative_config`` reads) into a temporary
+folder beside ``directory`` and moves it into place, so a reader never sees half an export.
+
+Layouts (names as vLLM's ``llama_eagle3`` / ``llama`` models load them):
+
+EAGLE-3 (``{"method": "eagle3"}``): a Llama config whose ``num_hidden_layers`` is the drafter's depth, plus
+``draft_vocab_size``, ``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids`` and ``num_aux_hidden_states``;
+weights ``fc.weight`` [H, n_aux * H_target], ``layers.{i}.*`` (layer 0's q/k/v read cat(embedding, hidden), 2H wide,
+and it has ``hidden_norm``; later layers are plain Llama layers, H wide), ``norm.weight``, ``lm_head.weight``
+[draft_vocab, H], ``d2t`` (offsets: target id = draft id + d2t[draft id]) and ``t2d`` (bool [vocab]) when the draft
+vocabulary is smaller than the target's, and optionally ``embed_tokens.weight`` [vocab, H] (without it vLLM shares
+the target's). vLLM feeds layer i > 0 the previous layer's output through a pre-norm residual stream, and the next
+autoregressive step reads the final *pre-norm* hidden state.
+
+P-EAGLE (``{"method": "eagle3", "parallel_drafting": true}``): EAGLE-3 plus ``mask_hidden`` [1, 1, n_aux * H_target]
+(projected by ``fc`` like real aux states) and ``mask_token_id`` in the config (the token every mask slot embeds).
+
+PARD (``{"method": "draft_model", "parallel_drafting": true}``): a plain causal LM (``LlamaForCausalLM`` names:
+``model.embed_tokens.weight``, ``model.layers.{i}.*``, ``model.norm.weight``, ``lm_head.weight``) whose config has
+``pard_token``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from specframe import __version__
+from specframe.errors import SpecframeError
+
+MANIFEST = "specframe_vllm.json"
+WEIGHTS = "model.safetensors"
+LAYOUTS = ("eagle3", "peagle", "pard")
+
+# vLLM names these Eagle-3 architectures after the original EAGLE-3 checkpoints; for method "eagle3" it keeps any
+# architecture ending in "Eagle3" as is (a plain "LlamaForCausalLM" would also be renamed to Eagle3LlamaForCausalLM).
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+_LLAMA_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "vocab_size",
+    "max_position_embeddings",
+    "rope_theta",
+    "rope_parameters",
+    "rope_scaling",
+    "hidden_act",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "attention_bias",
+    "mlp_bias",
+)
+
+
+@attrs.frozen
+class Manifest:
+    """What ``specframe_vllm.json`` records: the layout, the vLLM method and whether it drafts in parallel."""
+
+    layout: str
+    method: str
+    parallel_drafting: bool
+    drafter: str | None = None
+    specframe_version: str = __version__
+
+    def speculative_config(self, directory: str | os.PathLike, num_speculative_tokens: int) -> dict[str, Any]:
+        """vLLM's ``speculative_config`` for this export at ``directory`` drafting ``num_speculative_tokens``."""
+        if num_speculative_tokens < 1:
+            raise SpecframeError(f"num_speculative_tokens must be positive, got {num_speculative_tokens}")
+        config: dict[str, Any] = {
+            "method": self.method,
+            "model": str(Path(directory).resolve()),
+            "num_speculative_tokens": int(num_speculative_tokens),
+        }
+        if self.parallel_drafting:
+            config["parallel_drafting"] = True
+        return config
+
+
+_MANIFESTS = {
+    "eagle3": Manifest(layout="eagle3", method="eagle3", parallel_drafting=False),
+    "peagle": Manifest(layout="peagle", method="eagle3", parallel_drafting=True),
+    "pard": Manifest(layout="pard", method="draft_model", parallel_drafting=True),
+}
+
+
+def read_manifest(directory: str | os.PathLike) -> Manifest:
+    """The manifest of an export written by this module (``SpecframeError`` if ``directory`` is not one)."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise SpecframeError(f"{directory} is not a specframe vLLM export (no {MANIFEST}); run `specframe export` first")
+    data = json.loads(path.read_text())
+    if data.get("layout") not in LAYOUTS:
+        raise SpecframeError(f"{path}: unknown layout {data.get('layout')!r}; known: {', '.join(LAYOUTS)}")
+    return Manifest(**{f.name: data[f.name] for f in attrs.fields(Manifest) if f.name in data})
+
+
+def speculative_config(directory: str | os.PathLike, num_speculative_tokens: int) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for the export at ``directory``."""
+    return read_manifest(directory).speculative_config(directory, num_speculative_tokens)
+
+
+def llama_config(target_config: Any, num_hidden_layers: int, **overrides: Any) -> dict[str, Any]:
+    """A drafter's Llama config dict: the layer shapes of ``target_config`` (a transformers config or a dict), with
+    ``num_hidden_layers`` drafter layers and ``overrides`` applied (e.g. a different ``intermediate_size``)."""
+    source = target_config if isinstance(target_config, Mapping) else target_config.to_dict()
+    config = {k: source[k] for k in _LLAMA_KEYS if source.get(k) is not None}
+    config.update(num_hidden_layers=int(num_hidden_layers), **overrides)
+    return config
+
+
+# --------------------------------------------------------------------------------------------------------- writers
+
+
+def write_eagle3(
+    directory: str | os.PathLike,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    config: Mapping[str, Any],
+    aux_layer_ids: Sequence[int],
+    target_hidden_size: int,
+    target_num_layers: int | None = None,
+    tokenizer: Any = None,
+    drafter: str | None = "eagle3",
+) -> Path:
+    """Write an autoregressive EAGLE-3 drafter for ``{"method": "eagle3"}``.
+
+    ``weights`` uses the layout names above (``midlayer.*`` is accepted for ``layers.0.*``); ``config`` is the
+    drafter's Llama config (``llama_config`` builds one) with ``num_hidden_layers`` = drafter layers and
+    ``vocab_size`` = the target's; ``draft_vocab_size`` is read from ``lm_head.weight``. ``aux_layer_ids`` are the
+    target hidden states the drafter reads (id i = the hidden state entering target layer i, 0 = the embeddings; a
+    tiny target needs them explicitly, vLLM's default assumes many layers); ``target_num_layers`` bounds them.
+    Returns ``directory``.
+    """
+    tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
+    if "mask_hidden" in tensors:
+        raise SpecframeError("an autoregressive EAGLE-3 export has no mask_hidden; use write_peagle for P-EAGLE")
+    return _write(directory, tensors, cfg, tokenizer, attrs.evolve(_MANIFESTS["eagle3"], drafter=drafter))
+
+
+def write_peagle(
+    directory: str | os.PathLike,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    config: Mapping[str, Any],
+    aux_layer_ids: Sequence[int],
+    target_hidden_size: int,
+    mask_token_id: int,
+    target_num_layers: int | None = None,
+    tokenizer: Any = None,
+    drafter: str | None = "peagle",
+) -> Path:
+    """Write a P-EAGLE drafter for ``{"method": "eagle3", "parallel_drafting": true}``: ``write_eagle3``'s layout
+    plus ``mask_hidden`` [1, 1, n_aux * H_target] in ``weights`` and ``mask_token_id`` (a target-vocabulary id whose
+    embedding row the mask slots read) in the config."""
+    tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
+    width = len(aux_layer_ids) * int(target_hidden_size)
+    mask = tensors.get("mask_hidden")
+    if mask is None:
+        raise SpecframeError("a P-EAGLE export needs 'mask_hidden' (the learned hidden state of mask slots)")
+    if mask.numel() != width:
+        raise SpecframeError(f"mask_hidden has shape {tuple(mask.shape)}, expected [1, 1, {width}] (n_aux * H_target)")
+    tensors["mask_hidden"] = mask.reshape(1, 1, width)
+    cfg["mask_token_id"] = _token_id("mask_token_id", mask_token_id, int(cfg["vocab_size"]))
+    return _write(directory, tensors, cfg, tokenizer, attrs.evolve(_MANIFESTS["peagle"], drafter=drafter))
+
+
+def write_pard(
+    directory: str | os.PathLike,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    config: Mapping[str, Any],
+    pard_token: int,
+    tokenizer: Any = None,
+    drafter: str | None = "pard",
+) -> Path:
+    """Write a PARD drafter for ``{"method": "draft_model", "parallel_drafting": true}``: a plain causal LM
+    (``LlamaForCausalLM`` names unless ``config["architectures"]`` says otherwise) whose config carries
+    ``pard_token``, the mask token its parallel slots read. ``config["vocab_size"]`` must be the target's."""
+    cfg = dict(config)
+    cfg.setdefault("architectures", ["LlamaForCausalLM"])
+    cfg.setdefault("model_type", "llama")
+    cfg.setdefault("torch_dtype", "float32")
+    tensors = _tensors(weights)
+    vocab, hidden, layers = _require_ints(cfg, "vocab_size", "hidden_size", "num_hidden_layers")
+    if cfg["architectures"] == ["LlamaForCausalLM"]:
+        _check_shape(tensors, "model.embed_tokens.weight", (vocab, hidden))
+        _check_shape(tensors, "model.norm.weight", (hidden,))
+        if cfg.get("tie_word_embeddings"):
+            tensors.pop("lm_head.weight", None)
+        else:
+            _check_shape(tensors, "lm_head.weight", (vocab, hidden))
+        _check_layer_count(tensors, "model.layers.", layers)
+    cfg["pard_token"] = _token_id("pard_token", pard_token, vocab)
+    return _write(directory, tensors, cfg, tokenizer, attrs.evolve(_MANIFESTS["pard"], drafter=drafter))
+
+
+# ------------------------------------------------------------------------------------------------------ validation
+
+
+def _eagle3_parts(
+    weights: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    aux_layer_ids: Sequence[int],
+    target_hidden_size: int,
+    target_num_layers: int | None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {re.sub(r"^midlayer\.", "layers.0.", k): v for k, v in _tensors(weights).items()}
+    cfg = dict(config)
+    vocab, hidden, layers, heads = _require_ints(cfg, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    inter = _require_ints(cfg, "intermediate_size")[0]
+    aux = [int(i) for i in aux_layer_ids]
+    if not aux:
+        raise SpecframeError("aux_layer_ids is empty: EAGLE-3 reads at least one target hidden state")
+    if target_num_layers is not None and any(not 0 <= i <= target_num_layers for i in aux):
+        raise SpecframeError(
+            f"aux layer ids {aux} are invalid for a target with {target_num_layers} layers (valid: 0..{target_num_layers})"
+        )
+    h_t = int(target_hidden_size)
+
+    _check_shape(tensors, "fc.weight", (hidden, len(aux) * h_t))
+    _check_shape(tensors, "norm.weight", (hidden,))
+    if "embed_tokens.weight" in tensors:
+        _check_shape(tensors, "embed_tokens.weight", (vocab, hidden))
+    _check_layer_count(tensors, "layers.", layers)
+    for i in range(layers):
+        width = 2 * hidden if i == 0 else hidden
+        p = f"layers.{i}."
+        _check_shape(tensors, p + "self_attn.q_proj.weight", (heads * head_dim, width))
+        _check_shape(tensors, p + "self_attn.k_proj.weight", (kv_heads * head_dim, width))
+        _check_shape(tensors, p + "self_attn.v_proj.weight", (kv_heads * head_dim, width))
+        _check_shape(tensors, p + "self_attn.o_proj.weight", (hidden, heads * head_dim))
+        _check_shape(tensors, p + "mlp.gate_proj.weight", (inter, hidden))
+        _check_shape(tensors, p + "mlp.up_proj.weight", (inter, hidden))
+        _check_shape(tensors, p + "mlp.down_proj.weight", (hidden, inter))
+        _check_shape(tensors, p + "input_layernorm.weight", (hidden,))
+        _check_shape(tensors, p + "post_attention_layernorm.weight", (hidden,))
+        if i == 0:
+            _check_shape(tensors, p + "hidden_norm.weight", (hidden,))
+        elif p + "hidden_norm.weight" in tensors:
+            # vLLM builds a hidden_norm on every layer but reads it only on the first
+            del tensors[p + "hidden_norm.weight"]
+
+    head = tensors.get("lm_head.weight")
+    if head is None:
+        raise SpecframeError("missing weight 'lm_head.weight' ([draft_vocab, H])")
+    draft_vocab = int(head.shape[0])
+    _check_shape(tensors, "lm_head.weight", (draft_vocab, hidden))
+    if not 0 < draft_vocab <= vocab:
+        raise SpecframeError(f"lm_head.weight has {draft_vocab} rows; the draft vocabulary must be 1..{vocab}")
+    _check_draft_vocab(tensors, draft_vocab, vocab)
+
+    cfg.update(
+        architectures=[EAGLE3_ARCHITECTURE],
+        model_type="llama",
+        draft_vocab_size=draft_vocab,
+        target_hidden_size=h_t,
+        eagle_aux_hidden_state_layer_ids=aux,
+        num_aux_hidden_states=len(aux),
+        tie_word_embeddings=False,
+    )
+    cfg.setdefault("torch_dtype", "float32")
+    return tensors, cfg
+
+
+def _check_draft_vocab(tensors: dict[str, torch.Tensor], draft_vocab: int, vocab: int) -> None:
+    d2t = tensors.get("d2t")
+    if draft_vocab == vocab:
+        # vLLM has no draft-to-target map for a full draft vocabulary and refuses one in the weights
+        if d2t is not None and bool(d2t.ne(0).any()):
+            raise SpecframeError("d2t is not the identity although the draft vocabulary is the full target vocabulary")
+        tensors.pop("d2t", None)
+        tensors.pop("t2d", None)
+        return
+    if d2t is None:
+        raise SpecframeError(f"a draft vocabulary of {draft_vocab} < {vocab} tokens needs 'd2t' (offsets to target ids)")
+    _check_shape(tensors, "d2t", (draft_vocab,))
+    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+        raise SpecframeError(f"d2t must hold integer offsets, got {d2t.dtype}")
+    targets = torch.arange(draft_vocab) + d2t.long()
+    if int(targets.min()) < 0 or int(targets.max()) >= vocab:
+        raise SpecframeError(f"d2t maps draft ids to target ids outside 0..{vocab - 1}")
+    if targets.unique().numel() != draft_vocab:
+        raise SpecframeError("d2t maps two draft ids to the same target id")
+    tensors["d2t"] = d2t.long()
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[targets] = True
+    given = tensors.get("t2d")
+    if given is not None:
+        _check_shape(tensors, "t2d", (vocab,))
+        if not torch.equal(given.bool(), t2d):
+            raise SpecframeError("t2d does not mark exactly the target ids that d2t maps to")
+    tensors["t2d"] = t2d
+
+
+def _tensors(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, value in weights.items():
+        if not isinstance(value, torch.Tensor):
+            raise SpecframeError(f"weight {name!r} is a {type(value).__name__}, not a tensor")
+        out[name] = value.detach().to("cpu").contiguous()
+    return out
+
+
+def _require_ints(cfg: Mapping[str, Any], *keys: str) -> list[int]:
+    missing = [k for k in keys if cfg.get(k) is None]
+    if missing:
+        raise SpecframeError(f"the drafter config lacks {', '.join(missing)}")
+    return [int(cfg[k]) for k in keys]
+
+
+def _check_shape(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> None:
+    tensor = tensors.get(name)
+    if tensor is None:
+        raise SpecframeError(f"missing weight {name!r} (expected shape {list(shape)})")
+    if tuple(tensor.shape) != tuple(shape):
+        raise SpecframeError(f"weight {name!r} has shape {list(tensor.shape)}, expected {list(shape)}")
+
+
+def _check_layer_count(tensors: Mapping[str, torch.Tensor], prefix: str, layers: int) -> None:
+    found = {int(m.group(1)) for k in tensors if (m := re.match(re.escape(prefix) + r"(\d+)\.", k))}
+    if found != set(range(layers)):
+        raise SpecframeError(
+            f"the config says {layers} drafter layers but the weights hold {prefix}{{{', '.join(map(str, sorted(found)))}}}"
+        )
+
+
+def _token_id(name: str, value: int, vocab: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
+        raise SpecframeError(f"{name} {value!r} is not a token id of the {vocab}-token vocabulary")
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------- writing
+
+
+def _write(
+    directory: str | os.PathLike,
+    tensors: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    tokenizer: Any,
+    manifest: Manifest,
+) -> Path:
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would follow the export into place
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
+        (tmp / MANIFEST).write_text(json.dumps(attrs.asdict(manifest), indent=1))
+        _replace_dir(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def _replace_dir(new: Path, directory: Path) -> None:
+    """Move ``new`` to ``directory``; an existing export there is swapped out first and removed afterwards."""
+    if not directory.exists():
+        os.replace(new, directory)
+        return
+    if not (directory / MANIFEST).is_file() and any(directory.iterdir()):
+        raise SpecframeError(f"{directory} exists and is not a specframe vLLM export; refusing to overwrite it")
+    old = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".old"))
+    os.replace(directory, old / "export")
+    os.replace(new, directory)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,88 @@
+"""vLLM serves every exported layout losslessly, and its counters convert to specframe's metrics.
+
+One child process runs every engine in turn (vLLM imports once; see ``specframe.vllm.engine.run_jobs``): plain
+decoding and each layout on a random tiny target, then the same on a degenerate pair where every draft is accepted.
+Skipped where vLLM is not installed (``make setup VLLM=none``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specframe.vllm import export, vllm_available
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (make setup VLLM=cpu|gpu installs it)"),
+]
+
+KINDS = ("eagle3", "peagle", "pard")
+K = 3
+# 1 prefill token + 4 fully accepted rounds of K + 1: no round is cut at max_tokens on the degenerate pair
+MAX_NEW = 1 + 4 * (K + 1)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from specframe.vllm.engine import Job, run_jobs
+    from tests.vllm_fixtures import build_drafter, build_target, target_parts
+
+    root = tmp_path_factory.mktemp("vllm")
+    target = build_target(root / "target")
+    const = build_target(root / "const", degenerate=True)
+    _, tok = target_parts(target)
+    jobs = {"plain": Job(str(target)), "const plain": Job(str(const))}
+    for kind in KINDS:
+        d = build_drafter(kind, target, root / kind)
+        jobs[kind] = Job(str(target), export.speculative_config(d, K))
+        c = build_drafter(kind, const, root / f"const-{kind}", degenerate=True)
+        jobs[f"const {kind}"] = Job(str(const), export.speculative_config(c, K))
+    prompts = [tok("def add(a, b):\n    return a + b\n")["input_ids"], tok("The quick brown fox")["input_ids"]]
+    results = run_jobs(list(jobs.values()), prompts, max_new_tokens=MAX_NEW, ignore_eos=True)
+    return dict(zip(jobs, results))
+
+
+def tokens(run):
+    return [g.tokens for g in run.generations]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_speculative_output_equals_plain(runs, kind):
+    assert tokens(runs[kind]) == tokens(runs["plain"])
+    assert all(len(t) == MAX_NEW for t in tokens(runs[kind]))
+    assert runs[kind].counters.drafts > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rounds_agree_with_vllm_counters(runs, kind):
+    run = runs[kind]
+    counters = run.counters
+    rounds = [r for g in run.generations for r in g.rounds]
+    drafting = [r for r in rounds if r.drafted]
+    assert len(drafting) == counters.drafts
+    assert sum(r.drafted for r in drafting) == counters.draft_tokens
+    # vLLM counts before the output is cut at max_tokens; specframe's rounds after
+    assert sum(r.accepted for r in rounds) <= counters.accepted_tokens
+    assert sum(r.emitted for r in rounds) == sum(len(g.tokens) - 1 for g in run.generations)
+    assert len(counters.accepted_per_pos) == K
+    m = run.metrics(K)
+    assert 1.0 <= m.acceptance_length <= K + 1
+    assert m.acceptance_length == pytest.approx(m.emitted / m.forwards)
+    assert m.forwards >= counters.drafts
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_degenerate_pair_accepts_every_draft(runs, kind):
+    run = runs[f"const {kind}"]
+    assert tokens(run) == tokens(runs["const plain"])
+    c = run.counters
+    assert c.accepted_tokens == c.draft_tokens == K * c.drafts > 0
+    assert c.accepted_per_pos == (c.drafts,) * K
+    assert c.drafting_acceptance_length() == K + 1
+    m = run.metrics(K, baseline=runs["const plain"])
+    assert m.acceptance_length == K + 1
+    assert m.per_slot == (1.0,) * K
+    assert m.conditional == (1.0,) * K
+    assert m.speedup is not None and math.isfinite(m.speedup) and m.speedup > 0
