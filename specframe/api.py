@@ -26,10 +26,14 @@ from specframe import modeling, vocab
 from specframe import eagle
 from specframe.elements import ElementSet, full_grid, visible
 from specframe.errors import PluginError, SpecframeError, UsageError
+from specframe.features import FeatureSpec
 from specframe.hookspecs import hookimpl
 from specframe.inference.tree import DraftTree, dynamic_tree
 
-from specframe.features import FeatureSpec
+# The checkpoint layouts vLLM loads (EAGLE-3, P-EAGLE, PARD): a drafter's ``export_vllm`` calls one of
+# ``vllm_layouts.write_eagle3`` / ``write_peagle`` / ``write_pard``.
+from specframe.vllm import export as vllm_layouts
+
 
 API_VERSION = "1"
 
@@ -38,9 +42,9 @@ __all__ = [
     "Attention",
     "Component",
     "Draft",
+    "FeatureSpec",
     "DraftTree",
     "Drafter",
-    "FeatureSpec",
     "ElementSet",
     "LossTerms",
     "MaskBuilder",
@@ -61,6 +65,7 @@ __all__ = [
     "eagle",
     "vocab",
     "visible",
+    "vllm_layouts",
 ]
 
 
@@ -322,6 +327,22 @@ class Drafter(Component, ABC):
         from safetensors.torch import load_file
 
         self.module().load_state_dict(load_file(str(directory / "model.safetensors")))
+
+    # -- serving
+    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+        """Write this (trained) drafter into ``directory`` in a checkpoint layout vLLM loads, with ``tokenizer`` (the
+        target's) saved beside it, and return the manifest dict the ``vllm_layouts`` writer returned (``layout``,
+        ``method``, ``parallel_drafting``). ``specframe export --format vllm`` calls it; ``specframe serve`` and the
+        vLLM engine read the manifest to build vLLM's ``speculative_config``.
+
+        Implementations gather their tensors under the layout's names and call ``vllm_layouts.write_eagle3``,
+        ``write_peagle`` or ``write_pard`` (they validate shapes and ids and write atomically). Default: refuse, for
+        drafters vLLM has no model for (those belong in a vLLM general plugin, DESIGN.md section 5).
+        """
+        raise SpecframeError(
+            f"drafter '{self.name}' cannot be exported to vLLM: it does not implement Drafter.export_vllm "
+            f"(layouts vLLM loads: {', '.join(vllm_layouts.LAYOUTS)})"
+        )
 
 
 def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
