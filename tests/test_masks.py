@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,8 +23,8 @@ def builder(name: str, **options):
 
 
 @st.composite
-def element_sets(draw):
-    seq_len = draw(st.integers(1, 48))
+def element_sets(draw, max_len: int = 48):
+    seq_len = draw(st.integers(1, max_len))
     max_depth = draw(st.integers(1, 5))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     doc = torch.cumsum((torch.rand(seq_len, generator=g) < draw(st.sampled_from([0.0, 0.1, 0.3]))).long(), 0)
@@ -39,7 +41,7 @@ def _attend(attention, q, k, v, grad_out):
     return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
 
 
-@settings(max_examples=40)
+@settings(max_examples=30)
 @given(element_sets(), st.sampled_from([torch.float32, torch.float64]), st.integers(1, 17), st.booleans())
 def test_builders_match_dense(sample, dtype, chunk_size, query_subset):
     elements, g = sample
@@ -62,9 +64,8 @@ def test_builders_match_dense(sample, dtype, chunk_size, query_subset):
             torch.testing.assert_close(x, y, **tol, msg=lambda m, name=name, what=what: f"{name} {what}: {m}")
 
 
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@settings(max_examples=8)
-@given(element_sets(), st.booleans())
+@settings(max_examples=6)
+@given(element_sets(max_len=24), st.booleans())
 def test_flex_forward_matches_dense_on_cpu(sample, query_subset):
     # FlexAttention has no CPU backward and its eager CPU path is slow, hence forward only and few examples.
     elements, g = sample
@@ -73,7 +74,9 @@ def test_flex_forward_matches_dense_on_cpu(sample, query_subset):
         query = elements.subset((torch.rand(len(elements), generator=g) < 0.5).nonzero().squeeze(1))
     q = torch.randn(1, 2, len(query), 8, generator=g, dtype=torch.float64)
     k, v = (torch.randn(1, 2, len(elements), 8, generator=g, dtype=torch.float64) for _ in range(2))
-    out = builder("flex").build(query, elements)(q, k, v)
+    with warnings.catch_warnings():  # eager flex warns that it is unfused, which is the point on CPU
+        warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
+        out = builder("flex").build(query, elements)(q, k, v)
     torch.testing.assert_close(out, builder("dense").build(query, elements)(q, k, v), atol=1e-10, rtol=1e-9)
 
 

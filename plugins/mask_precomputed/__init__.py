@@ -39,9 +39,13 @@ class PrecomputedOptions:
 class PrecomputedAttention:
     def __init__(self, mask: torch.Tensor) -> None:
         self.mask = mask
+        self._on: dict[torch.device, torch.Tensor] = {}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask.to(q.device))
+        # Every layer calls with the same mask: copy it to the accelerator once, not once per layer.
+        if q.device not in self._on:
+            self._on[q.device] = self.mask.to(q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self._on[q.device])
 
 
 def grid_mask(max_len: int, max_depth: int) -> torch.Tensor:
