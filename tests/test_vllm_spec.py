@@ -41,7 +41,9 @@ def runs(tmp_path_factory):
         jobs[f"const {kind}"] = Job(str(const), export.speculative_config(c, K))
     prompts = [tok("def add(a, b):\n    return a + b\n")["input_ids"], tok("The quick brown fox")["input_ids"]]
     results = run_jobs(list(jobs.values()), prompts, max_new_tokens=MAX_NEW, ignore_eos=True)
-    return dict(zip(jobs, results))
+    out = dict(zip(jobs, results))
+    out["_target"], out["_prompts"] = target, prompts
+    return out
 
 
 def tokens(run):
@@ -86,3 +88,20 @@ def test_degenerate_pair_accepts_every_draft(runs, kind):
     assert m.per_slot == (1.0,) * K
     assert m.conditional == (1.0,) * K
     assert m.speedup is not None and math.isfinite(m.speedup) and m.speedup > 0
+
+
+def test_vllm_plain_matches_transformers_greedy_up_to_near_ties(runs):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specframe.vllm import parity
+
+    model = AutoModelForCausalLM.from_pretrained(runs["_target"]).eval()
+    for prompt, gen in zip(runs["_prompts"], runs["plain"].generations):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None)
+        reference = out[0, len(prompt) :].tolist()
+        gaps = parity.top2_gaps(model, prompt, reference)
+        result = parity.compare_tokens(reference, gen.tokens, gaps)
+        assert result.equal, (result, reference, gen.tokens)
+        assert result.compared >= 1

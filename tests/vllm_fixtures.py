@@ -104,7 +104,8 @@ def build_drafter(kind: str, target: Path, out: Path, *, degenerate: bool = Fals
     config, tok = target_parts(target)
     if kind == "pard":
         weights, cfg = pard_weights(config, layers or 1, degenerate=degenerate)
-        return export.write_pard(out, weights, config=cfg, pard_token=mask_token(tok), tokenizer=tok)
+        export.write_pard(out, weights, config=cfg, pard_token=mask_token(tok), tokenizer=tok)
+        return out
     n = layers or (4 if kind == "peagle" else 1)
     weights = eagle3_weights(config, n, config.vocab_size // 2, parallel=kind == "peagle", degenerate=degenerate)
     common = dict(
@@ -115,5 +116,7 @@ def build_drafter(kind: str, target: Path, out: Path, *, degenerate: bool = Fals
         tokenizer=tok,
     )
     if kind == "peagle":
-        return export.write_peagle(out, weights, mask_token_id=mask_token(tok), **common)
-    return export.write_eagle3(out, weights, **common)
+        export.write_peagle(out, weights, mask_token_id=mask_token(tok), **common)
+    else:
+        export.write_eagle3(out, weights, **common)
+    return out

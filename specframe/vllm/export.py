@@ -140,7 +140,7 @@ def write_eagle3(
     target_num_layers: int | None = None,
     tokenizer: Any = None,
     drafter: str | None = "eagle3",
-) -> Path:
+) -> dict[str, Any]:
     """Write an autoregressive EAGLE-3 drafter for ``{"method": "eagle3"}``.
 
     ``weights`` uses the layout names above (``midlayer.*`` is accepted for ``layers.0.*``); ``config`` is the
@@ -148,7 +148,7 @@ def write_eagle3(
     ``vocab_size`` = the target's; ``draft_vocab_size`` is read from ``lm_head.weight``. ``aux_layer_ids`` are the
     target hidden states the drafter reads (id i = the hidden state entering target layer i, 0 = the embeddings; a
     tiny target needs them explicitly, vLLM's default assumes many layers); ``target_num_layers`` bounds them.
-    Returns ``directory``.
+    Returns the manifest written (``layout``, ``method``, ``parallel_drafting``, ...) as a dict.
     """
     tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
     if "mask_hidden" in tensors:
@@ -167,7 +167,7 @@ def write_peagle(
     target_num_layers: int | None = None,
     tokenizer: Any = None,
     drafter: str | None = "peagle",
-) -> Path:
+) -> dict[str, Any]:
     """Write a P-EAGLE drafter for ``{"method": "eagle3", "parallel_drafting": true}``: ``write_eagle3``'s layout
     plus ``mask_hidden`` [1, 1, n_aux * H_target] in ``weights`` and ``mask_token_id`` (a target-vocabulary id whose
     embedding row the mask slots read) in the config."""
@@ -191,7 +191,7 @@ def write_pard(
     pard_token: int,
     tokenizer: Any = None,
     drafter: str | None = "pard",
-) -> Path:
+) -> dict[str, Any]:
     """Write a PARD drafter for ``{"method": "draft_model", "parallel_drafting": true}``: a plain causal LM
     (``LlamaForCausalLM`` names unless ``config["architectures"]`` says otherwise) whose config carries
     ``pard_token``, the mask token its parallel slots read. ``config["vocab_size"]`` must be the target's."""
@@ -360,7 +360,7 @@ def _write(
     config: dict[str, Any],
     tokenizer: Any,
     manifest: Manifest,
-) -> Path:
+) -> dict[str, Any]:
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -377,7 +377,7 @@ def _write(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return directory
+    return attrs.asdict(manifest)
 
 
 def _replace_dir(new: Path, directory: Path) -> None:

@@ -1,0 +1,210 @@
+"""The vLLM layout writers, vLLM-count conversion and the parity helpers, without vLLM itself (fast)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specframe import api
+from specframe.errors import SpecframeError
+from specframe.vllm import export, parity
+from specframe.vllm.engine import Round, SpecCounters, rounds_from_steps
+from tests.vllm_fixtures import AUX, build_target, eagle3_weights, mask_token, pard_weights, target_parts
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    path = build_target(tmp_path_factory.mktemp("target") / "t")
+    config, tok = target_parts(path)
+    return SimpleNamespace(path=path, config=config, tok=tok)
+
+
+def eagle_kwargs(target, layers=1):
+    return dict(
+        config=export.llama_config(target.config, layers),
+        aux_layer_ids=AUX,
+        target_hidden_size=target.config.hidden_size,
+        target_num_layers=target.config.num_hidden_layers,
+    )
+
+
+def test_peagle_layout_round_trips(target, tmp_path):
+    v = target.config.vocab_size
+    w = eagle3_weights(target.config, 4, v // 2, parallel=True)
+    out = tmp_path / "peagle"
+    manifest = export.write_peagle(out, w, mask_token_id=mask_token(target.tok), tokenizer=target.tok, **eagle_kwargs(target, 4))
+    assert manifest["method"] == "eagle3" and manifest["parallel_drafting"] is True
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["num_hidden_layers"] == 4 and cfg["draft_vocab_size"] == v // 2 and cfg["vocab_size"] == v
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX and cfg["mask_token_id"] == mask_token(target.tok)
+    saved = load_file(str(out / "model.safetensors"))
+    assert saved["mask_hidden"].shape == (1, 1, 3 * target.config.hidden_size)
+    draft_ids = torch.arange(v // 2) + saved["d2t"]
+    assert saved["t2d"].dtype == torch.bool and saved["t2d"].sum() == v // 2 and saved["t2d"][draft_ids].all()
+    assert "layers.3.self_attn.q_proj.weight" in saved and (out / "tokenizer.json").exists()
+    assert export.speculative_config(out, 5) == {
+        "method": "eagle3", "model": str(out.resolve()), "num_speculative_tokens": 5, "parallel_drafting": True
+    }
+
+
+def test_eagle3_accepts_midlayer_names_and_drops_identity_maps(target, tmp_path):
+    v = target.config.vocab_size
+    w = eagle3_weights(target.config, 1, v)
+    w = {k.replace("layers.0.", "midlayer."): t for k, t in w.items()}
+    w["d2t"] = torch.zeros(v, dtype=torch.long)
+    export.write_eagle3(tmp_path / "e", w, **eagle_kwargs(target))
+    saved = load_file(str(tmp_path / "e" / "model.safetensors"))
+    assert "layers.0.hidden_norm.weight" in saved and not any(k.startswith("midlayer.") for k in saved)
+    # vLLM has no draft-to-target map for a full draft vocabulary and would refuse these
+    assert "d2t" not in saved and "t2d" not in saved
+    assert export.speculative_config(tmp_path / "e", 3) == {
+        "method": "eagle3", "model": str((tmp_path / "e").resolve()), "num_speculative_tokens": 3
+    }
+
+
+def test_pard_layout(target, tmp_path):
+    w, cfg = pard_weights(target.config, 1)
+    manifest = export.write_pard(tmp_path / "p", w, config=cfg, pard_token=mask_token(target.tok))
+    assert (manifest["method"], manifest["parallel_drafting"]) == ("draft_model", True)
+    assert json.loads((tmp_path / "p" / "config.json").read_text())["pard_token"] == mask_token(target.tok)
+    assert export.speculative_config(tmp_path / "p", 4)["parallel_drafting"] is True
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda w: w.update({"fc.weight": w["fc.weight"][:, :-1]}), "'fc.weight' has shape"),
+        (lambda w: w.pop("mask_hidden"), "needs 'mask_hidden'"),
+        (lambda w: w.pop("layers.3.mlp.up_proj.weight"), "missing weight 'layers.3.mlp.up_proj.weight'"),
+        (lambda w: w.update({"layers.4.input_layernorm.weight": torch.ones(64)}), "4 drafter layers"),
+        (lambda w: w.update({"d2t": -torch.arange(w["d2t"].numel())}), "same target id"),
+        (lambda w: w.update({"d2t": w["d2t"] + 10_000}), "outside"),
+        (lambda w: w.pop("d2t"), "needs 'd2t'"),
+        (lambda w: w.update({"t2d": torch.ones(w["embed_tokens.weight"].shape[0], dtype=torch.bool)}), "t2d does not mark"),
+    ],
+)
+def test_invalid_peagle_exports_are_refused(target, tmp_path, edit, message):
+    w = eagle3_weights(target.config, 4, target.config.vocab_size // 2, parallel=True)
+    edit(w)
+    with pytest.raises(SpecframeError, match=message):
+        export.write_peagle(tmp_path / "x", w, mask_token_id=mask_token(target.tok), **eagle_kwargs(target, 4))
+    assert not (tmp_path / "x").exists() and not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_ids_are_checked(target, tmp_path):
+    w = eagle3_weights(target.config, 4, target.config.vocab_size // 2, parallel=True)
+    with pytest.raises(SpecframeError, match="mask_token_id .* not a token id"):
+        export.write_peagle(tmp_path / "x", w, mask_token_id=target.config.vocab_size, **eagle_kwargs(target, 4))
+    kwargs = eagle_kwargs(target, 4) | {"aux_layer_ids": [1, 2, 5]}
+    with pytest.raises(SpecframeError, match="aux layer ids"):
+        export.write_peagle(tmp_path / "x", w, mask_token_id=1, **kwargs)
+    pw, cfg = pard_weights(target.config, 1)
+    with pytest.raises(SpecframeError, match="pard_token"):
+        export.write_pard(tmp_path / "p", pw, config=cfg, pard_token=-1)
+
+
+def test_overwrite_is_atomic_and_refuses_foreign_folders(target, tmp_path):
+    w, cfg = pard_weights(target.config, 1)
+    out = tmp_path / "p"
+    export.write_pard(out, w, config=cfg, pard_token=3)
+    export.write_pard(out, w, config=cfg, pard_token=4)
+    assert json.loads((out / "config.json").read_text())["pard_token"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # no temp or old folders left
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine")
+    with pytest.raises(SpecframeError, match="refusing to overwrite"):
+        export.write_pard(foreign, w, config=cfg, pard_token=3)
+    assert (foreign / "keep.txt").read_text() == "mine"
+
+
+def test_manifest_is_required(tmp_path):
+    with pytest.raises(SpecframeError, match="not a specframe vLLM export"):
+        export.speculative_config(tmp_path, 3)
+
+
+def test_default_drafter_export_refuses(tmp_path):
+    class Bare(api.Drafter):
+        name = "bare"
+        feature_spec = module = supervision = loss = start = propose = accept = lambda *a, **k: None
+
+    with pytest.raises(SpecframeError, match="drafter 'bare' cannot be exported to vLLM"):
+        Bare(None).export_vllm(tmp_path, None)
+
+
+# ----------------------------------------------------------------------------------------- vLLM counts -> metrics
+
+
+def test_rounds_from_steps_cut_at_max_tokens_and_count_draftless_forwards():
+    # 12 tokens: prefill 1, then steps emitting 4, 1, 3 and a last step that accepted 3 but only 2 tokens fit
+    rounds = rounds_from_steps(12, accepted=[3, 0, 2, 3], drafted=[3, 3, 3, 3])
+    assert [r.emitted for r in rounds] == [4, 1, 3, 3]
+    assert rounds[-1] == Round(drafted=3, accepted=3, emitted=3)
+    cut = rounds_from_steps(11, accepted=[3, 0, 2, 3], drafted=[3, 3, 3, 3])
+    assert cut[-1] == Round(drafted=3, accepted=2, emitted=2)
+    # two decode forwards without a draft (e.g. ngram found no match)
+    spare = rounds_from_steps(6, accepted=[2], drafted=[3])
+    assert [(r.drafted, r.emitted) for r in spare] == [(3, 3), (0, 1), (0, 1)]
+    with pytest.raises(SpecframeError):
+        rounds_from_steps(6, accepted=[4], drafted=[3])
+
+
+def test_counters_from_vllm_metrics():
+    metric = lambda name, **kw: SimpleNamespace(name=f"vllm:spec_decode_{name}", **kw)  # noqa: E731
+    snapshot = [
+        metric("num_drafts", value=10),
+        metric("num_draft_tokens", value=30),
+        metric("num_accepted_tokens", value=12),
+        metric("num_accepted_tokens_per_pos", values=[6, 4, 2]),
+        SimpleNamespace(name="vllm:generation_tokens", value=99),
+    ]
+    c = SpecCounters.from_metrics(snapshot)
+    assert c == SpecCounters(drafts=10, draft_tokens=30, accepted_tokens=12, accepted_per_pos=(6, 4, 2))
+    assert c.drafting_acceptance_length() == pytest.approx(2.2)
+    assert c.per_slot_acceptance() == pytest.approx([0.6, 0.4, 0.2])
+    assert c.minus(SpecCounters(4, 12, 5, (3, 1, 1))) == SpecCounters(6, 18, 7, (3, 3, 1))
+
+
+# ------------------------------------------------------------------------------------------------------- parity
+
+
+def test_compare_tokens_stops_at_near_ties():
+    gaps = torch.tensor([1.0, 0.5, 1e-5, 1.0])
+    assert parity.compare_tokens([1, 2, 3, 4], [1, 2, 9, 9], gaps) == parity.TokenParity(2, None, 2)
+    assert parity.compare_tokens([1, 2, 3, 4], [1, 7, 3, 4], gaps).first_mismatch == 1
+    assert parity.compare_tokens([1, 2, 3, 4], [1, 2, 3], torch.ones(4)).first_mismatch == 3
+    assert parity.compare_tokens([1, 2, 3, 4], [1, 2, 3, 4], torch.ones(4)).equal
+
+
+def test_top2_gaps_follow_the_reference_tokens(target):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target.path).eval()
+    prompt = target.tok("def add(a, b):")["input_ids"]
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt) :].tolist()
+    gaps = parity.top2_gaps(model, prompt, greedy)
+    assert gaps.shape == (6,) and (gaps >= 0).all()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, -1]
+    top = logits.topk(2).values
+    assert gaps[0] == pytest.approx(float(top[0] - top[1]), rel=1e-5)
+
+
+def test_compare_rounds_and_per_slot():
+    R = Round
+    ref = [R(3, 3, 4), R(3, 1, 2), R(3, 0, 1), R(3, 2, 3)]
+    cand = [R(3, 3, 4), R(3, 0, 1), R(3, 1, 2), R(3, 2, 3)]
+    tp = parity.TokenParity(compared=11, first_mismatch=None, tie_at=None)  # 10 decode tokens
+    rp = parity.compare_rounds(ref, cand, tp)
+    assert (rp.compared, rp.equal, rp.first_difference) == (4, 2, 1)
+    short = parity.compare_rounds(ref, cand, parity.TokenParity(compared=6, first_mismatch=None, tie_at=5))
+    assert short.reference == (3,) and short.candidate == (3, 0)[: short.compared]
+    assert parity.per_slot_counts(ref, 3) == [3, 2, 1]
+    agg = parity.compare_per_slot(ref, [3, 2, 1], drafts=4, k=3)
+    assert agg["max_abs_difference"] == 0.0
