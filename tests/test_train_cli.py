@@ -1,0 +1,76 @@
+"""``specframe train`` end to end on the tiny target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from specframe.cli import main
+from tests.train_fixtures import build
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    target, chat = build(root)
+    cfg = root / "small.toml"
+    cfg.write_text("[drafter]\nlayers = 2\ndraft_vocab_size = 100\nk_train = 3\n")
+    return target, chat, cfg
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(map(str, args)), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def base(assets, out, *extra):
+    target, chat, cfg = assets
+    return ("train", "--drafter", "peagle", "--target", target, "--data", chat, "--seq-len", 48, "--output", out,
+            "--config", cfg, "--mask-builder", "dense", *extra)
+
+
+def test_train_writes_a_checkpoint_and_resumes(assets, tmp_path):
+    out = tmp_path / "run"
+    code, text = run(*base(assets, out, "--max-steps", 2, "--eval-every", 1, "--json"))
+    assert code == 0, text
+    summary = json.loads(text[text.index("{"):])
+    assert summary["steps"] == 2
+    ckpt = out / "step-00000002"
+    assert summary["checkpoint"] == str(ckpt)
+    info = json.loads((ckpt / "drafter.json").read_text())
+    assert info["drafter"] == "peagle" and info["draft_vocab_size"] == 100 and info["num_hidden_layers"] == 2
+    assert load_file(str(ckpt / "model.safetensors"))["lm_head.weight"].shape[0] == 100
+    config = json.loads((out / "config.json").read_text())
+    assert config["depth"] == 3 and config["drafter_options"]["layers"] == 2 and config["memory_budget_enforced"] is False
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if "val_loss" in x]
+    assert [e["step"] for e in evals] == [1, 2] and len(evals[0]["val_accuracy"]) == 3
+    code, text = run(*base(assets, out, "--max-steps", 3, "--resume", out, "--json"))
+    assert code == 0, text
+    assert json.loads(text[text.index("{"):])["steps"] == 3
+    assert sorted(p.name for p in out.glob("step-*")) == ["step-00000003"]
+
+
+def test_clear_errors(assets, tmp_path):
+    code, text = run(*base(assets, tmp_path / "a", "--partitions", 0))
+    assert code == 2 and "--partitions must be positive" in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("drafter:\n  layerz: 2\n")
+    target, chat, _ = assets
+    code, text = run("train", "--drafter", "peagle", "--target", target, "--data", chat, "--output", tmp_path / "b",
+                     "--config", bad)
+    assert code == 2 and "layerz" in text and "known options" in text
+    code, text = run("train", "--drafter", "peagl", "--target", target, "--data", chat, "--output", tmp_path / "c")
+    assert code == 2 and "did you mean 'peagle'" in text
+
+
+def test_help_documents_every_option():
+    code, text = run("train", "--help")
+    assert code == 0
+    for flag in ("--drafter", "--target", "--seq-len", "--depth", "--data", "--cache", "--mask-builder",
+                 "--partitioner", "--partitions", "--memory-budget", "--max-steps", "--output", "--resume",
+                 "--config", "--lr", "--batch-size", "--save-every", "--eval-every", "--seed", "--json"):
+        assert flag in text
+    assert "NOT enforced" in " ".join(text.split())
