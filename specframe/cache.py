@@ -32,7 +32,7 @@ import attrs
 from specframe.data.chat import Encoded, EncodeStats, encode_dataset
 from specframe.errors import SpecframeError
 from specframe.features import FeatureSpec, capture_features
-from specframe.vocab import DraftVocab, build_draft_vocab, count_tokens
+from specframe.vocab import DraftVocab, build_draft_vocab, count_tokens, vocab_metadata
 
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -194,7 +194,7 @@ def prepare_cache(
         save_file(
             {"ids": dv.ids, "d2t": dv.d2t, "t2d": dv.t2d, "counts": dv.counts, "all_counts": all_counts},
             str(vtmp),
-            metadata={"size": str(dv.size), "target_vocab_size": str(vocab_rows), "coverage": repr(dv.coverage)},
+            metadata=vocab_metadata(dv.size, vocab_rows, dv.coverage),
         )
         os.replace(vtmp, out / VOCAB_FILE)
         rep.draft_vocab_size, rep.draft_vocab_coverage = dv.size, dv.coverage

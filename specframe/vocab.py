@@ -57,7 +57,7 @@ class DraftVocab:
     def save(self, path: str | Path) -> None:
         from safetensors.torch import save_file
 
-        meta = {"size": str(self.size), "target_vocab_size": str(self.target_vocab_size), "coverage": repr(self.coverage)}
+        meta = vocab_metadata(self.size, self.target_vocab_size, self.coverage)
         p = Path(path)
         tmp = p.with_name(f".{p.name}.tmp")
         save_file({"ids": self.ids, "d2t": self.d2t, "t2d": self.t2d, "counts": self.counts}, str(tmp), metadata=meta)
@@ -70,7 +70,14 @@ class DraftVocab:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             t = {k: f.get_tensor(k) for k in ("ids", "d2t", "t2d", "counts")}
-        return cls(coverage=float(meta.get("coverage", "nan")), **t)
+        info = json.loads(meta.get("draft_vocab", "{}"))
+        return cls(coverage=float(info.get("coverage", "nan")), **t)
+
+
+def vocab_metadata(size: int, target_vocab_size: int, coverage: float) -> dict[str, str]:
+    """safetensors metadata for a vocabulary file: one key (safetensors does not keep the order of several keys,
+    which would make files differ byte-wise between runs)."""
+    return {"draft_vocab": json.dumps({"coverage": coverage, "size": size, "target_vocab_size": target_vocab_size}, sort_keys=True)}
 
 
 def count_tokens(examples: Iterable[Any], vocab_size: int, *, masked_only: bool = True) -> Any:

@@ -38,9 +38,17 @@ import click
 @click.option(
     "--max-prompt-tokens", type=int, default=512, show_default=True, help="Skip prompts longer than this (tokens)."
 )
+@click.option(
+    "--shard",
+    default="0/1",
+    show_default=True,
+    help="K/W: run as worker K of W parallel processes (each takes every W-th batch and writes OUTPUT.part-K-of-W); "
+    "any worker finishing last writes the merged OUTPUT.",
+)
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, threads, as_json):
+def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, shard, threads,
+               as_json):
     """Answer prompts greedily with the target; resumable (rerun the same command after a kill)."""
     import torch
     from rich.progress import Progress
@@ -60,8 +68,16 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             records.extend(default_prompt_records())
         else:
             records.extend(load_data(d, limit=limit))
+    from specframe.errors import UsageError
+
+    try:
+        k, w = (int(x) for x in shard.split("/"))
+        assert 0 <= k < w
+    except (ValueError, AssertionError):
+        raise UsageError(f"--shard must be K/W with 0 <= K < W, not '{shard}'") from None
     out = Path(output)
-    part = out.with_name(out.name + ".part")
+    part = out.with_name(out.name + (".part" if w == 1 else f".part-{k}-of-{w}"))
+    parts = sorted(out.parent.glob(out.name + ".part*"))
     t0 = time.time()
     with Progress(transient=True, disable=as_json or not sys.stderr.isatty()) as prog:
         task = prog.add_task("regenerate", total=None)
@@ -73,8 +89,21 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             max_new_tokens=max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
             progress=lambda i, n: prog.update(task, completed=i, total=n),
+            shard=(k, w),
+            also_done=parts,
         )
-    rows = [json.loads(line) for line in part.read_text(encoding="utf-8").splitlines() if line.strip()]
+    runs_log = out.with_name(out.name + ".runs.jsonl")
+    with open(runs_log, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"shard": shard, "threads": torch.get_num_threads(), **rep.as_dict()}) + "\n")
+    seen: dict = {}
+    for p in sorted(out.parent.glob(out.name + ".part*")):
+        for line in p.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            seen.setdefault((r["source"], r["id"]), r)
+    rows = list(seen.values())
     rows.sort(key=lambda r: (r["source"], _natural(r["id"])))
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
@@ -106,7 +135,7 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             "counts": {"records": len(rows), "by_source": counts,
                        "finished_before_cap": sum(1 for r in rows if r["finished"]),
                        "answer_tokens": sum(r["answer_tokens"] for r in rows)},
-            "this_run": rep.as_dict(),
+            "runs": [json.loads(x) for x in runs_log.read_text(encoding="utf-8").splitlines() if x.strip()],
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
             "note": "answers only; prompts are joined from their sources by specframe.data.default.load_default",
         }

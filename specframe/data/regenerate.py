@@ -50,8 +50,9 @@ def prompt_messages(messages: list[dict]) -> list[dict]:
     return []
 
 
-def read_done(part: Path) -> set[tuple[str, str]]:
-    """(source, id) pairs already answered in ``part``; a torn trailing line (killed mid-write) is cut off."""
+def read_done(part: Path, *, truncate: bool = True) -> set[tuple[str, str]]:
+    """(source, id) pairs already answered in ``part``; a torn trailing line (killed mid-write) is cut off
+    (with ``truncate``)."""
     done: set[tuple[str, str]] = set()
     if not part.exists():
         return done
@@ -64,7 +65,7 @@ def read_done(part: Path) -> set[tuple[str, str]]:
                 break
             done.add((r["source"], r["id"]))
             good += len(line)
-    if good != part.stat().st_size:
+    if truncate and good != part.stat().st_size:
         with open(part, "r+b") as f:
             f.truncate(good)
     return done
@@ -79,8 +80,13 @@ def regenerate(
     max_new_tokens: int = 256,
     max_prompt_tokens: int = 512,
     progress: Callable[[int, int], None] | None = None,
+    shard: tuple[int, int] = (0, 1),
+    also_done: Iterable[str | os.PathLike] = (),
 ) -> RegenerateReport:
-    """Answer the first user turn of every record greedily with ``target``; append to ``output`` (resumable)."""
+    """Answer the first user turn of every record greedily with ``target``; append to ``output`` (resumable).
+
+    ``shard=(k, w)`` takes only batches ``k, k+w, k+2w, ...`` (w processes in parallel, each with its own output);
+    ids answered in any ``also_done`` file (the other workers' outputs) are skipped as well."""
     import torch
 
     tok = target.tokenizer
@@ -103,7 +109,13 @@ def regenerate(
     items.sort(key=lambda x: (x[0], x[1], x[2]))
     batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
     done = read_done(out)
-    todo = [b for b in batches if not all((s, i) in done for _, s, i, _ in b)]
+    for other in also_done:
+        if Path(other) != out and Path(other).exists():
+            done |= read_done(Path(other), truncate=False)
+    k, w = shard
+    if not 0 <= k < w:
+        raise SpecframeError(f"shard {k}/{w}: need 0 <= k < w")
+    todo = [b for bi, b in enumerate(batches) if bi % w == k and not all((s, i) in done for _, s, i, _ in b)]
     rep.already_done = sum(1 for _, s, i, _ in items if (s, i) in done)
     eos = target.model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos if eos is not None else tok.eos_token_id])
