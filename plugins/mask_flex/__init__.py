@@ -31,6 +31,13 @@ def _mask_mod(query: api.ElementSet, key: api.ElementSet):
     return mask_mod
 
 
+def _on(elements: api.ElementSet, device: torch.device) -> api.ElementSet:
+    return api.ElementSet(
+        elements.anchor.to(device), elements.depth.to(device), elements.doc.to(device), elements.seq_len,
+        elements.max_depth,
+    )
+
+
 _compiled = None
 
 
@@ -55,11 +62,12 @@ class FlexAttention:
         if device not in self._masks:
             from torch.nn.attention.flex_attention import create_block_mask
 
-            on = lambda s: api.ElementSet(  # noqa: E731
-                s.anchor.to(device), s.depth.to(device), s.doc.to(device), s.seq_len, s.max_depth
-            )
+            mask_mod = _mask_mod(_on(self.query, device), _on(self.key, device))
+            # Uncompiled block-mask creation evaluates the rule on the whole [queries, keys] grid at once, which is
+            # the element^2 memory this builder exists to avoid; compiled creation works block by block.
+            compiled = self.compile and torch.device(device).type == "cuda"
             self._masks[device] = create_block_mask(
-                _mask_mod(on(self.query), on(self.key)), None, None, len(self.query), len(self.key), device=device
+                mask_mod, None, None, len(self.query), len(self.key), device=device, _compile=compiled
             )
         return self._masks[device]
 
