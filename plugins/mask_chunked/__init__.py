@@ -9,7 +9,8 @@ Structure makes each chunk's key list short: a query sees depth-0 keys of its ow
 causal context) and at most K keys of its own chain, so a chunk only gathers the depth-0 keys with anchors between the
 start of its first document and its last anchor, plus the deeper keys of its own anchors. The rule is still applied
 exactly to the gathered keys, so the key list only has to be a superset of what the chunk can see. With position-major
-queries and K = 8 this cuts the work about K-fold against a full-width chunk.
+queries this cuts the work about K-fold against a chunk that scores every key up to its last anchor (and about 2K-fold
+against one that scores every key).
 """
 
 from __future__ import annotations
