@@ -23,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "regenerate": "specframe.cli.regenerate_cmd:regenerate",
     "train": "specframe.cli.train_cmd:train",
     "memory": "specframe.cli.memory_cmd:memory",
+    "export": "specframe.cli.export_cmd:export",
+    "serve": "specframe.cli.serve_cmd:serve",
 }
 
 

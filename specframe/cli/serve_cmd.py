@@ -1,0 +1,95 @@
+"""``specframe serve``: vLLM's OpenAI-compatible server on a target, with an exported drafter's speculative config."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def serve_command(
+    target: str,
+    drafter: str | Path | None = None,
+    k: int = 5,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    kv_cache_gib: float = 1.0,
+    enforce_eager: bool = True,
+    extra: tuple[str, ...] = (),
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment additions that start vLLM's OpenAI server for ``target`` with the export at
+    ``drafter`` (``specframe export`` output) drafting ``k`` tokens per step."""
+    from specframe.vllm.engine import DEFAULT_ENV
+    from specframe.vllm.export import speculative_config
+
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target,
+            "--host", host, "--port", str(port), "--dtype", dtype]
+    if drafter is not None:
+        argv += ["--speculative-config", json.dumps(speculative_config(drafter, k))]
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    if enforce_eager:
+        argv.append("--enforce-eager")
+    argv += list(extra)
+    env = {k_: v for k_, v in DEFAULT_ENV.items() if k_ != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
+    return argv, env
+
+
+@click.command("serve", context_settings={"ignore_unknown_options": True})
+@click.option("--target", default="default", show_default=True, help="Target model: folder, hub id or 'default'.")
+@click.option("--drafter", default=None, type=click.Path(exists=True, file_okay=False),
+              help="A `specframe export --format vllm` folder. Without it the target is served plainly.")
+@click.option("--k", "k", type=int, default=5, show_default=True, help="Draft tokens per step.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--dtype", default="auto", show_default=True, help="vLLM dtype (float32 for exact CPU comparisons).")
+@click.option("--max-model-len", type=int, default=None, help="Longest prompt + output vLLM reserves for.")
+@click.option("--kv-cache-gib", type=float, default=1.0, show_default=True,
+              help="KV cache on CPU (VLLM_CPU_KVCACHE_SPACE; an explicit environment value wins).")
+@click.option("--eager/--no-eager", default=True, show_default=True, help="vLLM --enforce-eager (no graph capture).")
+@click.option("--print-command", is_flag=True, help="Print the vLLM command (JSON with --json) instead of running it.")
+@click.option("--json", "as_json", is_flag=True, help="With --print-command: print argv and environment as JSON.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def serve(
+    target: str, drafter: str | None, k: int, host: str, port: int, dtype: str, max_model_len: int | None,
+    kv_cache_gib: float, eager: bool, print_command: bool, as_json: bool, vllm_args: tuple[str, ...],
+) -> None:
+    """Serve TARGET with vLLM's OpenAI-compatible API, speculating with an exported drafter.
+
+    Arguments after the options go to vLLM unchanged (e.g. `-- --max-num-seqs 4`).
+    """
+    from specframe.cli.export_cmd import target_source
+    from specframe.errors import SpecframeError
+    from specframe.vllm import vllm_available
+
+    if k < 1:
+        raise SpecframeError(f"--k must be positive, got {k}")
+    source = target_source(target)
+    argv, env = serve_command(
+        source, drafter, k, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
+        kv_cache_gib=kv_cache_gib, enforce_eager=eager, extra=vllm_args,
+    )
+    if print_command:
+        if as_json:
+            click.echo(json.dumps({"argv": argv, "env": env}, indent=1))
+        else:
+            click.echo(" ".join(f"{k_}={v}" for k_, v in env.items()) + " " + " ".join(_quote(a) for a in argv))
+        return
+    if not vllm_available():
+        raise SpecframeError("vLLM is not installed; run `make setup VLLM=cpu` (CPU) or `VLLM=gpu`")
+    merged: dict[str, Any] = {**env, **os.environ}  # the caller's environment wins
+    os.execve(argv[0], argv, merged)
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
