@@ -229,10 +229,13 @@ def load_target(
     except OSError as exc:
         raise SpecframeError(f"cannot load target '{spec_s}': {exc}") from exc
     model.eval()
-    if folder is None:  # hub id: hash the files transformers cached
-        from huggingface_hub import snapshot_download
+    if folder is None:  # hub id: hash the safetensors files transformers cached (else the loaded state dict)
+        try:
+            from huggingface_hub import snapshot_download
 
-        folder = Path(snapshot_download(spec_s, allow_patterns=["*.safetensors", "*.json"]))
+            folder = Path(snapshot_download(spec_s, allow_patterns=["*.safetensors", "*.json"]))
+        except Exception:  # noqa: BLE001 - offline, gated, or .bin-only repos: fall back below
+            folder = None
     n_emb = model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > n_emb:
         raise SpecframeError(
@@ -242,7 +245,7 @@ def load_target(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     try:
-        digest = weights_hash(folder)
+        digest = weights_hash(folder) if folder is not None else _state_dict_hash(model)
     except SpecframeError:
         digest = _state_dict_hash(model)
     return Target(model=model, tokenizer=tokenizer, id=tid, weights_hash=digest, config=model.config, path=folder)

@@ -45,10 +45,16 @@ import click
     help="K/W: run as worker K of W parallel processes (each takes every W-th batch and writes OUTPUT.part-K-of-W); "
     "any worker finishing last writes the merged OUTPUT.",
 )
+@click.option(
+    "--finalize-only",
+    is_flag=True,
+    help="Generate nothing: merge the part files finished so far into OUTPUT and write the provenance "
+    "(for a run stopped early; the provenance then counts what exists).",
+)
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, shard, threads,
-               as_json):
+def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, shard, finalize_only,
+               threads, as_json):
     """Answer prompts greedily with the target; resumable (rerun the same command after a kill)."""
     import torch
     from rich.progress import Progress
@@ -77,11 +83,13 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
         raise UsageError(f"--shard must be K/W with 0 <= K < W, not '{shard}'") from None
     out = Path(output)
     part = out.with_name(out.name + (".part" if w == 1 else f".part-{k}-of-{w}"))
-    parts = sorted(out.parent.glob(out.name + ".part*"))
+    parts = sorted(q for q in out.parent.glob(out.name + ".part*") if q.suffix != ".log")
     t0 = time.time()
+    from specframe.data.regenerate import RegenerateReport
+
     with Progress(transient=True, disable=as_json or not sys.stderr.isatty()) as prog:
         task = prog.add_task("regenerate", total=None)
-        rep = run_regenerate(
+        rep = RegenerateReport(total=len(records)) if finalize_only else run_regenerate(
             tgt,
             records,
             part,
@@ -93,10 +101,13 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             also_done=parts,
         )
     runs_log = out.with_name(out.name + ".runs.jsonl")
-    with open(runs_log, "a", encoding="utf-8") as f:
+    with open(runs_log, "a", encoding="utf-8") if not finalize_only else open(os.devnull, "w") as f:
         f.write(json.dumps({"shard": shard, "threads": torch.get_num_threads(), **rep.as_dict()}) + "\n")
     seen: dict = {}
-    for p in sorted(out.parent.glob(out.name + ".part*")):
+    batch_log = []
+    for p in sorted(out.parent.glob(out.name + ".part*.log")):
+        batch_log += [json.loads(x) for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
+    for p in sorted(q for q in out.parent.glob(out.name + ".part*") if q.suffix != ".log"):
         for line in p.read_text(encoding="utf-8").splitlines():
             try:
                 r = json.loads(line)
@@ -135,6 +146,8 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             "counts": {"records": len(rows), "by_source": counts,
                        "finished_before_cap": sum(1 for r in rows if r["finished"]),
                        "answer_tokens": sum(r["answer_tokens"] for r in rows)},
+            "generation_seconds_total": round(sum(b["seconds"] for b in batch_log), 1),
+            "batches_logged": len(batch_log),
             "runs": [json.loads(x) for x in runs_log.read_text(encoding="utf-8").splitlines() if x.strip()],
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
             "note": "answers only; prompts are joined from their sources by specframe.data.default.load_default",

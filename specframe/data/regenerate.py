@@ -109,6 +109,7 @@ def regenerate(
     items.sort(key=lambda x: (x[0], x[1], x[2]))
     batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
     done = read_done(out)
+    log = out.with_name(out.name + ".log")  # one line per finished batch: how long generation really took
     for other in also_done:
         if Path(other) != out and Path(other).exists():
             done |= read_done(Path(other), truncate=False)
@@ -123,6 +124,7 @@ def regenerate(
     t0 = time.perf_counter()
     with open(out, "a", encoding="utf-8") as f:
         for bi, batch in enumerate(todo):
+            tb = time.perf_counter()
             width = max(n for n, *_ in batch)
             input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
             attn = torch.zeros((len(batch), width), dtype=torch.long)
@@ -159,6 +161,9 @@ def regenerate(
             f.write("".join(lines))
             f.flush()
             os.fsync(f.fileno())
+            with open(log, "a", encoding="utf-8") as lf:
+                lf.write(json.dumps({"records": len(lines), "answer_tokens": sum(json.loads(x)["answer_tokens"] for x in lines),
+                                     "seconds": round(time.perf_counter() - tb, 2), "shard": list(shard)}) + "\n")
             if progress:
                 progress(bi + 1, len(todo))
     rep.seconds = time.perf_counter() - t0
