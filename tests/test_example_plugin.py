@@ -60,3 +60,28 @@ def test_install_list_block_uninstall(example_installed):
     pip("uninstall", "-y", "specframe-example-drafter")
     assert "skipgram" not in run_plugins_json()["drafters"]
     pip("install", "--no-deps", str(EXAMPLE))  # the fixture's teardown uninstalls it again
+
+
+def specframe_cli(*args: str) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("SPECFRAME_")}
+    return subprocess.run(
+        [sys.executable, "-m", "specframe", *map(str, args)], capture_output=True, text=True, env=environment
+    )
+
+
+@pytest.mark.slow
+def test_example_drafter_trains_through_the_normal_command(example_installed, tmp_path):
+    from tests.train_fixtures import build
+
+    target, chat = build(tmp_path)
+    out = tmp_path / "run"
+    result = specframe_cli(
+        "train", "--drafter", "skipgram", "--target", target, "--data", chat, "--seq-len", 48, "--depth", 3,
+        "--max-steps", 3, "--eval-every", 3, "--output", out, "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    assert summary["steps"] == 3 and len(summary["eval"]["val_accuracy"]) == 3
+    config = json.loads((out / "config.json").read_text())
+    assert config["drafter"] == "skipgram" and config["drafter_options"] == {"dim": 64, "max_depth": 8}
+    assert (Path(summary["checkpoint"]) / "model.safetensors").exists()
