@@ -1,0 +1,154 @@
+"""Memory budget: size strings, estimate vs measured child-process peaks, the refusal, the in-run guard."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig
+
+from specframe import memory as mem
+from specframe.engine.checkpoint import step_name
+from specframe.errors import SpecframeError, UsageError
+from specframe.memory_probe import ProbeSpec, measure
+from tests.train_fixtures import build
+
+ROOT = Path(__file__).resolve().parents[1]
+# a small target: the fixed part (weights, optimizer state) is tiny, so the step's activations dominate
+SMALL = dict(vocab=512, hidden=64, heads=4, kv_heads=2, intermediate=192, target_layers=4)
+
+
+def small_config(**kw) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=SMALL["vocab"], hidden_size=SMALL["hidden"], intermediate_size=SMALL["intermediate"],
+        num_hidden_layers=SMALL["target_layers"], num_attention_heads=SMALL["heads"],
+        num_key_value_heads=SMALL["kv_heads"], tie_word_embeddings=False, **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("8GiB", 8 * 2**30), ("8G", 8 * 10**9), ("8gb", 8 * 10**9), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
+     ("1048576", 1048576), (" 2 KiB ", 2048), ("3B", 3), (4096, 4096)],
+)
+def test_parse_size(text, expected):
+    assert mem.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "8 parsecs", "-1GiB", "1e9", "8GiBs", "0", "0.1"])
+def test_parse_size_rejects_with_the_value(text):
+    with pytest.raises(UsageError) as err:
+        mem.parse_size(text)
+    assert f"'{text}'" in str(err.value)
+
+
+def _estimate(spec: ProbeSpec) -> mem.Estimate:
+    return mem.estimate(mem.MemoryConfig(
+        drafter=spec.drafter, target_config=small_config(), seq_len=spec.seq_len, depth=spec.depth,
+        mask_builder=spec.mask_builder, partitioner=spec.partitioner, partitions=spec.partitions,
+        drafter_options=spec.drafter_options, features="synthetic",
+    ))
+
+
+def _check(spec: ProbeSpec) -> tuple[mem.Estimate, dict]:
+    est = _estimate(spec)
+    got = measure(spec)
+    assert abs(est.peak_bytes - got["peak_bytes"]) <= 0.25 * got["peak_bytes"], (est.to_dict(), got)
+    return est, got
+
+
+# None of these small-target configurations was used to fit a constant (they were fitted on SmolLM2-shaped
+# peagle runs, benchmarks/memory_context.py); the dense full grid makes the step's memory several times the fixed
+# tensors (weights, gradients, optimizer state).
+def test_estimate_matches_measured_peak_dense_full_grid():
+    spec = ProbeSpec(seq_len=384, depth=8, mask_builder="dense", **SMALL,
+                     drafter_options={"layers": 2, "draft_vocab_size": 256, "cod_ratio": 1.0})
+    est, got = _check(spec)
+    tensors = sum(est.breakdown[k] for k in ("target_weights", "drafter_weights", "drafter_gradients",
+                                              "optimizer_state"))
+    assert est.step_bytes >= 5 * tensors
+    assert got["peak_bytes"] - got["rss_before_step_bytes"] >= 5 * tensors
+
+
+@pytest.mark.slow
+def test_estimate_matches_measured_peak_chunked_checkpointed_partitioned():
+    _check(ProbeSpec(seq_len=1536, depth=6, mask_builder="chunked", partitioner="peagle", partitions=3, **SMALL,
+                     drafter_options={"layers": 3, "draft_vocab_size": 384, "activation_checkpointing": True}))
+
+
+def test_refusal_names_the_need_and_what_fits():
+    cfg = mem.MemoryConfig(drafter="peagle", target_config=small_config(), seq_len=4096, depth=8,
+                           mask_builder="dense", drafter_options={"layers": 2, "draft_vocab_size": 256},
+                           features="synthetic")
+    est = mem.estimate(cfg)
+    limit = est.fixed_bytes + 160 * 2**20
+    with pytest.raises(SpecframeError) as err:
+        mem.check_budget(cfg, limit)
+    longest = mem.largest_seq_len(cfg, limit)
+    parts = mem.partitions_needed(cfg, limit)
+    assert longest is not None and 16 <= longest < 4096
+    assert parts is not None
+    advice = mem.advice(cfg, limit)
+    assert advice[0] == f"fits with --seq-len {longest} or less"
+    assert f"fits with --partitioner peagle --partitions {parts} --mask-builder chunked" in advice
+    assert str(err.value) == (
+        f"memory budget {mem.format_size(limit)} is too small: peagle at --seq-len 4096 with mask builder 'dense', "
+        f"partitioner 'none' (1 partition) needs about {mem.format_size(est.peak_bytes)} "
+        f"(fixed {mem.format_size(est.fixed_bytes)} + step {mem.format_size(est.step_bytes)}); "
+        + "; ".join(advice) + " (nothing was written)"
+    )
+
+
+def _train(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specframe", "train", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("memory"))
+
+
+def test_train_refuses_before_writing_anything(assets, tmp_path):
+    target, chat = assets
+    out = tmp_path / "o"
+    done = _train(["--drafter", "peagle", "--target", str(target), "--data", str(chat), "--seq-len", "48",
+                   "--output", str(out), "--memory-budget", "64MiB", "--json"])
+    assert done.returncode == 1, done.stderr
+    assert "error: memory budget 64.00 MiB is too small: peagle at --seq-len 48" in done.stderr
+    assert "(nothing was written)" in done.stderr
+    assert not (out / "config.json").exists() and not any(out.glob("step-*"))
+    bad = _train(["--drafter", "peagle", "--target", str(target), "--data", str(chat), "--output", str(out),
+                  "--memory-budget", "lots"])
+    assert bad.returncode == 2 and "invalid memory size 'lots'" in bad.stderr
+
+
+def test_guard_stops_cleanly_and_keeps_the_last_checkpoint(assets, tmp_path):
+    target, chat = assets
+    out = tmp_path / "o"
+    common = ["--drafter", "peagle", "--target", str(target), "--data", str(chat), "--seq-len", "48",
+              "--output", str(out), "--config", str(_config(tmp_path)), "--json", "--batch-size", "1"]
+    first = _train([*common, "--max-steps", "2"])
+    assert first.returncode == 0, first.stderr
+    step2 = out / step_name(2)
+    before = {p.name: p.read_bytes() for p in step2.iterdir() if p.is_file()}
+    latest = (out / "latest").read_text()
+    # a budget far below the process's size, past the start-up estimate: the guard must stop step 3
+    over = _train([*common, "--resume", str(out), "--max-steps", "4", "--memory-budget", "1MiB"],
+                  env={"SPECFRAME_SKIP_MEMORY_CHECK": "1"})
+    assert over.returncode == 3, over.stderr
+    assert "error: memory budget exceeded: peak " in over.stderr
+    assert "> --memory-budget 1.00 MiB after step 3; training stopped, the last checkpoint is kept" in over.stderr
+    assert "Traceback" not in over.stderr
+    assert not (out / step_name(3)).exists() and not (out / step_name(4)).exists()
+    assert {p.name: p.read_bytes() for p in step2.iterdir() if p.is_file()} == before
+    assert (out / "latest").read_text() == latest
+
+
+def _config(tmp_path: Path) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text("[drafter]\nlayers = 2\ndraft_vocab_size = 128\nk_train = 4\n")
+    return path
