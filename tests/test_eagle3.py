@@ -187,3 +187,12 @@ def test_train_command(tmp_path):
     assert summary["steps"] == 3 and summary["eval"]["val_loss"] > 0
     assert len(summary["eval"]["val_accuracy"]) == 3
     assert (out / "latest").exists()
+
+
+def test_vllm_export_layout(target, tmp_path):
+    drafter, _ = make("eagle3", target)
+    manifest = drafter.export_vllm(tmp_path / "vllm", target.tokenizer)
+    assert manifest["method"] == "eagle3" and not manifest.get("parallel_drafting")
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == drafter.aux_layer_ids
+    assert config["draft_vocab_size"] == 128 and config["num_hidden_layers"] == 1

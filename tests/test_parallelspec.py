@@ -151,3 +151,9 @@ def test_train_command(tmp_path):
     summary = json.loads(result.output[result.output.index("{"):])
     assert summary["steps"] == 3 and len(summary["eval"]["val_accuracy"]) == 5  # default group size k_train 5
     assert (out / "latest").exists()
+
+
+def test_vllm_export_is_refused_clearly(target, tmp_path):
+    drafter, _ = make("parallelspec", target)
+    with pytest.raises(api.SpecframeError, match="cannot be exported to vLLM"):
+        drafter.export_vllm(tmp_path / "vllm", target.tokenizer)

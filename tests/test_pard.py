@@ -162,3 +162,14 @@ def test_train_command(tmp_path):
     assert (out / "latest").exists()
     checkpoint = out / (out / "latest").read_text().strip()
     assert json.loads((checkpoint / "causal_lm" / "config.json").read_text())["pard_token"] >= 0
+
+
+def test_vllm_export_layout(target, tmp_path):
+    drafter, _ = make("pard", target)
+    manifest = drafter.export_vllm(tmp_path / "vllm", target.tokenizer)
+    assert manifest["method"] == "draft_model" and manifest["parallel_drafting"] is True
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert config["pard_token"] == drafter.mask_token_id and config["architectures"] == ["LlamaForCausalLM"]
+    hf = LlamaForCausalLM.from_pretrained(str(tmp_path / "vllm"))
+    torch.testing.assert_close(hf.state_dict()["model.layers.0.self_attn.q_proj.weight"],
+                               drafter.model.state_dict()["model.layers.0.self_attn.q_proj.weight"])

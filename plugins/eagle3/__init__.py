@@ -347,6 +347,16 @@ class Eagle3Drafter(api.Drafter):
         except RuntimeError as exc:
             raise api.SpecframeError(f"{directory}: weights do not fit this eagle3 drafter: {exc}") from exc
 
+    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+        """vLLM's ``{"method": "eagle3"}`` layout: the module's tensors already carry its names."""
+        layouts = api.vllm_layouts
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        config = layouts.llama_config(self.target_config, self.options.layers)
+        return layouts.write_eagle3(
+            directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
+            target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
+        )
+
     @classmethod
     def from_checkpoint(cls, directory: Path, target_config: Any) -> Eagle3Drafter:
         info = _read_info(Path(directory), cls.name)
