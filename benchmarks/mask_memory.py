@@ -92,9 +92,12 @@ def child(builder_name: str, layout: str, seq_len: int, depth: int, repeats: int
 
 
 def _estimate_gib(builder: str, n: int, chunk_size: int) -> float:
-    rows = n if builder in ("dense", "precomputed") else chunk_size
-    # About four score-sized fp32 temporaries live at once in the math path (scores, probabilities, their grads).
-    return rows * n * (4 * 4 * HEADS + 1) / 2**30
+    if builder in ("dense", "precomputed"):
+        # CPU SDPA's fused kernel does not keep the scores, but the bool mask and its float copy cost about 5-6 bytes
+        # per entry in this script's measurements; precomputed adds its cached grid mask (about one byte per entry).
+        return n * n * 8 / 2**30
+    # About four chunk-score-sized temporaries (scores, probabilities, their grads) at once.
+    return chunk_size * n * 4 * 4 * HEADS / 2**30
 
 
 def main() -> None:
