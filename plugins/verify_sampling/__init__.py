@@ -33,7 +33,8 @@ class SamplingVerifier(api.Verifier):
 
     def target(self, logits: torch.Tensor) -> torch.Tensor:
         o = self.options
-        return api.sampling_distribution(logits, o.temperature, o.top_k, o.top_p)
+        # On the CPU, where the generator lives: one row of V floats per slot is cheap to move.
+        return api.sampling_distribution(logits, o.temperature, o.top_k, o.top_p).cpu()
 
     @staticmethod
     def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -54,7 +55,7 @@ class SamplingVerifier(api.Verifier):
         for i, token in enumerate(tokens):
             p = self.target(logits[i])
             if draft.probs is not None:
-                q = draft.probs[i].float()
+                q = draft.probs[i].float().cpu()
             else:
                 q = torch.zeros_like(p)
                 q[token] = 1.0

@@ -35,7 +35,8 @@ class TreeVerifier(api.Verifier):
 
     def target(self, logits: torch.Tensor) -> torch.Tensor:
         o = self.options
-        return api.sampling_distribution(logits, o.temperature, o.top_k, o.top_p)
+        # On the CPU, where the generator lives: one row of V floats per slot is cheap to move.
+        return api.sampling_distribution(logits, o.temperature, o.top_k, o.top_p).cpu()
 
     @staticmethod
     def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -65,7 +66,7 @@ class TreeVerifier(api.Verifier):
             for child in children.get(node, ()):
                 x = tokens[child]
                 if draft.probs is not None:
-                    q = draft.probs[child].float()
+                    q = draft.probs[child].float().cpu()
                 else:
                     q = torch.zeros_like(p)
                     q[x] = 1.0
