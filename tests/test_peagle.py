@@ -160,3 +160,19 @@ def test_default_aux_layers_follow_vllm():
     from specframe_plugins.peagle import default_aux_layers
 
     assert default_aux_layers(30) == [2, 15, 27]
+
+
+def test_activation_checkpointing_gives_the_same_gradients(setup):
+    target, drafter, ex = setup
+    elems = full_grid(ex.input_ids.shape[0] - 1, 4)
+    seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    grads = []
+    for flag in (False, True):
+        drafter.options.activation_checkpointing = flag
+        drafter.module().train().zero_grad()
+        drafter.loss(ex, elems, seg, dense(elems)).loss_sum.backward()
+        grads.append({n: p.grad.clone() for n, p in drafter.module().named_parameters() if p.grad is not None})
+    drafter.options.activation_checkpointing = False
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6), n
