@@ -123,7 +123,7 @@ def prepare_cache(
     max_length: int = 2048,
     shard_size: int = 64,
     max_batch_tokens: int = 4096,
-    draft_vocab: int | None = 8192,
+    draft_vocab: int | None = 16384,
     data_name: str = "",
     progress: Callable[[int, int], None] | None = None,
     _after_shard: Callable[[int], None] | None = None,

@@ -6,8 +6,11 @@ Token frequencies count loss-masked (assistant) tokens only; ties break towards 
 N distinct tokens occur, the lowest unseen ids fill the rest, so the size is always exactly N.
 Saved as safetensors (``ids``, ``d2t``, ``t2d``, ``counts``) with the N, coverage and target vocab size in metadata.
 
-Default N = 8192 for SmolLM2 (vocab 49,152): 8192 keeps the draft lm_head at 4.7 M parameters (576 x 8192) against
-28 M for the full vocabulary; see the issue-3 notes for measured coverage.
+Default N = 16384 for SmolLM2 (vocab 49,152). Measured with ``examples/draft_vocab_coverage.py`` on the assistant
+tokens of the first 1,000 ShareGPT conversations + 1,000 GSM8K training answers (1.19 M tokens, 25,896 distinct;
+vocabulary built on one half, coverage on the other, held-out): N = 4096: 86.7 %, 8192: 92.6 %, 16384: 96.8 %,
+32000: 99.0 %. A token outside the draft vocabulary can never be accepted, so 8192 would cap per-token acceptance
+near 0.93; 16384 costs a 576 x 16384 draft lm_head (9.4 M parameters, a third of the full 28 M) for +4 points.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import attrs
 
 from specframe.errors import SpecframeError
 
-DEFAULT_DRAFT_VOCAB = 8192
+DEFAULT_DRAFT_VOCAB = 16384
 
 
 @attrs.define(eq=False)

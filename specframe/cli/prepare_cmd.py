@@ -33,7 +33,7 @@ import click
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Skip conversations longer than this (tokens).")
 @click.option("--shard-size", type=int, default=64, show_default=True, help="Conversations per shard file.")
 @click.option("--max-batch-tokens", type=int, default=4096, show_default=True, help="Padded tokens per target forward.")
-@click.option("--draft-vocab", type=int, default=8192, show_default=True, help="Draft vocabulary size saved with the cache (0 = none).")
+@click.option("--draft-vocab", type=int, default=16384, show_default=True, help="Draft vocabulary size saved with the cache (0 = none).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--skip-bad-lines", is_flag=True, help="Skip (and count) malformed JSONL lines instead of stopping.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
