@@ -1,8 +1,7 @@
 """``peagle``: P-EAGLE's sequence partitioning (gradient accumulation within one sequence, DESIGN.md section 3).
 
 Positions are cut into contiguous ranges. A segment owns (is charged with) the depth-0 elements of its positions and
-every deeper element whose anchor is one position before its range (anchor a's chain goes to the segment of a + 1,
-the last segment for the last anchor). It forwards its owned elements plus every depth-0 element of earlier
+every deeper element of an anchor a whose a + 1 lies in its range (clamped to the last position). It forwards its owned elements plus every depth-0 element of earlier
 segments, recomputed as context and charged nothing. That is causally complete: an owned element (a, d) sees
 depth-0 keys at anchors <= a (all in this or earlier segments) and its own chain, whose root (a, 0) sits in this or
 the previous segment and whose deeper members this segment owns. So each element's forward is the same as in one
@@ -27,8 +26,9 @@ def owner_position(elements: api.ElementSet) -> torch.Tensor:
 def cut_positions(owner: torch.Tensor, seq_len: int, num_segments: int) -> torch.Tensor:
     """Segment start positions [S'] (S' <= num_segments), balancing the owned element count per segment.
 
-    Segment s starts at the first position where the running owned count reaches s/S of the total; cuts that would
-    leave a segment with no position or nothing to own are dropped, so large S collapses to what the data allows.
+    Segment s starts at the position whose running owned count (before it) is nearest s/S of the total; cuts that
+    would leave a segment with no position or nothing to own are dropped, so large S collapses to what the data
+    allows.
     """
     weight = torch.bincount(owner, minlength=seq_len)
     cumulative = torch.cumsum(weight, 0)
