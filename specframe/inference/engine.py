@@ -175,15 +175,16 @@ def generate(
             draft = _check_draft(
                 drafter.propose_tree(tree.depth, tree.top_k, tree.total_tokens, generator), drafter, tree.total_tokens
             )
-        if draft.parents is not None and not verifier.supports_tree:
+        branched = draft.parents is not None and draft.parents.tolist() != list(range(-1, len(draft) - 1))
+        if branched and not verifier.supports_tree:
             raise UsageError(f"drafter returned a tree but verifier '{verifier.name}' only verifies chains")
         forward = session.verify(pending, draft.tokens, draft.parents)
         result = verifier.verify(forward.logits, draft, generator)
         accepted = result.accepted.tolist()
-        session.keep(accepted)
-        kept = out.add(result.emitted.tolist())
         if len(result.emitted) != len(accepted) + 1:
             raise PluginError(f"verifier '{verifier.name}' emitted {len(result.emitted)} tokens for {len(accepted)} accepted")
+        session.keep(accepted)
+        kept = out.add(result.emitted.tolist())
         depth = len(draft) if draft.parents is None or not len(draft) else int(node_depths(draft.parents).max())
         rounds.append(Round(drafted=depth, nodes=len(draft), accepted=min(len(accepted), kept), emitted=kept))
         if drafter is not None and not out.stop_reason:
