@@ -125,7 +125,8 @@ def cod_sample(
     for d in range(1, max_depth):
         cand = parents[parents + d < seq_len]
         cand = cand[(doc[cand + d] == doc[cand]) & supervised[cand + d]]
-        keep = math.floor(n_sup * max(ratio**d, min_ratio))
+        # The epsilon makes floor(1000 * 0.7**2) 490, as the definition means, not 489 from 0.48999999999999994.
+        keep = math.floor(n_sup * max(ratio**d, min_ratio) + 1e-9)
         if cand.numel() > keep:
             chosen = torch.randperm(cand.numel(), generator=generator)[:keep]
             cand = cand[chosen].sort().values

@@ -47,7 +47,7 @@ def test_cod_follows_the_definition(seq, max_depth, ratio, min_ratio):
             a for a in kept[d - 1] if a + d < seq_len and doc[a + d] == doc[a] and bool(supervised[a + d])
         }
         assert kept[d] <= candidates
-        assert len(kept[d]) == min(len(candidates), math.floor(n_sup * max(ratio**d, min_ratio)))
+        assert len(kept[d]) == min(len(candidates), math.floor(n_sup * max(ratio**d, min_ratio) + 1e-9))
 
 
 def test_cod_is_deterministic_given_the_generator():
@@ -77,7 +77,7 @@ def test_cod_chooses_uniformly():
 def test_cod_default_ratios_shrink_the_grid():
     e = cod_sample(torch.ones(1000, dtype=torch.bool), 8, generator=torch.Generator().manual_seed(0))
     per_depth = torch.bincount(e.depth).tolist()
-    assert per_depth == [1000, 700, 489, 342, 240, 200, 200, 200]
+    assert per_depth == [1000, 700, 490, 343, 240, 200, 200, 200]
     assert len(e) < 3.5 * 1000
 
 
