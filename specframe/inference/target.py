@@ -114,8 +114,9 @@ class TargetSession:
             return
         if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
             raise SpecframeError("tree verification needs a plain full-attention KV cache (DynamicLayer)")
-        index = torch.tensor([base + r for r in rows], device=self.model.device)
+        # KV path copy: move the accepted nodes' rows right behind the pending token, then crop the rest.
+        index = torch.tensor([base + r for r in rows[1:]], device=self.model.device)
         for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                full = getattr(layer, name)
-                setattr(layer, name, torch.cat([full[:, :, :base], full.index_select(2, index)], dim=2))
+            for full in (layer.keys, layer.values):
+                full[:, :, base + 1 : base + len(rows)] = full.index_select(2, index)
+        self.cache.crop(-(read - len(rows)))
