@@ -5,6 +5,8 @@ shape in memory, writes one long synthetic conversation, sets up the real ``spec
 drafter plugin, mask builder, partitioner, COD, AdamW) and runs ``steps`` real ``train_step`` calls. The resident-set
 high-water mark (VmHWM) is reset just before the first step, so ``peak_bytes`` is the process's peak while training
 (resident baseline, target and drafter weights, optimizer state and every step temporary), not a start-up transient.
+AdamW's moments are allocated before that (from zero gradients, so no weight moves): the measured step is a
+steady-state one, as every step after the first is.
 
 Features: ``online`` runs the target forward as the engine does; ``synthetic`` replaces it with random aux / final
 hidden states of the right shape, memoised per sequence, which is what a feature cache hands the engine (the target
@@ -152,6 +154,12 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
                 trainer.source = SyntheticSource(trainer.source, spec.hidden, len(aux), final)
                 # a feature cache never holds the target's trunk: keep only what the loss reads (lm_head)
                 trainer.target.model.model = None
+            # AdamW allocates its moments at the first step; create them now from zero gradients (no weight moves:
+            # m = 0, and weight decay is 0) so the measured step is a steady-state one, moments included
+            for p in trainer.params:
+                p.grad = torch.zeros_like(p)
+            trainer.optimizer.step()
+            trainer.optimizer.zero_grad(set_to_none=True)
             import gc
 
             gc.collect()

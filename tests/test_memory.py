@@ -121,9 +121,6 @@ def test_train_refuses_before_writing_anything(assets, tmp_path):
     assert "error: memory budget 64.00 MiB is too small: peagle at --seq-len 48" in done.stderr
     assert "(nothing was written)" in done.stderr
     assert not (out / "config.json").exists() and not any(out.glob("step-*"))
-    bad = _train(["--drafter", "peagle", "--target", str(target), "--data", str(chat), "--output", str(out),
-                  "--memory-budget", "lots"])
-    assert bad.returncode == 2 and "invalid memory size 'lots'" in bad.stderr
 
 
 def test_guard_stops_cleanly_and_keeps_the_last_checkpoint(assets, tmp_path):
