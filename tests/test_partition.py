@@ -55,7 +55,8 @@ def test_peagle_balances_element_counts_and_splits_unevenly():
         assert len(segments) == num_segments
         owned = torch.tensor([int(s.loss_mask.sum()) for s in segments])
         assert int(owned.sum()) == len(elements)
-        assert int(owned.max() - owned.min()) <= 8 + 1  # one position's chain at most
+        # Each cut lands within half a position's weight (at most 8 elements: a root and a 7-long chain) of its target.
+        assert bool(((owned - len(elements) / num_segments).abs() <= 8).all()), owned
         assert all(len(s.elements) < len(elements) for s in segments)
 
 
