@@ -169,3 +169,44 @@ def test_default_training_set_joins_answers_with_prompts():
         assert [m["role"] for m in r["messages"]][-2:] == ["user", "assistant"]
         if r["source"] == "gsm8k":
             assert int(r["id"]) >= 200  # never the evaluation slice
+
+
+def test_regenerate_cli_writes_sorted_answers_and_provenance(tmp_path, tiny):  # noqa: F811
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in chat_records(5, turns=1)))
+    out = tmp_path / "answers.jsonl.gz"
+    args = ["regenerate", "--target", str(tiny.path), "--data", str(data), "--output", str(out),
+            "--provenance", str(tmp_path / "prov.json"), "--batch-size", "2", "--max-new-tokens", "4", "--json"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output[res.output.index("{"):])
+    assert summary["records"] == 5 and summary["generated"] == 5
+    with gzip.open(out, "rt") as f:
+        assert [json.loads(x)["id"] for x in f] == ["0", "1", "2", "3", "4"]
+    prov = json.loads((tmp_path / "prov.json").read_text())
+    assert prov["target_weights_hash"] == tiny.weights_hash and prov["counts"]["records"] == 5
+    assert prov["batches_logged"] == 3 and prov["generation"]["max_new_tokens"] == 4
+    again = CliRunner().invoke(main, args)  # resumes: nothing left to do, same file
+    assert json.loads(again.output[again.output.index("{"):])["already_done"] == 5
+
+
+def test_prepare_cli_reports_malformed_line(tmp_path, tiny):  # noqa: F811
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"messages": CONV}) + "\n[1, 2\n")
+    res = CliRunner().invoke(main, ["prepare", "--target", str(tiny.path), "--data", str(data), "--output", str(tmp_path / "c")])
+    assert res.exit_code == 1
+    assert f"error: {data}:2: malformed JSON line" in res.output
+    assert not (tmp_path / "c").exists()
+    res = CliRunner().invoke(main, ["prepare", "--target", str(tiny.path), "--data", str(data), "--output",
+                                    str(tmp_path / "c"), "--skip-bad-lines", "--draft-vocab", "16", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output[res.output.index("{"):])
+    assert summary["examples"] == 1 and summary["bad_lines_skipped"] == 1

@@ -67,7 +67,8 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, dtype, max
         except ValueError:
             raise UsageError(f"--aux-layers must be 'default', 'none' or comma-separated integers, not '{aux_layers}'") from None
     spec = FeatureSpec(aux_layers=aux, final_hidden=not no_final_hidden)
-    records = load_data(data, limit=limit, skip_bad_lines=skip_bad_lines)
+    load_stats: dict = {"bad_lines": 0}
+    records = load_data(data, limit=limit, skip_bad_lines=skip_bad_lines, stats=load_stats)
     kill_after = os.environ.get("SPECFRAME_TEST_KILL_AFTER_SHARD")  # test hook: SIGKILL ourselves after shard N
 
     def after_shard(k: int) -> None:
@@ -84,14 +85,15 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, dtype, max
             data_name=f"{data}" + (f"[:{limit}]" if limit else ""),
             progress=lambda i, n: prog.update(task, completed=i, total=n), _after_shard=after_shard,
         )
-    d = rep.as_dict() | {"output": str(output), "target": tgt.id, "aux_layers": list(aux or []), "dtype": dtype}
+    d = rep.as_dict() | {"bad_lines_skipped": load_stats["bad_lines"], "output": str(output), "target": tgt.id, "aux_layers": list(aux or []), "dtype": dtype}
     if as_json:
         click.echo(json.dumps(d, indent=1))
     else:
         click.echo(
             f"cache {output}: {rep.examples} conversations, {rep.tokens} tokens, {rep.shards} shards "
             f"({rep.shards_reused} reused), {rep.bytes / 2**20:.1f} MiB in {rep.seconds:.1f} s "
-            f"({rep.tokens_per_second:.0f} tokens/s captured); data: {rep.encode.summary()}; draft vocab "
+            f"({rep.tokens_per_second:.0f} tokens/s captured); data: {rep.encode.summary()}, "
+            f"{load_stats['bad_lines']} malformed lines skipped; draft vocab "
             f"{rep.draft_vocab_size} covers {rep.draft_vocab_coverage:.2%} of assistant tokens"
         )
     sys.stdout.flush()

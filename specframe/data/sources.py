@@ -244,8 +244,11 @@ def _numbered(it: Iterator[dict]) -> Iterator[tuple[int, dict]]:
         yield i, r
 
 
-def load_data(spec: str | os.PathLike, *, limit: int | None = None, skip_bad_lines: bool = False) -> Any:
-    """Resolve a data spec: a built-in name (see module doc), a local file, or a hub dataset id with ``messages``."""
+def load_data(
+    spec: str | os.PathLike, *, limit: int | None = None, skip_bad_lines: bool = False, stats: dict | None = None
+) -> Any:
+    """Resolve a data spec: a built-in name (see module doc), a local file, or a hub dataset id with ``messages``.
+    With ``skip_bad_lines``, malformed JSONL lines are counted in ``stats["bad_lines"]``."""
     s = str(spec)
     if s == "sharegpt":
         return load_sharegpt(limit=limit)
@@ -263,7 +266,7 @@ def load_data(spec: str | os.PathLike, *, limit: int | None = None, skip_bad_lin
         return load_default(limit=limit)
     p = Path(s).expanduser()
     if p.exists():
-        return load_chat_file(p, limit=limit, skip_bad_lines=skip_bad_lines)
+        return load_chat_file(p, limit=limit, skip_bad_lines=skip_bad_lines, stats=stats)
     if s.startswith((".", "/", "~")) or s.endswith((".jsonl", ".json", ".gz")) or s.count("/") != 1:
         raise SpecframeError(f"data '{s}' is neither a built-in name ({', '.join(BUILTIN)}), a file, nor a hub id")
     import datasets
