@@ -176,3 +176,39 @@ def test_activation_checkpointing_gives_the_same_gradients(setup):
     assert grads[0].keys() == grads[1].keys()
     for n in grads[0]:
         assert torch.allclose(grads[0][n], grads[1][n], atol=1e-6), n
+
+
+@pytest.mark.slow
+def test_overfit_drafter_is_accepted_by_the_inference_engine(tmp_path):
+    """The indexing guard: a drafter overfit on the target's own greedy output, trained through ``loss`` and served
+    through ``start`` / ``accept`` / ``propose``, must be accepted almost always. An off-by-one between the training
+    shift and the inference protocol sends acceptance to about zero."""
+    from specframe.features import capture_features
+    from specframe.inference.engine import generate
+
+    torch.manual_seed(0)
+    target = load_target(build(tmp_path)[0])
+    prompt = torch.tensor([1, 50, 60, 70, 80])
+    verifier = plugins.get("verifier", "greedy")()
+    plain = generate(target.model, prompt, verifier, max_new_tokens=40, eos_token_id=())
+    seq = torch.cat([prompt, torch.tensor(plain.tokens)])
+    mask = torch.arange(len(seq)) >= len(prompt)
+    cls = plugins.get("drafter", "peagle")
+    drafter = cls(target.config, cls.Options(layers=2, draft_vocab_size=320, k_train=3))
+    ex = api.TrainingExample(seq, mask, torch.zeros_like(seq))
+    drafter.prepare(target, [ex])
+    f = capture_features(target, seq[None], drafter.feature_spec(), dtype=torch.float32)
+    ex = api.TrainingExample(seq, mask, ex.doc, {"aux_hidden": f.aux[0], "final_hidden": f.final[0]})
+    elems = full_grid(len(seq) - 1, 3)
+    seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    attention = dense(elems)
+    opt = torch.optim.AdamW(drafter.module().parameters(), lr=3e-3)
+    for _ in range(200):
+        opt.zero_grad()
+        terms = drafter.loss(ex, elems, seg, attention)
+        (terms.loss_sum / terms.count).backward()
+        opt.step()
+    drafter.module().eval()
+    spec = generate(target.model, prompt, verifier, drafter, k=3, max_new_tokens=40, eos_token_id=())
+    assert spec.tokens == plain.tokens
+    assert spec.decode_tokens / len(spec.rounds) > 3.0  # at most 4 (3 drafts + bonus)
