@@ -162,3 +162,14 @@ def test_dense_reference_agrees_with_sdpa_definition():
     mask = visible(elements, elements)
     scores = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~mask, float("-inf"))
     torch.testing.assert_close(builder("dense").build(elements, elements)(q, k, v), F.softmax(scores, -1) @ v)
+
+
+def test_default_mask_builder_falls_back_when_flex_is_disabled(monkeypatch):
+    monkeypatch.setenv("SPECFRAME_DISABLE_PLUGINS", "mask_flex")
+    plugins.reset()
+    try:
+        assert default_mask_builder("cuda") == "chunked"
+    finally:
+        monkeypatch.delenv("SPECFRAME_DISABLE_PLUGINS")
+        plugins.reset()
+    assert default_mask_builder("cuda") == "flex"
