@@ -94,9 +94,22 @@ def main() -> None:
     ap.add_argument("--estimate-lengths", nargs="+", type=int, default=[8192, 16384, 32768, 65536])
     ap.add_argument("--nice", type=int, default=10)
     ap.add_argument("--json", type=Path, help="write a specframe results file here")
+    ap.add_argument("--rescore", action="store_true",
+                    help="measure nothing: re-estimate the measured rows of --json with the current estimator")
     args = ap.parse_args()
     budget = mem.parse_size(args.budget)
     rows = []
+    if args.rescore:
+        from specframe.results import read_results
+
+        rows = read_results(args.json)["per_prompt"]
+        for row in rows:
+            est = _estimate(_spec(row["path"], row["seq_len"], args.segment_len))
+            row.update(estimate_bytes=est.peak_bytes, fixed_bytes=est.fixed_bytes)
+            if "peak_bytes" in row:
+                row["estimate_error"] = est.peak_bytes / row["peak_bytes"] - 1
+        print(report(args, rows, budget, final=True))
+        return
     for path in args.paths:
         for seq_len in args.lengths:
             spec = _spec(path, seq_len, args.segment_len)
@@ -148,7 +161,7 @@ def report(args, rows: list[dict], budget: int, final: bool) -> dict:
     if args.json:
         write_results(args.json, kind="memory_context", metrics=metrics, per_prompt=rows,
                       provenance=provenance(target={"id": "random SmolLM2-shaped (synthetic features)",
-                                                    "weights_hash": None}),
+                                                    "weights_hash": "none (random init, seed 0)"}),
                       config={"shape": SHAPE, "drafter": DRAFTER, "depth": 8, "segment_len": args.segment_len,
                               "features": "synthetic", "torch_threads": 1})
 

@@ -57,10 +57,14 @@ A_H, A_I, ACT_TRANSIENT = 10.8, 4.0, 0.9
 #: per-element floats outside the layers: gathered aux features (n_aux H), embedding, fused input, final norm,
 #: rotary tables and the gradients flowing into them
 INPUT_FLOATS_PER_H = 8
+#: resident growth of any CPU step beyond its tensors (allocator arenas, autograd graph, index tensors), measured
+#: as the gap between small-shape steps and their tensor counts
+CPU_STEP_OVERHEAD_BYTES = 48 * 2**20
 #: AdamW's foreach step briefly holds about one more parameter-sized buffer per trainable parameter
 OPTIMIZER_TRANSIENT = 1.0
-#: dense / precomputed: bytes per mask entry alive at once (the bool mask, its build temporaries, SDPA's float copy)
-DENSE_BYTES_PER_ENTRY = 9.0
+#: dense / precomputed: bytes per mask entry alive at once besides the per-layer copies: the bool mask and its
+#: build temporaries (SDPA also saves a float32 copy of the mask for backward in every layer: 4 bytes per layer)
+DENSE_BYTES_PER_ENTRY = 6.0
 #: chunked attention: score-sized fp32 blocks alive at once in backward (p, dS, dO V^T)
 CHUNK_SCORE_BLOCKS = 3
 
@@ -160,7 +164,7 @@ def _layers(module: torch.nn.Module) -> tuple[int, Any]:
 def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tuple[list[tuple[int, int, int]], int]:
     """(forwarded, charged, depth-0 keys) of every segment, from the real COD sampler and partitioner."""
     from specframe import api, plugins
-    from specframe.elements import check_partition, cod_sample, full_grid
+    from specframe.elements import cod_sample, full_grid
     from specframe.engine.config import structure_options
 
     n = cfg.seq_len
@@ -176,8 +180,7 @@ def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tupl
         elems = full_grid(sup.shape[0], depth)
     part_cls = plugins.get("partitioner", cfg.partitioner)
     partitioner = part_cls(structure_options({}, part_cls.Options, "partitioner"))
-    segs = partitioner.partition(elems, cfg.partitions)
-    check_partition(elems, segs, cfg.partitioner)
+    segs = partitioner.partition(elems, cfg.partitions)  # the engine checks the partition itself
     charged_all = sup[elems.position]
     out = []
     for seg in segs:
@@ -231,13 +234,15 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     best: tuple[int, dict[str, int], tuple[int, int, int]] | None = None
     for forwarded, charged, roots in segs:
         if cfg.mask_builder in ("dense", "precomputed"):
-            attention = DENSE_BYTES_PER_ENTRY * forwarded**2
+            saved_copies = 1 if checkpointing else n_layers
+            attention = (DENSE_BYTES_PER_ENTRY + 4 * saved_copies) * forwarded**2
             if cfg.mask_builder == "precomputed":  # the cached grid mask of the whole sequence stays alive
                 attention += (cfg.seq_len * depth) ** 2
         else:  # chunked, flex and anything else that works in query blocks
             keys = min(forwarded, roots + depth)
             attention = CHUNK_SCORE_BLOCKS * heads * min(chunk, forwarded) * keys * 4 + 4 * min(chunk, forwarded) * keys
         step = {
+            "step_overhead": CPU_STEP_OVERHEAD_BYTES if cpu else 0,
             "activations": int(forwarded * per_element),
             "attention": int(attention),
             # the chunked KL keeps every chunk's target log-probs [rows, Vd] (fp32) for backward, plus the gathered

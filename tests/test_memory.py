@@ -21,11 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(vocab=512, hidden=64, heads=4, kv_heads=2, intermediate=192, target_layers=4)
 
 
-def small_config(**kw) -> LlamaConfig:
+def small_config(shape: dict | None = None) -> LlamaConfig:
+    s = shape or SMALL
     return LlamaConfig(
-        vocab_size=SMALL["vocab"], hidden_size=SMALL["hidden"], intermediate_size=SMALL["intermediate"],
-        num_hidden_layers=SMALL["target_layers"], num_attention_heads=SMALL["heads"],
-        num_key_value_heads=SMALL["kv_heads"], tie_word_embeddings=False, **kw,
+        vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+        num_hidden_layers=s["target_layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        tie_word_embeddings=False,
     )
 
 
@@ -47,7 +48,8 @@ def test_parse_size_rejects_with_the_value(text):
 
 def _estimate(spec: ProbeSpec) -> mem.Estimate:
     return mem.estimate(mem.MemoryConfig(
-        drafter=spec.drafter, target_config=small_config(), seq_len=spec.seq_len, depth=spec.depth,
+        drafter=spec.drafter, target_config=small_config({k: getattr(spec, k) for k in SMALL}), seq_len=spec.seq_len,
+        depth=spec.depth,
         mask_builder=spec.mask_builder, partitioner=spec.partitioner, partitions=spec.partitions,
         drafter_options=spec.drafter_options, features="synthetic",
     ))
@@ -71,6 +73,12 @@ def test_estimate_matches_measured_peak_dense_full_grid():
                                               "optimizer_state"))
     assert est.step_bytes >= 5 * tensors
     assert got["peak_bytes"] - got["rss_before_step_bytes"] >= 5 * tensors
+
+
+def test_estimate_matches_measured_peak_precomputed_partitioned():
+    _check(ProbeSpec(seq_len=640, depth=5, mask_builder="precomputed", partitioner="peagle", partitions=2,
+                     **{**SMALL, "hidden": 96, "heads": 6, "kv_heads": 3, "intermediate": 256},
+                     drafter_options={"layers": 2, "draft_vocab_size": 200}))
 
 
 @pytest.mark.slow
