@@ -34,7 +34,8 @@ def config(assets, out, **kw):
     target, chat = assets
     base = dict(
         drafter="peagle", output=str(out), target=str(target), data=str(chat), seq_len=48, max_steps=4,
-        batch_size=2, lr=3e-3, val_examples=2, mask_builder="dense", drafter_options=small_options(k_train=4),
+        batch_size=2, lr=3e-3, val_examples=2, mask_builder="dense",
+        drafter_options=small_options(k_train=4) if kw.get("drafter", "peagle") == "peagle" else {},
     )
     base.update(kw)
     return TrainConfig(**base)
@@ -190,3 +191,20 @@ def test_cache_and_online_features_train_alike(assets, tmp_path):
     a, b = weights(online.checkpoint), weights(cached.checkpoint)
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-3), k
+
+
+@pytest.mark.slow
+def test_every_registered_drafter_trains_through_the_engine(assets, tmp_path):
+    from specframe import plugins
+
+    names = plugins.load().names("drafter")
+    assert "peagle" in names
+    for name in names:
+        cfg = config(assets, tmp_path / name, drafter=name, max_steps=2, depth=3, partitioner="peagle",
+                     partitions=2, drafter_options={})
+        try:
+            result = train(cfg, progress=False)
+        except UsageError as exc:  # drafters without weights (n-gram lookup) are refused, clearly
+            assert "no trainable parameters" in str(exc), (name, exc)
+            continue
+        assert result.steps == 2 and result.final_train_loss is not None and result.last_eval is not None, name

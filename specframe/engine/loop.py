@@ -160,6 +160,8 @@ class Trainer:
         self.drafter.prepare(target, [self.source.tokens(i) for i in self.train_ids])
         module = self.drafter.module().to(cfg.device)
         self.params = [p for p in module.parameters() if p.requires_grad]
+        if not self.params:
+            raise UsageError(f"drafter '{cfg.drafter}' has no trainable parameters: there is nothing to train")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.max_steps // 10)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, cfg.max_steps))
