@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -140,6 +141,8 @@ def main() -> None:
         result = {
             "command": " ".join(sys.argv),
             "machine": f"{platform.processor() or platform.machine()}, {platform.platform()}, 1 torch thread",
+            # The machine is shared: the load average says how much the times can be trusted.
+            "load_average_at_end": os.getloadavg(),
             "heads": HEADS, "head_dim": HEAD_DIM, "depth": args.depth, "chunk_size": args.chunk_size,
             "results": rows,
         }
