@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "memory": "specframe.cli.memory_cmd:memory",
     "export": "specframe.cli.export_cmd:export",
     "serve": "specframe.cli.serve_cmd:serve",
+    "generate": "specframe.cli.generate_cmd:generate",
+    "bench": "specframe.cli.bench_cmd:bench",
 }
 
 

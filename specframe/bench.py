@@ -1,0 +1,575 @@
+"""Acceptance and speed comparisons on the reference engine, shared by ``specframe bench`` and ``benchmarks/``.
+
+A comparison decodes the same prompts with several ``Method`` s (plain decoding first, then n-gram and trained
+drafters) in one process, interleaved: for every repeat, for every prompt, each method in turn (the order rotates
+per repeat), so a machine slowing down mid-run slows every method alike. From that:
+
+- per method, the pooled metrics of ``specframe.metrics`` (AL, per-slot and conditional acceptance, OTPS) and the
+  drafter's own cost per round (wall time inside ``propose`` / ``propose_tree`` / ``accept``, measured separately);
+- speedup over plain decoding and ratios between methods: one ratio per repeat (OTPS pooled over the prompts of
+  that repeat), summarised by the geometric mean with a 95% Student-t interval on the log ratios;
+- ``lossless``: under a greedy verifier every method must emit plain decoding's tokens, prompt for prompt.
+
+Evaluation protocol (DESIGN.md section 8): prompts through the target's chat template; every user turn is a prompt,
+a later turn asked after the target's own (plain-decoded) answer to the earlier ones, so MT-Bench gives two prompts
+per question; the first N prompts by id.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from specframe import api
+from specframe.errors import SpecframeError, UsageError, unknown_name
+from specframe.inference.engine import DEFAULT_MAX_NEW_TOKENS, Generation, TreeShape, generate
+from specframe.metrics import AggregateMetrics, PromptMetrics, aggregate
+
+PLAIN = "plain"
+
+# two-sided 95% Student-t critical values by degrees of freedom (no scipy here); beyond 30, the normal's 1.96 is
+# within 2% of the true value
+_T975 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+    11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
+    21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042,
+}
+
+
+def t975(df: int) -> float:
+    return _T975.get(df, 1.96)
+
+
+# ------------------------------------------------------------------------------------------------------- prompts
+
+
+@attrs.frozen
+class BenchPrompt:
+    """One evaluation item: ``turns`` are user messages; turn i > 0 follows the target's answer to turn i - 1."""
+
+    source: str
+    id: str
+    turns: tuple[str, ...]
+
+
+def load_prompts(dataset: str, limit: int | None = None) -> list[BenchPrompt]:
+    """The first ``limit`` items of a named evaluation set (``mt-bench``, ``humaneval``, ``gsm8k``) or of a JSON /
+    JSONL file of records with ``messages`` (only the user messages are used; answers come from the target)."""
+    from specframe.data.evalsets import EVAL_SETS, eval_prompts
+
+    if limit is not None and limit < 1:
+        raise UsageError(f"--num-prompts must be positive, got {limit}")
+    if dataset in EVAL_SETS:
+        return [BenchPrompt(p.source, p.id, p.turns) for p in eval_prompts(dataset, limit=limit)]
+    path = Path(dataset).expanduser()
+    if not path.is_file():
+        err = unknown_name("dataset", dataset, EVAL_SETS)
+        raise type(err)(f"{err} (or the path of a JSON/JSONL file of records with 'messages')")
+    from specframe.data.sources import load_chat_file
+
+    prompts = []
+    for record in load_chat_file(path, limit=limit):
+        turns = tuple(m["content"] for m in record["messages"] if m["role"] == "user")
+        if not turns:
+            raise SpecframeError(f"{path}: record {record['id']} has no user message")
+        prompts.append(BenchPrompt(record["source"], record["id"], turns))
+    if not prompts:
+        raise SpecframeError(f"{path} holds no prompts")
+    return prompts
+
+
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> torch.Tensor:
+    """Prompt token ids: ``messages`` through the target's chat template, with the generation prompt."""
+    from specframe.data.chat import encode_prompt
+
+    return torch.tensor(encode_prompt(tokenizer, messages), dtype=torch.long)
+
+
+# ------------------------------------------------------------------------------------------------------- methods
+
+
+def make_verifier(name: str, *, temperature: float | None = None, top_k: int | None = None,
+                  top_p: float | None = None) -> api.Verifier:
+    """A verifier by name with its sampling options; options the verifier does not have are refused."""
+    from specframe import plugins
+
+    cls = plugins.get("verifier", name)
+    given = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
+    known = {a.name for a in attrs.fields(cls.Options)} if attrs.has(cls.Options) else set()
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise UsageError(
+            f"verifier '{name}' has no {', '.join(unknown)} option (it is {'greedy' if not known else 'configured by ' + ', '.join(sorted(known))}); "
+            "use --verifier sampling or tree to sample"
+        )
+    try:
+        options = cls.Options(**given)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"invalid options for verifier '{name}': {exc}") from None
+    return cls(options)
+
+
+def is_greedy(verifier: api.Verifier) -> bool:
+    """Whether the verifier's output is plain greedy decoding's (so speculative output must match it exactly)."""
+    return getattr(verifier.options, "temperature", 0.0) == 0.0
+
+
+@attrs.define(eq=False)
+class Method:
+    """A decoding method: ``drafter`` None is plain decoding. ``checkpoint_hash`` / ``token_budget`` are the
+    trained drafter's provenance (None for plain and n-gram)."""
+
+    label: str
+    drafter: api.Drafter | None = None
+    k: int = 5
+    tree: TreeShape | None = None
+    checkpoint: str | None = None
+    checkpoint_hash: str | None = None
+    token_budget: int | None = None
+
+    @property
+    def slots(self) -> int:
+        """Draft slots reported in per-position acceptance."""
+        if self.drafter is None:
+            return 0
+        return self.tree.depth if self.tree is not None else self.k
+
+
+def default_k(drafter: api.Drafter, fallback: int = 5) -> int:
+    """The drafter's own inference depth (``k_infer`` where it has one)."""
+    return int(getattr(drafter.options, "k_infer", fallback) or fallback)
+
+
+def token_budget(checkpoint_dir: Path) -> int | None:
+    """Training tokens a checkpoint saw: the recorded count if the run logged one, else steps x batch x seq_len (an
+    upper bound: conversations shorter than seq_len are not padded)."""
+    import json
+
+    state_path, config_path = checkpoint_dir / "state.json", checkpoint_dir / "config.json"
+    if not state_path.exists() or not config_path.exists():
+        return None
+    state, config = json.loads(state_path.read_text()), json.loads(config_path.read_text())
+    if "tokens_seen" in state:
+        return int(state["tokens_seen"])
+    try:
+        return int(state["step"]) * int(config["batch_size"]) * int(config["seq_len"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def checkpoint_method(path: str | Path, target_config: Any, *, k: int | None = None,
+                      tree: TreeShape | None = None, label: str | None = None) -> Method:
+    """A trained drafter from a checkpoint (or a run's output folder), in eval mode, with its provenance."""
+    from specframe.engine import checkpoint as ckpt
+    from specframe.results import file_hash
+
+    if not Path(path).exists():
+        raise SpecframeError(f"checkpoint {path} does not exist")
+    directory = ckpt.resolve(path)
+    drafter = ckpt.load_drafter(directory, target_config)
+    drafter.module().eval()
+    k = default_k(drafter) if k is None else k
+    if k < 1:
+        raise UsageError(f"--k must be positive, got {k}")
+    return Method(
+        label=label or drafter.name, drafter=drafter, k=k, tree=tree, checkpoint=str(directory),
+        checkpoint_hash=file_hash(directory), token_budget=token_budget(directory),
+    )
+
+
+def plugin_method(name: str, target_config: Any, *, k: int = 5, tree: TreeShape | None = None,
+                  label: str | None = None) -> Method:
+    """An untrained drafter plugin by name (the ``ngram`` baseline)."""
+    from specframe import plugins
+
+    if k < 1:
+        raise UsageError(f"--k must be positive, got {k}")
+    drafter = plugins.get("drafter", name)(target_config)
+    return Method(label=label or name, drafter=drafter, k=k, tree=tree)
+
+
+# ------------------------------------------------------------------------------------------------------ decoding
+
+
+class _TimedDrafter:
+    """Forwards to a drafter, adding the wall time spent in its decode-phase calls to ``seconds``."""
+
+    def __init__(self, drafter: api.Drafter) -> None:
+        self._drafter = drafter
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._drafter, name)
+
+    def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
+        return self._timed(self._drafter.propose, k, generator)
+
+    def propose_tree(self, depth: int, top_k: int, total: int, generator: torch.Generator | None = None) -> api.Draft:
+        return self._timed(self._drafter.propose_tree, depth, top_k, total, generator)
+
+    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        self._timed(self._drafter.accept, emitted, features)
+
+
+@attrs.frozen
+class Trial:
+    """One method on one prompt: the generation and the drafter's decode-phase seconds (the first ``accept``,
+    which commits the prefill's token, included)."""
+
+    generation: Generation
+    draft_seconds: float
+
+
+def decode(model: Any, prompt_ids: torch.Tensor, verifier: api.Verifier, method: Method, *,
+           max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, eos_token_id: Any = None, seed: int = 0) -> Trial:
+    """Decode one prompt with ``method`` (seeded generator, no autograd)."""
+    timed = _TimedDrafter(method.drafter) if method.drafter is not None else None
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        generation = generate(
+            model, prompt_ids, verifier, timed, k=method.k, tree=method.tree, max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id, generator=generator,
+        )
+    return Trial(generation, timed.seconds if timed is not None else 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------- comparison
+
+
+@attrs.frozen
+class Interval:
+    """A ratio over repeats: geometric mean, median, 95% Student-t interval on the log ratios (None with one repeat)."""
+
+    mean: float
+    median: float
+    low: float | None
+    high: float | None
+    repeats: int
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Interval:
+        values = tuple(float(v) for v in values)
+        if not values or any(not v > 0 or not math.isfinite(v) for v in values):
+            nan = float("nan")
+            return cls(nan, nan, None, None, len(values), values)
+        logs = [math.log(v) for v in values]
+        centre = statistics.fmean(logs)
+        low = high = None
+        if len(logs) > 1:
+            half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+            low, high = math.exp(centre - half), math.exp(centre + half)
+        return cls(math.exp(centre), statistics.median(values), low, high, len(values), values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    def __str__(self) -> str:
+        if self.low is None:
+            return f"{self.mean:.3f}"
+        return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+@attrs.frozen
+class Record:
+    """One method on one prompt turn in one repeat."""
+
+    prompt: str
+    turn: int
+    repeat: int
+    prompt_tokens: int
+    tokens: tuple[int, ...]
+    metrics: PromptMetrics
+    draft_seconds: float
+
+
+@attrs.define
+class Comparison:
+    """Everything one interleaved run measured; ``methods[0]`` is plain decoding."""
+
+    methods: list[Method]
+    records: dict[str, list[Record]]
+    repeats: int
+    greedy: bool
+
+    def by_repeat(self, label: str, repeat: int) -> list[Record]:
+        return [r for r in self.records[label] if r.repeat == repeat]
+
+    def aggregate(self, label: str) -> AggregateMetrics:
+        method = self._method(label)
+        plain = [r.metrics for r in self.records[PLAIN]]
+        return aggregate([r.metrics for r in self.records[label]], method.slots, plain)
+
+    def _method(self, label: str) -> Method:
+        return next(m for m in self.methods if m.label == label)
+
+    def otps_by_repeat(self, label: str) -> list[float]:
+        return [aggregate([r.metrics for r in self.by_repeat(label, i)], 0).otps for i in range(self.repeats)]
+
+    def ratio(self, label: str, over: str = PLAIN) -> Interval:
+        """OTPS(label) / OTPS(over), one ratio per repeat."""
+        return Interval.of([a / b for a, b in zip(self.otps_by_repeat(label), self.otps_by_repeat(over))])
+
+    def draft_seconds_per_round(self, label: str) -> float | None:
+        """The drafter's decode-phase time per drafting round (None for plain decoding)."""
+        if self._method(label).drafter is None:
+            return None
+        rounds = sum(r.metrics.forwards for r in self.records[label])
+        return sum(r.draft_seconds for r in self.records[label]) / rounds if rounds else float("nan")
+
+    def target_seconds_per_forward(self) -> float:
+        """Plain decoding's decode time per forward: the target's cost of one token."""
+        agg = aggregate([r.metrics for r in self.records[PLAIN]], 0)
+        return agg.decode_seconds / agg.forwards if agg.forwards else float("nan")
+
+    def mismatches(self, label: str) -> list[str]:
+        """Prompt turns where ``label`` emitted other tokens than plain decoding (same repeat)."""
+        plain = {(r.prompt, r.turn, r.repeat): r.tokens for r in self.records[PLAIN]}
+        return sorted({f"{r.prompt}#{r.turn + 1}" for r in self.records[label]
+                       if plain[(r.prompt, r.turn, r.repeat)] != r.tokens})
+
+    def summary(self) -> dict[str, Any]:
+        """Per method: pooled metrics, speedup interval, drafter cost; plus pairwise ratios between drafters."""
+        methods = {}
+        for m in self.methods:
+            agg = self.aggregate(m.label)
+            entry: dict[str, Any] = {
+                **agg.as_dict(),
+                "k": m.k if m.drafter is not None else 0,
+                "tree": attrs.asdict(m.tree) if m.tree is not None else None,
+                "drafter": getattr(m.drafter, "name", None),
+                "checkpoint": m.checkpoint,
+                "draft_seconds_per_round": self.draft_seconds_per_round(m.label),
+                "otps_by_repeat": self.otps_by_repeat(m.label),
+            }
+            if m.label != PLAIN:
+                entry["speedup_interval"] = self.ratio(m.label).as_dict()
+                if self.greedy:
+                    entry["lossless"] = not self.mismatches(m.label)
+            methods[m.label] = entry
+        drafted = [m.label for m in self.methods if m.label != PLAIN]
+        ratios = {}
+        for i, a in enumerate(drafted):
+            for b in drafted[i + 1:]:
+                al_a, al_b = methods[a]["acceptance_length"], methods[b]["acceptance_length"]
+                ratios[f"{a} / {b}"] = {
+                    "otps": self.ratio(a, b).as_dict(),
+                    "acceptance_length": al_a / al_b if al_b else float("nan"),
+                }
+        return {
+            "methods": methods,
+            "ratios": ratios,
+            "target_seconds_per_forward": self.target_seconds_per_forward(),
+            "repeats": self.repeats,
+            "prompt_turns": len(self.by_repeat(PLAIN, 0)),
+            "greedy": self.greedy,
+        }
+
+    def per_prompt(self) -> list[dict[str, Any]]:
+        """Per prompt turn and method: tokens, AL and forwards (repeat 0; identical across repeats under greedy
+        verification) and decode seconds / OTPS of every repeat."""
+        rows = []
+        for m in self.methods:
+            first = self.by_repeat(m.label, 0)
+            for rec in first:
+                runs = [r for r in self.records[m.label] if (r.prompt, r.turn) == (rec.prompt, rec.turn)]
+                rows.append({
+                    "method": m.label,
+                    "id": rec.prompt,
+                    "turn": rec.turn + 1,
+                    "prompt_tokens": rec.prompt_tokens,
+                    "new_tokens": len(rec.tokens),
+                    "acceptance_length": rec.metrics.acceptance_length,
+                    "forwards": rec.metrics.forwards,
+                    "accepted": sum(rec.metrics.accepted),
+                    "decode_seconds": [r.metrics.decode_seconds for r in runs],
+                    "otps": [r.metrics.otps for r in runs],
+                    "draft_seconds": [r.draft_seconds for r in runs],
+                })
+        return rows
+
+
+def compare(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[BenchPrompt],
+    methods: Sequence[Method],
+    verifier: api.Verifier,
+    *,
+    repeats: int = 1,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> Comparison:
+    """Decode every prompt turn with plain decoding and every method, interleaved, ``repeats`` times.
+
+    A later turn is asked after plain decoding's answer to the earlier turns in the first repeat (the target's own
+    answer, the same context for every method). Each prompt turn gets one seed, shared by all methods.
+    """
+    if repeats < 1:
+        raise UsageError(f"--repeats must be positive, got {repeats}")
+    labels = [m.label for m in methods]
+    if PLAIN in labels or len(set(labels)) != len(labels):
+        raise UsageError(f"method labels must be distinct and not '{PLAIN}': {labels}")
+    every = [Method(PLAIN), *methods]
+    records: dict[str, list[Record]] = {m.label: [] for m in every}
+    contexts: dict[tuple[str, int], torch.Tensor] = {}
+    answers: dict[str, list[dict[str, str]]] = {}
+    for repeat in range(repeats):
+        shift = repeat % len(every)
+        order = every[shift:] + every[:shift]
+        for p_index, prompt in enumerate(prompts):
+            for turn, text in enumerate(prompt.turns):
+                key = (prompt.id, turn)
+                if key not in contexts:
+                    history = answers.get(prompt.id, [])
+                    contexts[key] = chat_ids(tokenizer, [*history, {"role": "user", "content": text}])
+                ids = contexts[key]
+                turn_seed = seed + 1000 * p_index + turn
+                for method in order:
+                    trial = decode(model, ids, verifier, method, max_new_tokens=max_new_tokens, seed=turn_seed)
+                    gen = trial.generation
+                    records[method.label].append(
+                        Record(prompt.id, turn, repeat, len(ids), tuple(gen.tokens), PromptMetrics.of(gen),
+                               trial.draft_seconds)
+                    )
+                    if method.label == PLAIN and repeat == 0:
+                        answer = tokenizer.decode(gen.tokens, skip_special_tokens=True).strip()
+                        answers[prompt.id] = [
+                            *answers.get(prompt.id, []),
+                            {"role": "user", "content": text},
+                            {"role": "assistant", "content": answer},
+                        ]
+                if progress is not None:
+                    progress(f"repeat {repeat + 1}/{repeats} prompt {prompt.id} turn {turn + 1}")
+    return Comparison(list(every), records, repeats, is_greedy(verifier))
+
+
+# ---------------------------------------------------------------------------------------------------- vLLM engine
+
+
+def compare_vllm(
+    checkpoint: str | Path,
+    target: str,
+    prompts: Sequence[BenchPrompt],
+    *,
+    k: int,
+    repeats: int = 1,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+) -> dict[str, Any]:
+    """Plain and speculative vLLM (``specframe.vllm.engine.compare``, greedy) on the same chat-templated prompts,
+    ``repeats`` times. Later turns follow vLLM plain decoding's answer in the first repeat. Returns the summary
+    (same keys per method as ``Comparison.summary``) and per-prompt rows."""
+    import tempfile
+
+    from specframe.vllm import vllm_available
+
+    if not vllm_available():
+        raise SpecframeError(
+            "--engine vllm needs vLLM, which is not installed in this environment: run `make setup VLLM=cpu` (or "
+            "VLLM=gpu), or use --engine reference"
+        )
+    from transformers import AutoTokenizer
+
+    from specframe.cli.export_cmd import export_checkpoint, target_source
+    from specframe.vllm.engine import compare as vllm_compare
+    from specframe.vllm.export import speculative_config
+
+    source = target_source(target)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    plain: list[list[PromptMetrics]] = [[] for _ in range(repeats)]
+    spec: list[list[PromptMetrics]] = [[] for _ in range(repeats)]
+    rows: list[dict[str, Any]] = []
+    equal = True
+    with tempfile.TemporaryDirectory(prefix="specframe-bench-") as tmp:
+        export = Path(tmp) / "export"
+        export_checkpoint(checkpoint, export, target)
+        config = speculative_config(export, k)
+        histories: dict[str, list[dict[str, str]]] = {p.id: [] for p in prompts}
+        for turn in range(max(len(p.turns) for p in prompts)):
+            asked = [p for p in prompts if turn < len(p.turns)]
+            ids = [chat_ids(tokenizer, [*histories[p.id], {"role": "user", "content": p.turns[turn]}]) for p in asked]
+            for repeat in range(repeats):
+                result = vllm_compare(source, [i.tolist() for i in ids], config, max_new_tokens=max_new_tokens)
+                equal = equal and result.outputs_equal
+                plain[repeat] += [g.prompt_metrics() for g in result.plain.generations]
+                spec[repeat] += [g.prompt_metrics() for g in result.speculative.generations]
+                if repeat == 0:
+                    for p, g_plain, g_spec, i in zip(asked, result.plain.generations, result.speculative.generations, ids):
+                        answer = tokenizer.decode(list(g_plain.tokens), skip_special_tokens=True).strip()
+                        histories[p.id] += [{"role": "user", "content": p.turns[turn]},
+                                            {"role": "assistant", "content": answer}]
+                        m = g_spec.prompt_metrics()
+                        rows.append({"method": "vllm", "id": p.id, "turn": turn + 1, "prompt_tokens": len(i),
+                                     "new_tokens": len(g_spec.tokens), "acceptance_length": m.acceptance_length,
+                                     "forwards": m.forwards, "accepted": sum(m.accepted),
+                                     "plain_decode_seconds": g_plain.decode_seconds,
+                                     "decode_seconds": g_spec.decode_seconds})
+    ratios = [aggregate(s, k).otps / aggregate(p, 0).otps for s, p in zip(spec, plain)]
+    pooled_plain = [m for r in plain for m in r]
+    agg = aggregate([m for r in spec for m in r], k, pooled_plain)
+    return {
+        "methods": {
+            PLAIN: {**aggregate(pooled_plain, 0, pooled_plain).as_dict(), "k": 0},
+            "vllm": {**agg.as_dict(), "k": k, "checkpoint": str(checkpoint), "lossless": equal,
+                     "speedup_interval": Interval.of(ratios).as_dict()},
+        },
+        "ratios": {},
+        "repeats": repeats,
+        "prompt_turns": len(rows),
+        "greedy": True,
+        "engine": "vllm",
+    }, rows
+
+
+# ------------------------------------------------------------------------------------------------------- results
+
+
+def recorded_target(checkpoints: Sequence[str | Path]) -> str | None:
+    """The target the first checkpoint's run trained against (its config.json), if recorded."""
+    import json
+
+    from specframe.engine import checkpoint as ckpt
+
+    for path in checkpoints:
+        if not Path(path).exists():
+            raise SpecframeError(f"checkpoint {path} does not exist")
+        config = ckpt.resolve(path) / "config.json"
+        if config.exists():
+            target = json.loads(config.read_text()).get("target")
+            if target:
+                return str(target)
+    return None
+
+
+def results_provenance(target: Any, methods: Sequence[Method], command: list[str] | None = None) -> dict[str, Any]:
+    """``specframe.results.provenance`` for a comparison. With one trained drafter its checkpoint hash and token
+    budget are scalars; with several they map method label to value."""
+    from specframe.results import provenance
+
+    trained = [m for m in methods if m.checkpoint_hash is not None]
+    if len(trained) == 1:
+        ckpt_hash, budget = trained[0].checkpoint_hash, trained[0].token_budget
+    elif trained:
+        ckpt_hash = {m.label: m.checkpoint_hash for m in trained}
+        budget = {m.label: m.token_budget for m in trained}
+    else:
+        ckpt_hash = budget = None
+    return provenance(
+        target={"id": target.id, "weights_hash": target.weights_hash}, drafter_checkpoint_hash=ckpt_hash,
+        token_budget=budget, command=command,
+    )

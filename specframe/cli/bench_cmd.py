@@ -1,0 +1,207 @@
+"""``specframe bench``: measured comparisons. ``bench acceptance``: acceptance and speed of drafters on evaluation
+prompts against plain decoding (and n-gram), interleaved in one run (``specframe.bench``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from specframe.cli.generate_cmd import decoding_options, tree_shape
+
+KIND = "bench.acceptance"
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmark drafters (see `specframe bench acceptance --help`)."""
+
+
+@bench.command("acceptance")
+@click.option("--checkpoint", "checkpoints", multiple=True, type=click.Path(file_okay=False),
+              help="A trained drafter's checkpoint or run folder; repeat to compare drafters in the same run.")
+@click.option("--drafter", "drafters", multiple=True,
+              help="An untrained drafter plugin to measure (ngram); repeatable.")
+@click.option("--baseline", "baselines", multiple=True, type=click.Choice(["ngram"]),
+              help="Add a baseline method (plain decoding is always measured).")
+@click.option("--dataset", required=True,
+              help="mt-bench (both turns), humaneval, gsm8k (evaluation slice), or a JSON/JSONL file of records "
+                   "with 'messages'.")
+@click.option("--num-prompts", type=int, default=10, show_default=True, help="The first N prompts by id.")
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="Interleaved repeats; with 2 or more, ratios get a 95% interval.")
+@click.option("--engine", type=click.Choice(["reference", "vllm"]), default="reference", show_default=True,
+              help="reference: specframe's decoding engine; vllm: export the checkpoint and run vLLM (greedy).")
+@decoding_options
+@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
+              help="Write the results file (JSON with metrics, per-prompt figures and provenance).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of a table.")
+def acceptance(
+    checkpoints: tuple[str, ...], drafters: tuple[str, ...], baselines: tuple[str, ...], dataset: str,
+    num_prompts: int, repeats: int, engine: str, target: str | None, k: int | None, verifier: str,
+    tree_depth: int | None, tree_top_k: int | None, tree_tokens: int | None, max_new_tokens: int,
+    temperature: float | None, top_k: int | None, top_p: float | None, seed: int, threads: int | None,
+    output: str | None, as_json: bool,
+) -> None:
+    """Acceptance length, per-position acceptance, OTPS and speedup over plain decoding.
+
+    Every prompt turn is decoded by plain decoding and by each drafter, one after the other (order rotating per
+    repeat), so speedups are measured side by side. Under a greedy verifier each drafter's output must equal plain
+    decoding's (reported as 'lossless').
+    """
+    import torch
+
+    from specframe import bench as core
+    from specframe.errors import UsageError
+
+    if not checkpoints and not drafters:
+        raise UsageError("give --checkpoint DIR (a trained drafter) or --drafter NAME (e.g. ngram)")
+    if k is not None and k < 1:
+        raise UsageError(f"--k must be positive, got {k}")
+    if repeats < 1:
+        raise UsageError(f"--repeats must be positive, got {repeats}")
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be positive, got {max_new_tokens}")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    tree = tree_shape(verifier, tree_depth, tree_top_k, tree_tokens)
+    verify = core.make_verifier(verifier, temperature=temperature, top_k=top_k, top_p=top_p)
+    prompts = core.load_prompts(dataset, num_prompts)
+    if target is None:
+        target = core.recorded_target(checkpoints) or "default"
+
+    if engine == "vllm":
+        summary, per_prompt, methods, tgt_info = _vllm(checkpoints, drafters, baselines, target, prompts, k, tree,
+                                                       verify, repeats, max_new_tokens)
+    else:
+        from specframe.targets import load_target
+
+        tgt = load_target(target)
+        methods = [core.checkpoint_method(c, tgt.config, k=k, tree=tree) for c in checkpoints]
+        for name in (*drafters, *baselines):
+            methods.append(core.plugin_method(name, tgt.config, k=5 if k is None else k, tree=tree))
+        _label(methods)
+        progress = None if as_json else (lambda msg: click.echo(f"  {msg}", err=True))
+        result = core.compare(tgt.model, tgt.tokenizer, prompts, methods, verify, repeats=repeats,
+                              max_new_tokens=max_new_tokens, seed=seed, progress=progress)
+        summary, per_prompt, tgt_info = result.summary(), result.per_prompt(), tgt
+    summary["dataset"] = dataset
+    summary["verifier"] = verifier
+    summary["engine"] = engine
+    if output is not None:
+        from specframe.results import write_results
+
+        config = {
+            "dataset": dataset, "num_prompts": num_prompts, "prompts": [p.id for p in prompts], "repeats": repeats,
+            "engine": engine, "verifier": verifier, "verifier_options": _options(verify), "k": k,
+            "tree": None if tree is None else {"depth": tree.depth, "top_k": tree.top_k,
+                                               "total_tokens": tree.total_tokens},
+            "max_new_tokens": max_new_tokens, "seed": seed, "checkpoints": list(checkpoints),
+            "drafters": list(drafters), "baselines": list(baselines),
+            "token_budget_rule": "recorded tokens, else steps x batch_size x seq_len (an upper bound)",
+        }
+        write_results(Path(output), kind=KIND, metrics=_finite(summary), per_prompt=_finite(per_prompt),
+                      provenance=core.results_provenance(tgt_info, methods, ["specframe", *sys.argv[1:]]),
+                      config=config)
+    if as_json:
+        click.echo(json.dumps(_finite(summary), indent=1))
+    else:
+        _table(summary)
+        if output is not None:
+            click.echo(f"results written to {output}")
+
+
+def _vllm(checkpoints, drafters, baselines, target, prompts, k, tree, verify, repeats, max_new_tokens):
+    from specframe import bench as core
+    from specframe.errors import UsageError
+
+    if len(checkpoints) != 1 or drafters or baselines:
+        raise UsageError("--engine vllm measures exactly one --checkpoint against vLLM plain decoding "
+                         "(no --drafter / --baseline)")
+    if tree is not None or not core.is_greedy(verify) or verify.name not in ("greedy", "sampling", "tree"):
+        raise UsageError("--engine vllm runs greedy chain drafting only: drop --tree-* and sampling options")
+    from transformers import AutoConfig
+
+    from specframe.cli.export_cmd import target_source
+    from specframe.targets import load_target
+
+    tgt = load_target(target)
+    method = core.checkpoint_method(checkpoints[0], AutoConfig.from_pretrained(target_source(target)), k=k)
+    summary, rows = core.compare_vllm(checkpoints[0], target, prompts, k=method.k, repeats=repeats,
+                                      max_new_tokens=max_new_tokens)
+    return summary, rows, [method], tgt
+
+
+def _label(methods: list[Any]) -> None:
+    """Distinct labels: a drafter name, with its k / tree, and an index when the same drafter appears twice."""
+    for m in methods:
+        m.label = f"{m.label}/tree" if m.tree is not None else f"{m.label}/k{m.k}"
+    seen: dict[str, int] = {}
+    for m in methods:
+        seen[m.label] = seen.get(m.label, 0) + 1
+        if seen[m.label] > 1:
+            m.label = f"{m.label}#{seen[m.label]}"
+
+
+def _options(verifier: Any) -> dict[str, Any]:
+    import attrs
+
+    return attrs.asdict(verifier.options) if attrs.has(type(verifier.options)) else {}
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: undefined figures (no drafting rounds, say) become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def _table(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{summary['dataset']}: {summary['prompt_turns']} prompt turns, {summary['repeats']} "
+                        f"repeat(s), verifier {summary['verifier']}, engine {summary['engine']}")
+    for column in ("method", "AL", "per-slot acc.", "conditional acc.", "OTPS", "speedup [95%]", "draft ms/round",
+                   "lossless"):
+        table.add_column(column, justify="left" if column == "method" else "right", no_wrap=column == "method")
+    for label, m in summary["methods"].items():
+        interval = m.get("speedup_interval")
+        if interval is None:
+            speedup = "1.00"
+        elif interval.get("low") is None:
+            speedup = _fmt(interval["mean"])
+        else:
+            speedup = f"{_fmt(interval['mean'])} [{_fmt(interval['low'])}, {_fmt(interval['high'])}]"
+        draft = m.get("draft_seconds_per_round")
+        table.add_row(
+            label,
+            _fmt(m["acceptance_length"]),
+            " ".join(_fmt(x) for x in m["per_slot"]) or "-",
+            " ".join(_fmt(x) for x in m["conditional"]) or "-",
+            _fmt(m["otps"], ".1f"),
+            speedup,
+            _fmt(draft * 1000 if draft is not None else None, ".1f"),
+            {True: "yes", False: "NO", None: "-"}[m.get("lossless")],
+        )
+    console = Console(width=max(Console().width, 150))
+    console.print(table)
+    for name, ratio in summary.get("ratios", {}).items():
+        otps = ratio["otps"]
+        band = "" if otps.get("low") is None else f" [{_fmt(otps['low'], '.3f')}, {_fmt(otps['high'], '.3f')}]"
+        console.print(f"{name}: OTPS ratio {_fmt(otps['mean'], '.3f')}{band}, AL ratio "
+                      f"{_fmt(ratio['acceptance_length'], '.3f')}")
