@@ -265,7 +265,12 @@ class Trainer:
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            self.dist.sum_(p.grad)
+        if self.dist.world > 1:  # one collective for all gradients instead of one per tensor
+            flat = self.dist.sum_(torch.cat([p.grad.reshape(-1) for p in self.params]))
+            offset = 0
+            for p in self.params:
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
         self.dist.sum_(loss_sum)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         lr = self.scheduler.get_last_lr()[0]
