@@ -212,3 +212,19 @@ def test_overfit_drafter_is_accepted_by_the_inference_engine(tmp_path):
     spec = generate(target.model, prompt, verifier, drafter, k=3, max_new_tokens=40, eos_token_id=())
     assert spec.tokens == plain.tokens
     assert spec.decode_tokens / len(spec.rounds) > 3.0  # at most 4 (3 drafts + bonus)
+
+
+def test_export_vllm_writes_the_peagle_layout(setup, tmp_path):
+    from safetensors.torch import load_file
+
+    target, drafter, _ = setup
+    manifest = drafter.export_vllm(tmp_path / "vllm", target.tokenizer)
+    assert manifest["method"] == "eagle3" and manifest["parallel_drafting"] is True
+    cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert cfg["mask_token_id"] == drafter.mask_token_id
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == list(drafter.aux_layer_ids)
+    tensors = {}
+    for f in (tmp_path / "vllm").glob("*.safetensors"):
+        tensors.update(load_file(str(f)))
+    assert torch.equal(tensors["mask_hidden"], drafter.module().mask_hidden.detach())
+    assert torch.equal(tensors["d2t"], drafter.module().d2t)

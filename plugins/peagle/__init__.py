@@ -321,6 +321,20 @@ class PEagleDrafter(api.Drafter):
             raise api.SpecframeError(f"{directory}: weights do not fit this peagle drafter: {exc}") from exc
         self.mask_token_id = info["mask_token_id"]
 
+    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+        """vLLM's ``{"method": "eagle3", "parallel_drafting": true}`` layout: the module's tensors already carry its
+        names (``mask_hidden`` [1, 1, 3H] included); the trained embedding is exported so the mask row is used."""
+        if self.mask_token_id is None:
+            raise api.SpecframeError("peagle: no mask token chosen (train the drafter or load a checkpoint first)")
+        layouts = api.vllm_layouts
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        config = layouts.llama_config(self.target_config, self.options.layers)
+        return layouts.write_peagle(
+            directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
+            mask_token_id=self.mask_token_id, target_num_layers=int(self.target_config.num_hidden_layers),
+            tokenizer=tokenizer, drafter=self.name,
+        )
+
     @classmethod
     def from_checkpoint(cls, directory: Path, target_config: Any) -> PEagleDrafter:
         """A drafter rebuilt from ``save``'s files (options included) for the given target config."""
