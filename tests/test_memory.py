@@ -157,3 +157,20 @@ def _config(tmp_path: Path) -> Path:
     path = tmp_path / "c.toml"
     path.write_text("[drafter]\nlayers = 2\ndraft_vocab_size = 128\nk_train = 4\n")
     return path
+
+
+@pytest.mark.slow
+def test_memory_command_json(assets, tmp_path):
+    import json
+
+    target, _ = assets
+    cmd = [sys.executable, "-m", "specframe", "memory", "--drafter", "peagle", "--seq-len", "256", "--target",
+           str(target), "--mask-builder", "dense", "--config", str(_config(tmp_path)), "--json"]
+    small = subprocess.run([*cmd, "--memory-budget", "300MiB"], capture_output=True, text=True, cwd=ROOT)
+    assert small.returncode == 0, small.stderr
+    doc = json.loads(small.stdout)
+    assert doc["fits"] is False and doc["budget_bytes"] == 300 * 2**20 and doc["advice"]
+    assert doc["peak_bytes"] == doc["fixed_bytes"] + doc["step_bytes"]
+    assert doc["breakdown"]["attention"] > 0 and doc["largest_segment"]["forwarded"] == doc["elements"]
+    big = subprocess.run([*cmd, "--memory-budget", "64GiB"], capture_output=True, text=True, cwd=ROOT)
+    assert json.loads(big.stdout)["fits"] is True and json.loads(big.stdout)["advice"] == []
