@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +104,7 @@ def acceptance(
             "token_budget_rule": "recorded tokens, else steps x batch_size x seq_len (an upper bound)",
         }
         write_results(Path(output), kind=KIND, metrics=_finite(summary), per_prompt=_finite(per_prompt),
-                      provenance=core.results_provenance(tgt_info, methods, ["specframe", *sys.argv[1:]]),
+                      provenance=core.results_provenance(tgt_info, methods, command_line(click.get_current_context())),
                       config=config)
     if as_json:
         click.echo(json.dumps(_finite(summary), indent=1))
@@ -113,6 +112,25 @@ def acceptance(
         _table(summary)
         if output is not None:
             click.echo(f"results written to {output}")
+
+
+def command_line(ctx: click.Context) -> list[str]:
+    """The command as it would be typed, rebuilt from the parsed options (so it is right whatever ran click: the
+    console script, ``python -m specframe`` or a test runner); options left at their defaults are omitted."""
+    words = ["specframe", *ctx.command_path.split()[1:]]
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name not in ctx.params:
+            continue
+        value = ctx.params[param.name]
+        if value in (None, False, ()) or value == param.default:
+            continue
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            words.append(flag)
+        else:
+            for item in value if param.multiple else (value,):
+                words += [flag, str(item)]
+    return words
 
 
 def _vllm(checkpoints, drafters, baselines, target, prompts, k, tree, verify, repeats, max_new_tokens):

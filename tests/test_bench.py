@@ -1,0 +1,137 @@
+"""``specframe.bench``: prompts, verifiers, the interleaved comparison and its ratios (tiny target, in process)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from specframe import bench
+from specframe.errors import SpecframeError, UnknownNameError, UsageError
+from tests.train_fixtures import build
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    from specframe.targets import load_target
+
+    torch.set_num_threads(1)
+    folder, _ = build(tmp_path_factory.mktemp("bench"))
+    return load_target(folder)
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [
+        {"id": "q1", "messages": [{"role": "user", "content": "the quick brown fox the quick brown fox"},
+                                  {"role": "assistant", "content": "ignored: the target answers"},
+                                  {"role": "user", "content": "and the lazy dog?"}]},
+        {"id": "q2", "messages": [{"role": "user", "content": "how many clips sold in april and may"}]},
+        {"id": "q3", "messages": [{"role": "user", "content": "not read with --num-prompts 2"}]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_interval_is_a_geometric_mean_with_a_student_t_band():
+    same = bench.Interval.of([2.0, 2.0, 2.0])
+    assert same.mean == pytest.approx(2.0) and same.low == pytest.approx(2.0) and same.high == pytest.approx(2.0)
+    spread = bench.Interval.of([1.0, 4.0])
+    assert spread.mean == pytest.approx(2.0) and spread.median == pytest.approx(2.5)
+    half = 12.706 * math.log(4.0) / math.sqrt(2) / math.sqrt(2)  # sd of (0, ln 4) is ln4 / sqrt 2
+    assert spread.low == pytest.approx(2.0 * math.exp(-half)) and spread.high == pytest.approx(2.0 * math.exp(half))
+    one = bench.Interval.of([1.5])
+    assert one.mean == pytest.approx(1.5) and one.low is None and one.high is None
+    assert math.isnan(bench.Interval.of([1.0, 0.0]).mean)
+    assert bench.t975(4) == pytest.approx(2.776) and bench.t975(1000) == pytest.approx(1.96)
+
+
+def test_prompts_from_a_file_keep_user_turns_in_order(prompt_file):
+    prompts = bench.load_prompts(str(prompt_file), 2)
+    assert [p.id for p in prompts] == ["q1", "q2"]
+    assert prompts[0].turns == ("the quick brown fox the quick brown fox", "and the lazy dog?")
+
+
+def test_builtin_prompt_sets_follow_the_protocol():
+    mt = bench.load_prompts("mt-bench", 2)
+    assert len(mt) == 2 and all(len(p.turns) == 2 for p in mt)
+    gsm = bench.load_prompts("gsm8k", 3)
+    assert [p.id for p in gsm] == ["0", "1", "2"] and len(gsm[0].turns) == 1
+    assert len(bench.load_prompts("humaneval", 1)[0].turns) == 1
+
+
+def test_unknown_names_and_bad_values_are_refused(tmp_path):
+    with pytest.raises(UnknownNameError, match="did you mean 'mt-bench'"):
+        bench.load_prompts("mt-bnch", 2)
+    with pytest.raises(UsageError, match="--num-prompts must be positive"):
+        bench.load_prompts("gsm8k", 0)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"id": "x", "messages": [{"role": "assistant", "content": "hi"}]}) + "\n")
+    with pytest.raises(SpecframeError, match="no user message"):
+        bench.load_prompts(str(empty))
+    with pytest.raises(UnknownNameError, match="did you mean 'greedy'"):
+        bench.make_verifier("gredy")
+    with pytest.raises(UsageError, match="has no temperature option"):
+        bench.make_verifier("greedy", temperature=0.7)
+    assert bench.make_verifier("sampling", temperature=0.5).options.temperature == 0.5
+    with pytest.raises(UsageError, match="k must be positive"):
+        bench.plugin_method("ngram", None, k=0)
+
+
+def test_comparison_is_interleaved_lossless_and_answers_later_turns(target, prompt_file, monkeypatch):
+    prompts = bench.load_prompts(str(prompt_file), 2)
+    calls: list[tuple[str, tuple[int, ...]]] = []
+    real_decode = bench.decode
+
+    def spy(model, ids, verifier, method, **kw):
+        calls.append((method.label, tuple(ids.tolist())))
+        return real_decode(model, ids, verifier, method, **kw)
+
+    monkeypatch.setattr(bench, "decode", spy)
+    methods = [bench.plugin_method("ngram", target.config, k=3, label="ngram3"),
+               bench.plugin_method("ngram", target.config, k=5, label="ngram5")]
+    result = bench.compare(target.model, target.tokenizer, prompts, methods, bench.make_verifier("greedy"),
+                           repeats=3, max_new_tokens=24)
+
+    # every prompt turn runs each method back to back; the order rotates per repeat
+    orders = [[label for label, _ in calls[i:i + 3]] for i in range(0, len(calls), 3)]
+    assert len(orders) == 3 * 3
+    assert orders[0] == ["plain", "ngram3", "ngram5"]
+    assert orders[3] == ["ngram3", "ngram5", "plain"] and orders[6] == ["ngram5", "plain", "ngram3"]
+    assert all(len({ids for _, ids in calls[i:i + 3]}) == 1 for i in range(0, len(calls), 3))
+
+    # the second MT-Bench-style turn follows plain decoding's own first answer
+    first = next(r for r in result.records["plain"] if (r.prompt, r.turn, r.repeat) == ("q1", 0, 0))
+    answer = target.tokenizer.decode(list(first.tokens), skip_special_tokens=True).strip()
+    expected = bench.chat_ids(target.tokenizer, [
+        {"role": "user", "content": prompts[0].turns[0]}, {"role": "assistant", "content": answer},
+        {"role": "user", "content": prompts[0].turns[1]},
+    ])
+    assert calls[3][1] == tuple(expected.tolist())
+
+    summary = result.summary()
+    assert summary["prompt_turns"] == 3 and summary["repeats"] == 3 and summary["greedy"]
+    for label in ("ngram3", "ngram5"):
+        m = summary["methods"][label]
+        assert m["lossless"] is True and not result.mismatches(label)
+        assert 1.0 <= m["acceptance_length"] <= m["k"] + 1
+        assert len(m["per_slot"]) == m["k"] and m["draft_seconds_per_round"] > 0
+        interval = m["speedup_interval"]
+        assert interval["repeats"] == 3 and interval["low"] <= interval["mean"] <= interval["high"]
+    # the prompt repeats itself, so prompt lookup must find something
+    assert summary["methods"]["ngram5"]["acceptance_length"] > 1.0
+    assert set(summary["ratios"]) == {"ngram3 / ngram5"}
+    assert summary["methods"]["plain"]["acceptance_length"] == 1.0
+    rows = result.per_prompt()
+    assert len(rows) == 3 * 3 and all(len(r["otps"]) == 3 for r in rows)
+
+
+def test_token_budget_reads_the_checkpoint(tmp_path):
+    (tmp_path / "state.json").write_text(json.dumps({"step": 7, "data_position": 14}))
+    (tmp_path / "config.json").write_text(json.dumps({"batch_size": 2, "seq_len": 48}))
+    assert bench.token_budget(tmp_path) == 7 * 2 * 48
+    (tmp_path / "state.json").write_text(json.dumps({"step": 7, "tokens_seen": 555}))
+    assert bench.token_budget(tmp_path) == 555
