@@ -85,3 +85,26 @@ def test_example_drafter_trains_through_the_normal_command(example_installed, tm
     config = json.loads((out / "config.json").read_text())
     assert config["drafter"] == "skipgram" and config["drafter_options"] == {"dim": 64, "max_depth": 8}
     assert (Path(summary["checkpoint"]) / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_example_drafter_decodes_losslessly_through_generate(example_installed, tmp_path):
+    from tests.train_fixtures import build
+
+    target, chat = build(tmp_path)
+    out = tmp_path / "run"
+    trained = specframe_cli(
+        "train", "--drafter", "skipgram", "--target", target, "--data", chat, "--seq-len", 48, "--depth", 3,
+        "--max-steps", 2, "--output", out, "--json",
+    )
+    assert trained.returncode == 0, trained.stderr
+    prompt = "the quick brown fox jumps over the lazy dog"
+    runs = {}
+    for name, extra in (("plain", ("--target", target)), ("skipgram", ("--checkpoint", out, "--k", 3))):
+        result = specframe_cli("generate", *extra, "--prompt", prompt, "--max-new-tokens", 20, "--json")
+        assert result.returncode == 0, result.stderr
+        runs[name] = json.loads(result.stdout[result.stdout.index("{"):])
+    assert runs["skipgram"]["drafter"] == "skipgram" and runs["skipgram"]["k"] == 3
+    assert runs["skipgram"]["tokens"] == runs["plain"]["tokens"] and len(runs["plain"]["tokens"]) == 20
+    spec = runs["skipgram"]
+    assert spec["target_forwards"] == spec["rounds"] + 1 and 1.0 <= spec["acceptance_length"] <= 4.0
