@@ -192,6 +192,9 @@ def test_regenerate_cli_writes_sorted_answers_and_provenance(tmp_path, tiny):  #
     assert prov["batches_logged"] == 3 and prov["generation"]["max_new_tokens"] == 4
     again = CliRunner().invoke(main, args)  # resumes: nothing left to do, same file
     assert json.loads(again.output[again.output.index("{"):])["already_done"] == 5
+    fin = CliRunner().invoke(main, args + ["--finalize-only"])  # merge what exists, generate nothing
+    assert json.loads(fin.output[fin.output.index("{"):])["generated"] == 0
+    assert json.loads((tmp_path / "prov.json").read_text())["counts"]["records"] == 5
 
 
 def test_prepare_cli_reports_malformed_line(tmp_path, tiny):  # noqa: F811
