@@ -19,8 +19,8 @@ Element counts are not approximated: the estimator runs the real COD sampler on 
 real partitioner, so every segment's forwarded and charged counts are the ones training will see (COD sizes depend
 only on L, K and the ratios). Per-element byte counts were read off the saved-tensor sizes of
 ``specframe.modeling.DecoderLayer`` (about 10.8 H + 4 I floats per element and layer) and the constants below
-(baseline, transient factors) were fitted on a few measured configurations; the tests check configurations that were
-not used to fit them. Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for
+(the process baseline and a per-step overhead) were read off a few measured runs; the tests and the benchmark check
+configurations that were not used to fit them. Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for
 every training sequence, the target forward computed without logits (``specframe.features``).
 
 Guard: ``MemoryGuard`` reads the process's peak (VmHWM / ru_maxrss on CPU, ``torch.cuda.max_memory_allocated`` on
@@ -49,11 +49,13 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 #: resident bytes of a training process before any model tensor: Python, torch, transformers, specframe and its
-#: plugins (fitted on measured peaks; CPU only: ``max_memory_allocated`` on CUDA counts tensors alone)
+#: plugins (measured: RSS before the first step minus the model tensors, 550-563 MiB here; CPU only:
+#: ``max_memory_allocated`` on CUDA counts tensors alone)
 CPU_BASELINE_BYTES = 560 * 2**20
-#: saved activation floats per element and decoder layer: A_H * hidden + A_I * intermediate (counted from
-#: DecoderLayer's saved tensors), times a factor fitted on measured peaks (below 1: some saved tensors are views of others)
-A_H, A_I, ACT_TRANSIENT = 10.8, 4.0, 0.9
+#: saved activation floats per element and decoder layer: A_H * hidden + A_I * intermediate, counted from
+#: DecoderLayer's saved tensors (``torch.autograd.graph.saved_tensors_hooks``, distinct storages) at several shapes;
+#: ACT_TRANSIENT scales them for what else is alive at the peak (1.0 matched the SmolLM2-shaped dense runs to 5%)
+A_H, A_I, ACT_TRANSIENT = 10.8, 4.0, 1.0
 #: per-element floats outside the layers: gathered aux features (n_aux H), embedding, fused input, final norm,
 #: rotary tables and the gradients flowing into them
 INPUT_FLOATS_PER_H = 8
