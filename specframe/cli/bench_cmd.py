@@ -140,7 +140,7 @@ def _vllm(checkpoints, drafters, baselines, target, prompts, k, tree, verify, re
     if len(checkpoints) != 1 or drafters or baselines:
         raise UsageError("--engine vllm measures exactly one --checkpoint against vLLM plain decoding "
                          "(no --drafter / --baseline)")
-    if tree is not None or not core.is_greedy(verify) or verify.name not in ("greedy", "sampling", "tree"):
+    if tree is not None or not core.is_greedy(verify):
         raise UsageError("--engine vllm runs greedy chain drafting only: drop --tree-* and sampling options")
     from transformers import AutoConfig
 
