@@ -199,10 +199,12 @@ def plugin_method(name: str, target_config: Any, *, k: int = 5, tree: TreeShape 
 
 
 class _TimedDrafter:
-    """Forwards to a drafter, adding the wall time spent in its decode-phase calls to ``seconds``."""
+    """Forwards to a drafter, adding the wall time of its decode-phase calls (every ``propose`` / ``propose_tree``
+    and every ``accept`` but the first, which commits the prefill's token) to ``seconds``."""
 
     def __init__(self, drafter: api.Drafter) -> None:
         self._drafter = drafter
+        self._accepts = 0
         self.seconds = 0.0
 
     def __getattr__(self, name: str) -> Any:
@@ -222,13 +224,17 @@ class _TimedDrafter:
         return self._timed(self._drafter.propose_tree, depth, top_k, total, generator)
 
     def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        self._timed(self._drafter.accept, emitted, features)
+        self._accepts += 1
+        if self._accepts == 1:
+            self._drafter.accept(emitted, features)
+        else:
+            self._timed(self._drafter.accept, emitted, features)
 
 
 @attrs.frozen
 class Trial:
-    """One method on one prompt: the generation and the drafter's decode-phase seconds (the first ``accept``,
-    which commits the prefill's token, included)."""
+    """One method on one prompt: the generation and the drafter's decode-phase seconds (its cost per round is
+    ``draft_seconds / len(generation.rounds)``)."""
 
     generation: Generation
     draft_seconds: float

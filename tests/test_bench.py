@@ -135,3 +135,22 @@ def test_token_budget_reads_the_checkpoint(tmp_path):
     assert bench.token_budget(tmp_path) == 7 * 2 * 48
     (tmp_path / "state.json").write_text(json.dumps({"step": 7, "tokens_seen": 555}))
     assert bench.token_budget(tmp_path) == 555
+
+
+def test_drafter_cost_counts_decode_rounds_only(target):
+    import time
+
+    method = bench.plugin_method("ngram", target.config, k=3)
+    drafter = method.drafter
+    real_accept, calls = drafter.accept, []
+
+    def accept(emitted, features):  # the prefill's token is committed before the decode phase starts
+        calls.append(len(emitted))
+        if len(calls) == 1:
+            time.sleep(0.3)
+        real_accept(emitted, features)
+
+    drafter.accept = accept
+    ids = bench.chat_ids(target.tokenizer, [{"role": "user", "content": "the quick brown fox"}])
+    trial = bench.decode(target.model, ids, bench.make_verifier("greedy"), method, max_new_tokens=8)
+    assert len(calls) >= 2 and 0 < trial.draft_seconds < 0.3
