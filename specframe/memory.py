@@ -231,8 +231,10 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     builder_opts = cfg.mask_builder_options
     chunk = int(builder_opts.get("chunk_size", 256))
     layer_floats = (A_H * h + A_I * inter) * ACT_TRANSIENT
-    per_element = (INPUT_FLOATS_PER_H * h + (n_layers * h + layer_floats if checkpointing
-                                              else n_layers * layer_floats)) * e
+    # backward holds one layer's gradients (about its saved activations) on top of what is saved; with
+    # checkpointing, what is saved is each layer's input plus the one layer being recomputed
+    per_element = (INPUT_FLOATS_PER_H * h + (n_layers * h + 2 * layer_floats if checkpointing
+                                              else (n_layers + 1) * layer_floats)) * e
     best: tuple[int, dict[str, int], tuple[int, int, int]] | None = None
     for forwarded, charged, roots in segs:
         if cfg.mask_builder in ("dense", "precomputed"):

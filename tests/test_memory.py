@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 from transformers import LlamaConfig
 
@@ -92,7 +93,9 @@ def test_refusal_names_the_need_and_what_fits():
                            mask_builder="dense", drafter_options={"layers": 2, "draft_vocab_size": 256},
                            features="synthetic")
     est = mem.estimate(cfg)
-    limit = est.fixed_bytes + 160 * 2**20
+    # a budget that four peagle segments with the chunked mask fit, far below what the dense full sequence needs
+    limit = mem.estimate(attrs.evolve(cfg, mask_builder="chunked", partitioner="peagle", partitions=4)).peak_bytes + 2**20
+    assert est.peak_bytes > limit
     with pytest.raises(SpecframeError) as err:
         mem.check_budget(cfg, limit)
     longest = mem.largest_seq_len(cfg, limit)
