@@ -18,9 +18,9 @@ greedy, and each drafter's output must equal plain decoding's (asserted).
   interleaved repeats: speedup over plain and P-EAGLE / EAGLE-3 ratios with 95% intervals, plus the drafter's own
   cost per round (wall time inside propose / accept) next to the target's cost per forward.
 
-Figures go to ``extra_info`` and to results files ``benchmarks/results/acceptance-<scale>-*.json`` (the format of
+Figures go to ``extra_info`` and to results files ``benchmarks/results/acceptance-<scale>-<drafters>-*.json`` (the format of
 ``specframe.results``). Knobs (environment): SPECFRAME_BENCH_SCALE (ci | smollm2), SPECFRAME_BENCH_CHECKPOINTS
-(folder of run folders; smollm2 scale), SPECFRAME_BENCH_PROMPTS (prompts per set, default 2; MT-Bench counts
+(folder of run folders; smollm2 scale), SPECFRAME_BENCH_DRAFTERS (default peagle,eagle3), SPECFRAME_BENCH_PROMPTS (prompts per set, default 2; MT-Bench counts
 questions, each two turns), SPECFRAME_BENCH_MAX_NEW_TOKENS (default 32 at ci, 48 at smollm2), SPECFRAME_BENCH_REPEATS
 (default 5).
 """
@@ -46,7 +46,7 @@ REPEATS = int(os.environ.get("SPECFRAME_BENCH_REPEATS", "5"))
 DATASETS = ("mt-bench", "humaneval", "gsm8k")
 KS = (3, 5, 7)
 TREE = TreeShape(depth=5, top_k=4, total_tokens=16)
-DRAFTERS = ("peagle", "eagle3")
+DRAFTERS = tuple(os.environ.get("SPECFRAME_BENCH_DRAFTERS", "peagle,eagle3").split(","))
 
 
 def _train_ci(root: Path, target: Path) -> dict[str, Path]:
@@ -125,13 +125,18 @@ def _run(benchmark, target, methods, dataset, verifier, repeats):
     return prompts, box["result"]
 
 
+def _drafter_tag(methods) -> str:
+    return "-".join(dict.fromkeys(m.drafter.name for m in methods if m.checkpoint)) or "baselines"
+
+
 def _write(name, target, methods, result, config):
     from specframe.cli.bench_cmd import _finite
     from specframe.results import write_results
 
     summary = result.summary()
     return summary, write_results(
-        RESULTS / f"acceptance-{SCALE}-{name}.json", kind="bench.acceptance", metrics=_finite(summary),
+        RESULTS / f"acceptance-{SCALE}-{_drafter_tag(methods)}-{name}.json", kind="bench.acceptance",
+        metrics=_finite(summary),
         per_prompt=_finite(result.per_prompt()), provenance=bench.results_provenance(target, methods),
         config={"scale": SCALE, "max_new_tokens": MAX_NEW, "verifier": "greedy", **config},
     )
