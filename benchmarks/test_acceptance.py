@@ -18,11 +18,11 @@ greedy, and each drafter's output must equal plain decoding's (asserted).
   interleaved repeats: speedup over plain and P-EAGLE / EAGLE-3 ratios with 95% intervals, plus the drafter's own
   cost per round (wall time inside propose / accept) next to the target's cost per forward.
 
-Figures go to ``extra_info`` and to results files ``benchmarks/results/acceptance-<scale>-<drafters>-*.json`` (the format of
-``specframe.results``). Knobs (environment): SPECFRAME_BENCH_SCALE (ci | smollm2), SPECFRAME_BENCH_CHECKPOINTS
-(folder of run folders; smollm2 scale), SPECFRAME_BENCH_DRAFTERS (default peagle,eagle3), SPECFRAME_BENCH_PROMPTS (prompts per set, default 2; MT-Bench counts
-questions, each two turns), SPECFRAME_BENCH_MAX_NEW_TOKENS (default 32 at ci, 48 at smollm2), SPECFRAME_BENCH_REPEATS
-(default 5).
+Figures go to ``extra_info`` and to results files ``benchmarks/results/acceptance-<scale>-<drafters>-*.json`` (the
+format of ``specframe.results``). Knobs (environment): SPECFRAME_BENCH_SCALE (ci | smollm2),
+SPECFRAME_BENCH_CHECKPOINTS (folder of run folders; smollm2 scale), SPECFRAME_BENCH_DRAFTERS (default peagle,eagle3),
+SPECFRAME_BENCH_PROMPTS (prompts per set, default 2; MT-Bench counts questions, each two turns),
+SPECFRAME_BENCH_MAX_NEW_TOKENS (default 32 at ci, 48 at smollm2), SPECFRAME_BENCH_REPEATS (default 5).
 """
 
 from __future__ import annotations
@@ -130,14 +130,13 @@ def _drafter_tag(methods) -> str:
 
 
 def _write(name, target, methods, result, config):
-    from specframe.cli.bench_cmd import _finite
     from specframe.results import write_results
 
     summary = result.summary()
     return summary, write_results(
         RESULTS / f"acceptance-{SCALE}-{_drafter_tag(methods)}-{name}.json", kind="bench.acceptance",
-        metrics=_finite(summary),
-        per_prompt=_finite(result.per_prompt()), provenance=bench.results_provenance(target, methods),
+        metrics=bench.json_safe(summary),
+        per_prompt=bench.json_safe(result.per_prompt()), provenance=bench.results_provenance(target, methods),
         config={"scale": SCALE, "max_new_tokens": MAX_NEW, "verifier": "greedy", **config},
     )
 

@@ -105,9 +105,9 @@ def make_verifier(name: str, *, temperature: float | None = None, top_k: int | N
     known = {a.name for a in attrs.fields(cls.Options)} if attrs.has(cls.Options) else set()
     unknown = sorted(set(given) - known)
     if unknown:
+        has = f"its options: {', '.join(sorted(known))}" if known else "it is greedy"
         raise UsageError(
-            f"verifier '{name}' has no {', '.join(unknown)} option (it is {'greedy' if not known else 'configured by ' + ', '.join(sorted(known))}); "
-            "use --verifier sampling or tree to sample"
+            f"verifier '{name}' has no {', '.join(unknown)} option ({has}); use --verifier sampling or tree to sample"
         )
     try:
         options = cls.Options(**given)
@@ -515,7 +515,8 @@ def compare_vllm(
                 plain[repeat] += [g.prompt_metrics() for g in result.plain.generations]
                 spec[repeat] += [g.prompt_metrics() for g in result.speculative.generations]
                 if repeat == 0:
-                    for p, g_plain, g_spec, i in zip(asked, result.plain.generations, result.speculative.generations, ids):
+                    pairs = zip(result.plain.generations, result.speculative.generations)
+                    for p, (g_plain, g_spec), i in zip(asked, pairs, ids):
                         answer = tokenizer.decode(list(g_plain.tokens), skip_special_tokens=True).strip()
                         histories[p.id] += [{"role": "user", "content": p.turns[turn]},
                                             {"role": "assistant", "content": answer}]
@@ -543,6 +544,17 @@ def compare_vllm(
 
 
 # ------------------------------------------------------------------------------------------------------- results
+
+
+def json_safe(value: Any) -> Any:
+    """JSON has no NaN: undefined figures (no drafting rounds, say) become null; tuples become lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def recorded_target(checkpoints: Sequence[str | Path]) -> str | None:

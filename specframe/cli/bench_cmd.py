@@ -103,11 +103,11 @@ def acceptance(
             "drafters": list(drafters), "baselines": list(baselines),
             "token_budget_rule": "recorded tokens, else steps x batch_size x seq_len (an upper bound)",
         }
-        write_results(Path(output), kind=KIND, metrics=_finite(summary), per_prompt=_finite(per_prompt),
-                      provenance=core.results_provenance(tgt_info, methods, command_line(click.get_current_context())),
-                      config=config)
+        prov = core.results_provenance(tgt_info, methods, command_line(click.get_current_context()))
+        write_results(Path(output), kind=KIND, metrics=core.json_safe(summary),
+                      per_prompt=core.json_safe(per_prompt), provenance=prov, config=config)
     if as_json:
-        click.echo(json.dumps(_finite(summary), indent=1))
+        click.echo(json.dumps(core.json_safe(summary), indent=1))
     else:
         _table(summary)
         if output is not None:
@@ -169,17 +169,6 @@ def _options(verifier: Any) -> dict[str, Any]:
     import attrs
 
     return attrs.asdict(verifier.options) if attrs.has(type(verifier.options)) else {}
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN: undefined figures (no drafting rounds, say) become null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
