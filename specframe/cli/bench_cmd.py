@@ -30,7 +30,7 @@ def bench() -> None:
 @click.option("--dataset", required=True,
               help="mt-bench (both turns), humaneval, gsm8k (evaluation slice), or a JSON/JSONL file of records "
                    "with 'messages'.")
-@click.option("--num-prompts", type=int, default=10, show_default=True, help="The first N prompts by id.")
+@click.option("--num-prompts", type=int, default=10, show_default=True, help="The first N prompts by id (MT-Bench: N questions, two turns each).")
 @click.option("--repeats", type=int, default=1, show_default=True,
               help="Interleaved repeats; with 2 or more, ratios get a 95% interval.")
 @click.option("--engine", type=click.Choice(["reference", "vllm"]), default="reference", show_default=True,
