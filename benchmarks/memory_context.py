@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -96,13 +97,18 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write a specframe results file here")
     ap.add_argument("--rescore", action="store_true",
                     help="measure nothing: re-estimate the measured rows of --json with the current estimator")
+    ap.add_argument("--merge", nargs="*", type=Path, help="with --rescore: add the rows of these results files")
     args = ap.parse_args()
     budget = mem.parse_size(args.budget)
     rows = []
     if args.rescore:
         from specframe.results import read_results
 
-        rows = read_results(args.json)["per_prompt"]
+        sources = [read_results(f) for f in [args.json, *(args.merge or [])]]
+        # rows measured by other invocations keep the commands that measured them
+        args.measured_by = [c for d in sources for c in d["config"].get("measured_by", [d["provenance"]["command"]])]
+        rows = [r for d in sources for r in d["per_prompt"]]
+        rows.sort(key=lambda r: (list(PATHS).index(r["path"]), r["seq_len"]))
         for row in rows:
             est = _estimate(_spec(row["path"], row["seq_len"], args.segment_len))
             row.update(estimate_bytes=est.peak_bytes, fixed_bytes=est.fixed_bytes)
@@ -151,6 +157,9 @@ def report(args, rows: list[dict], budget: int, final: bool) -> dict:
             drafter_options=cfg.drafter_options, features="synthetic"), budget, multiple=256)
         metrics["paths"][path] = {
             "growth_exponent_peak_minus_fixed": fit,
+            # the local exponent between the two longest measured lengths, where constant step terms matter least
+            "growth_exponent_longest_pair": exponent(
+                sorted((r["seq_len"], r["peak_bytes"] - r["fixed_bytes"]) for r in done)[-2:]),
             "longest_measured": longest_measured,
             "max_abs_estimate_error": max((abs(r["estimate_error"]) for r in done), default=None),
             "estimated_longest_seq_len_in_budget": longest,
@@ -162,7 +171,8 @@ def report(args, rows: list[dict], budget: int, final: bool) -> dict:
         write_results(args.json, kind="memory_context", metrics=metrics, per_prompt=rows,
                       provenance=provenance(target={"id": "random SmolLM2-shaped (synthetic features)",
                                                     "weights_hash": "none (random init, seed 0)"}),
-                      config={"shape": SHAPE, "drafter": DRAFTER, "depth": 8, "segment_len": args.segment_len,
+                      config={"measured_by": getattr(args, "measured_by", None) or [shlex.join(sys.argv)],
+                              "shape": SHAPE, "drafter": DRAFTER, "depth": 8, "segment_len": args.segment_len,
                               "features": "synthetic", "torch_threads": 1})
 
     return metrics
