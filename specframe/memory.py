@@ -20,7 +20,9 @@ real partitioner, so every segment's forwarded and charged counts are the ones t
 only on L, K and the ratios). Per-element byte counts were read off the saved-tensor sizes of
 ``specframe.modeling.DecoderLayer`` (about 10.8 H + 4 I floats per element and layer) and the constants below
 (the process baseline and a per-step overhead) were read off a few measured runs; the tests and the benchmark check
-configurations that were not used to fit them. Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for
+configurations that were not used to fit them. Checked so far (``benchmarks/results/memory_context.json``): SmolLM2-
+shaped P-EAGLE, 256-4096 tokens, dense / chunked + checkpointing / + peagle partitioner, within -10% .. +10% of the
+measured peak (the checkpointed, partitioned path is the one underestimated, by about 10%). Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for
 every training sequence, the target forward computed without logits (``specframe.features``).
 
 Guard: ``MemoryGuard`` reads the process's peak (VmHWM / ru_maxrss on CPU, ``torch.cuda.max_memory_allocated`` on
