@@ -8,7 +8,8 @@ would hand them over; the target trunk is not in memory, its lm_head is). Paths:
 
 - ``dense``: the dense mask builder, no checkpointing, no partitioning (the reference);
 - ``efficient``: chunked mask builder + activation checkpointing + the chunked KL loss;
-- ``efficient+peagle``: the same with P-EAGLE's sequence partitioner, S = max(2, L // --segment-len) (512 tokens per segment).
+- ``efficient+peagle``: the same with P-EAGLE's sequence partitioner, S = max(2, L // --segment-len) (512 tokens
+  per segment).
 
 A point whose estimate (``specframe.memory``) exceeds --budget is not run (the estimate is reported instead), so the
 run never takes the machine down. The growth exponent is fitted on (peak - fixed part) against L, log-log. Every

@@ -22,8 +22,11 @@ only on L, K and the ratios). Per-element byte counts were read off the saved-te
 (the process baseline and a per-step overhead) were read off a few measured runs; the tests and the benchmark check
 configurations that were not used to fit them. Checked so far (``benchmarks/results/memory_context.json``): SmolLM2-
 shaped P-EAGLE, 256-4096 tokens, dense / chunked + checkpointing / + peagle partitioner, within -10% .. +10% of the
-measured peak (the checkpointed, partitioned path is the one underestimated, by about 10%). Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for
-every training sequence, the target forward computed without logits (``specframe.features``).
+measured peak (the checkpointed, partitioned path is the one underestimated, by about 10%).
+
+Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for every training
+sequence, the target forward computed without logits (``specframe.features``), fp32 unless ``dtype_bytes`` says
+otherwise. Start-up transients (loading the target) are not estimated; the guard's measured peak includes them.
 
 Guard: ``MemoryGuard`` reads the process's peak (VmHWM / ru_maxrss on CPU, ``torch.cuda.max_memory_allocated`` on
 CUDA) after every optimizer step and raises ``MemoryBudgetExceeded`` when it is over the budget; the engine then stops
@@ -189,7 +192,8 @@ def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tupl
     out = []
     for seg in segs:
         idx = seg.elements
-        out.append((int(idx.numel()), int((seg.loss_mask & charged_all[idx]).sum()), int((elems.depth[idx] == 0).sum())))
+        charged = int((seg.loss_mask & charged_all[idx]).sum())
+        out.append((int(idx.numel()), charged, int((elems.depth[idx] == 0).sum())))
     return out, len(elems)
 
 

@@ -94,7 +94,8 @@ def test_refusal_names_the_need_and_what_fits():
                            features="synthetic")
     est = mem.estimate(cfg)
     # a budget that four peagle segments with the chunked mask fit, far below what the dense full sequence needs
-    limit = mem.estimate(attrs.evolve(cfg, mask_builder="chunked", partitioner="peagle", partitions=4)).peak_bytes + 2**20
+    four = attrs.evolve(cfg, mask_builder="chunked", partitioner="peagle", partitions=4)
+    limit = mem.estimate(four).peak_bytes + 2**20
     assert est.peak_bytes > limit
     with pytest.raises(SpecframeError) as err:
         mem.check_budget(cfg, limit)
