@@ -148,7 +148,8 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
                        "answer_tokens": sum(r["answer_tokens"] for r in rows)},
             "generation_seconds_total": round(sum(b["seconds"] for b in batch_log), 1),
             "batches_logged": len(batch_log),
-            "runs": [json.loads(x) for x in runs_log.read_text(encoding="utf-8").splitlines() if x.strip()],
+            "runs": [json.loads(x) for x in runs_log.read_text(encoding="utf-8").splitlines() if x.strip()]
+            if runs_log.exists() else [],
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
             "note": "answers only; prompts are joined from their sources by specframe.data.default.load_default",
         }
