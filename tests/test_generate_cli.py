@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from specframe.cli import main
 from specframe.results import read_results
+from specframe.vllm import vllm_available
 from tests.train_fixtures import build
 
 
@@ -143,3 +144,30 @@ def test_clear_errors(assets, tmp_path):
     code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
                      "--engine", "vllm")
     assert code == 2 and "exactly one --checkpoint" in text
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
+def test_bench_acceptance_on_vllm(assets, tmp_path, monkeypatch):
+    from tests.vllm_fixtures import AUX, build_target
+
+    _, _, chat, prompts = assets
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target = build_target(tmp_path / "target")  # vLLM's CPU attention needs head size 32 or more
+    cfg = tmp_path / "vllm.toml"
+    cfg.write_text(f"[drafter]\nlayers = 2\ndraft_vocab_size = 128\naux_layer_ids = {AUX}\n")
+    run_dir = tmp_path / "run"
+    code, text = run("train", "--drafter", "peagle", "--target", target, "--data", chat, "--seq-len", 48,
+                     "--max-steps", 2, "--config", cfg, "--output", run_dir, "--json")
+    assert code == 0, text
+    out = tmp_path / "vllm.json"
+    code, text = run("bench", "acceptance", "--engine", "vllm", "--checkpoint", run_dir, "--dataset", prompts,
+                     "--num-prompts", 2, "--max-new-tokens", 12, "--k", 3, "--output", out, "--json")
+    assert code == 0, text
+    summary = payload(text)
+    assert summary["engine"] == "vllm" and summary["prompt_turns"] == 3
+    spec = summary["methods"]["vllm"]
+    assert spec["lossless"] is True and spec["k"] == 3 and 1.0 <= spec["acceptance_length"] <= 4.0
+    document = read_results(out)
+    assert document["provenance"]["drafter_checkpoint_hash"].startswith("sha256:")
