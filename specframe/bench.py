@@ -575,16 +575,19 @@ def recorded_target(checkpoints: Sequence[str | Path]) -> str | None:
 
 
 def results_provenance(target: Any, methods: Sequence[Method], command: list[str] | None = None) -> dict[str, Any]:
-    """``specframe.results.provenance`` for a comparison. With one trained drafter its checkpoint hash and token
-    budget are scalars; with several they map method label to value."""
+    """``specframe.results.provenance`` for a comparison. With one trained checkpoint (at any number of K / tree
+    settings) its hash and token budget are scalars; with several they map drafter name (or method label, where two
+    checkpoints share a drafter) to value."""
     from specframe.results import provenance
 
-    trained = [m for m in methods if m.checkpoint_hash is not None]
+    trained = list({m.checkpoint: m for m in methods if m.checkpoint_hash is not None}.values())
     if len(trained) == 1:
         ckpt_hash, budget = trained[0].checkpoint_hash, trained[0].token_budget
     elif trained:
-        ckpt_hash = {m.label: m.checkpoint_hash for m in trained}
-        budget = {m.label: m.token_budget for m in trained}
+        names = [m.drafter.name for m in trained]
+        keys = names if len(set(names)) == len(names) else [m.label for m in trained]
+        ckpt_hash = {key: m.checkpoint_hash for key, m in zip(keys, trained)}
+        budget = {key: m.token_budget for key, m in zip(keys, trained)}
     else:
         ckpt_hash = budget = None
     return provenance(

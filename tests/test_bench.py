@@ -154,3 +154,20 @@ def test_drafter_cost_counts_decode_rounds_only(target):
     ids = bench.chat_ids(target.tokenizer, [{"role": "user", "content": "the quick brown fox"}])
     trial = bench.decode(target.model, ids, bench.make_verifier("greedy"), method, max_new_tokens=8)
     assert len(calls) >= 2 and 0 < trial.draft_seconds < 0.3
+
+
+def test_provenance_names_each_checkpoint_once():
+    from types import SimpleNamespace
+
+    target = SimpleNamespace(id="tiny", weights_hash="abc")
+    peagle, eagle3 = SimpleNamespace(name="peagle"), SimpleNamespace(name="eagle3")
+    one = [bench.Method(f"peagle/k{k}", peagle, k, checkpoint="/r/p", checkpoint_hash="sha256:p", token_budget=96)
+           for k in (3, 5)]
+    prov = bench.results_provenance(target, [bench.Method("ngram/k5", object()), *one], ["specframe", "bench"])
+    assert prov["drafter_checkpoint_hash"] == "sha256:p" and prov["token_budget"] == 96
+    assert prov["target"] == {"id": "tiny", "weights_hash": "abc"} and prov["command"] == "specframe bench"
+    two = [*one, bench.Method("eagle3/k5", eagle3, 5, checkpoint="/r/e", checkpoint_hash="sha256:e", token_budget=48)]
+    prov = bench.results_provenance(target, two)
+    assert prov["drafter_checkpoint_hash"] == {"peagle": "sha256:p", "eagle3": "sha256:e"}
+    assert prov["token_budget"] == {"peagle": 96, "eagle3": 48}
+    assert bench.results_provenance(target, [bench.Method("ngram/k5", object())])["token_budget"] is None
