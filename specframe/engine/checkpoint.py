@@ -127,16 +127,24 @@ def save(
     final = out / step_name(step)
     tmp = out / f".{step_name(step)}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    drafter.save(tmp)
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    tensors, meta = optimizer_to_files(optimizer)
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    (tmp / "optimizer.json").write_text(json.dumps(meta))
-    (tmp / "scheduler.json").write_text(json.dumps(scheduler.state_dict()))
-    save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
-    _fsync_tree(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        drafter.save(tmp)
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        tensors, meta = optimizer_to_files(optimizer)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "optimizer.json").write_text(json.dumps(meta))
+        (tmp / "scheduler.json").write_text(json.dumps(scheduler.state_dict()))
+        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+        _fsync_tree(tmp)
+    except OSError as exc:  # a full disk or a lost mount: the half-written copy goes, the last good one stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = (out / LATEST).read_text().strip() if has_checkpoint(out) else None
+        raise SpecframeError(
+            f"could not write checkpoint {final.name} in {out}: {exc.strerror or exc}; "
+            + (f"the last checkpoint {kept} is intact" if kept else "no checkpoint was written")
+        ) from exc
     previous = resolve(out) if has_checkpoint(out) else None
     if final.exists():  # a checkpoint of the same step from an earlier, interrupted attempt
         shutil.rmtree(final)

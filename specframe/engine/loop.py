@@ -25,7 +25,7 @@ import torch
 
 from specframe import api, plugins
 from specframe.elements import full_grid
-from specframe.engine import checkpoint
+from specframe.engine import checkpoint, validate
 from specframe.engine.config import TrainConfig, structure_options, to_dict
 from specframe.engine.data import CacheSource, OnlineSource
 from specframe.errors import SpecframeError, UsageError
@@ -250,16 +250,15 @@ class Trainer:
             elems, sup = self.elements(example, gen)
             segs = self.segments(elems)
             local_count += int(sup[elems.position].sum())
-            work.append((example, elems, segs))
+            work.append((example, elems, segs, sup))
         count = self.dist.sum_(torch.tensor([float(local_count)]))
         global_count = float(count.item())
         loss_sum = torch.zeros(1)
         self.optimizer.zero_grad(set_to_none=True)
         if global_count > 0:
-            for example, elems, segs in work:
+            for example, elems, segs, sup in work:
                 for seg in segs:
-                    sub = elems.subset(seg.elements)
-                    terms = self.drafter.loss(example, elems, seg, self.builder.build(sub, sub))
+                    terms = self._segment_loss(example, elems, seg, sup, training=True)
                     (terms.loss_sum / global_count).backward()
                     loss_sum += terms.loss_sum.detach().float()
         for p in self.params:
@@ -275,12 +274,27 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         lr = self.scheduler.get_last_lr()[0]
         if global_count > 0:
+            validate.check_finite(step + 1, float(loss_sum.item()), float(grad_norm))
             self.optimizer.step()
+        self.plugins_checked = True
         self.scheduler.step()
         self.step += 1
         loss = float(loss_sum.item() / global_count) if global_count > 0 else None
         return {"step": self.step, "train_loss": loss, "elements": int(global_count), "lr": lr,
                 "grad_norm": float(grad_norm)}
+
+    def _segment_loss(
+        self, example: api.TrainingExample, elems: Any, seg: api.Segment, sup: torch.Tensor, *, training: bool
+    ) -> api.LossTerms:
+        sub = elems.subset(seg.elements)
+        attention = self.builder.build(sub, sub)
+        if getattr(self, "plugins_checked", False):
+            return self.drafter.loss(example, elems, seg, attention)
+        # the first step checks every plugin's output so a broken plugin is named, not a shape error deep in autograd
+        attention = validate.CheckedAttention(attention, self.resolved.mask_builder)
+        terms = self.drafter.loss(example, elems, seg, attention)
+        validate.check_loss_terms(terms, self.cfg.drafter, elems, seg, sup, training=training)
+        return terms
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any] | None:
@@ -296,10 +310,9 @@ class Trainer:
             if j % self.dist.world != self.dist.rank:
                 continue
             example = self.source.example(idx)
-            elems, _ = self.elements(example, None)
+            elems, sup = self.elements(example, None)
             for seg in self.segments(elems):
-                sub = elems.subset(seg.elements)
-                terms = self.drafter.loss(example, elems, seg, self.builder.build(sub, sub))
+                terms = self._segment_loss(example, elems, seg, sup, training=False)
                 loss_sum += terms.loss_sum.float()
                 count += terms.count
                 correct += terms.correct.float()
