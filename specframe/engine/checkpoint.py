@@ -155,6 +155,44 @@ def save(
     return final
 
 
+# what torch.save / pickle writes: loading any of these could run arbitrary code, so a checkpoint carrying one is refused
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+_PICKLE_MAGIC = (b"PK\x03\x04", b"\x80")  # torch.save's zip archive, a raw pickle (protocol >= 2)
+
+
+def check_safetensors(path: Path) -> None:
+    """Raise a SpecframeError unless ``path`` is a complete safetensors file; reads only its header, unpickles nothing."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if head.startswith(_PICKLE_MAGIC):
+            raise SpecframeError(
+                f"{path} is a pickle (torch.save) file, not safetensors; specframe never unpickles weights "
+                "(re-save them with safetensors)"
+            )
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        header = f.read(n) if 0 < n <= size - 8 else b""
+    try:
+        meta = json.loads(header)
+        end = max((v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError):
+        end = None
+    if end is None or 8 + n + end != size:
+        raise SpecframeError(f"{path} is not a complete safetensors file (truncated or corrupt: {size} bytes)")
+
+
+def check_files(directory: Path) -> None:
+    """Refuse a checkpoint that carries pickle files or damaged safetensors, before anything in it is loaded."""
+    for path in sorted(directory.rglob("*")):
+        if path.suffix in PICKLE_SUFFIXES:
+            raise SpecframeError(
+                f"{directory} contains {path.relative_to(directory)}, a pickle file; specframe loads only safetensors "
+                "and refuses checkpoints that carry pickles (nothing was loaded)"
+            )
+        if path.suffix == ".safetensors":
+            check_safetensors(path)
+
+
 def load_training_state(
     directory: Path, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
 ) -> dict[str, Any]:
@@ -175,6 +213,7 @@ def load_drafter(path: str | os.PathLike, target_config: Any) -> Any:
     from specframe.engine.config import structure_options
 
     directory = resolve(path)
+    check_files(directory)
     config = json.loads((directory / "config.json").read_text())
     cls = plugins.get("drafter", config["drafter"])
     options = structure_options(config.get("drafter_options", {}), cls.Options, f"drafter '{cls.name}'")

@@ -106,6 +106,7 @@ class Trainer:
                 )
             return None
         directory = checkpoint.resolve(resume)
+        checkpoint.check_files(directory)
         saved = json.loads((directory / "config.json").read_text())
         if saved.get("drafter") != self.cfg.drafter:
             raise SpecframeError(

@@ -1,0 +1,90 @@
+"""Checkpoints are never unpickled: pickle files and damaged safetensors are refused with one clear line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import AutoConfig
+
+from specframe.cli import main
+from specframe.engine import checkpoint as ckpt
+from specframe.errors import SpecframeError
+from tests.train_fixtures import build
+
+
+class Payload:
+    """Unpickling this touches a marker file: proof of whether anything was unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("security")
+    target, chat = build(root)
+    cfg = root / "small.toml"
+    cfg.write_text("[drafter]\nlayers = 2\ndraft_vocab_size = 100\nk_train = 3\n")
+    out = root / "run"
+    args = ["train", "--drafter", "peagle", "--target", target, "--data", chat, "--seq-len", 48, "--output", out,
+            "--config", cfg, "--mask-builder", "dense", "--max-steps", 1, "--max-examples", 4]
+    result = CliRunner().invoke(main, list(map(str, args)))
+    assert result.exit_code == 0, result.output
+    return target, out, args
+
+
+def copy(run, tmp_path) -> Path:
+    _, out, _ = run
+    dest = tmp_path / "ckpt"
+    shutil.copytree(ckpt.resolve(out), dest)
+    return dest
+
+
+def test_a_torch_save_file_in_place_of_the_weights_is_refused_unread(run, tmp_path):
+    directory = copy(run, tmp_path)
+    marker = tmp_path / "unpickled"
+    torch.save({"w": Payload(marker)}, directory / "model.safetensors")
+    with pytest.raises(SpecframeError, match=r"model.safetensors is a pickle \(torch.save\) file, not safetensors"):
+        ckpt.load_drafter(directory, AutoConfig.from_pretrained(run[0]))
+    assert not marker.exists()
+
+
+def test_a_pickle_beside_the_weights_is_refused(run, tmp_path):
+    directory = copy(run, tmp_path)
+    marker = tmp_path / "unpickled"
+    torch.save(Payload(marker), directory / "pytorch_model.bin")
+    with pytest.raises(SpecframeError, match="contains pytorch_model.bin, a pickle file"):
+        ckpt.load_drafter(directory, AutoConfig.from_pretrained(run[0]))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("keep", [0, 5, 100, -10])
+def test_a_truncated_safetensors_file_is_a_clear_error(run, tmp_path, keep):
+    directory = copy(run, tmp_path)
+    weights = directory / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:keep])
+    with pytest.raises(SpecframeError, match="model.safetensors is not a complete safetensors file"):
+        ckpt.load_drafter(directory, AutoConfig.from_pretrained(run[0]))
+
+
+def test_resume_refuses_a_pickled_optimizer_state_through_the_cli(run, tmp_path):
+    _, out, args = run
+    directory = copy(run, tmp_path)
+    marker = tmp_path / "unpickled"
+    torch.save(Payload(marker), directory / "optimizer.safetensors")
+    new_out = tmp_path / "o2"
+    argv = [*args[: args.index("--output") + 1], str(new_out), *args[args.index("--output") + 2 :]]
+    result = CliRunner().invoke(main, list(map(str, [*argv[:-4], "--max-steps", 2, "--resume", directory])))
+    assert result.exit_code != 0
+    assert "error: " in result.stderr and "optimizer.safetensors is a pickle (torch.save) file" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not marker.exists()
+    assert not list(new_out.glob("step-*"))
