@@ -197,6 +197,15 @@ def read_jsonl(path: str | os.PathLike, *, skip_bad_lines: bool = False, stats: 
     p = Path(path)
     if not p.exists():
         raise SpecframeError(f"data file {p} does not exist")
+    try:
+        yield from _jsonl_objects(p, skip_bad_lines, stats)
+    except UnicodeDecodeError as exc:
+        raise SpecframeError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start} of a line)") from None
+    except (gzip.BadGzipFile, EOFError) as exc:
+        raise SpecframeError(f"{p}: not a complete gzip file ({exc})") from None
+
+
+def _jsonl_objects(p: Path, skip_bad_lines: bool, stats: dict | None) -> Iterator[dict]:
     opener = gzip.open if p.suffix == ".gz" else open
     with opener(p, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -236,6 +245,8 @@ def load_chat_file(
         if raw is None:
             raise SpecframeError(f"{where}: no 'messages' field")
         records.append({"source": str(r.get("source", source)), "id": rid, "messages": normalize_messages(raw, where)})
+    if not records and limit != 0:
+        raise SpecframeError(f"{p} holds no conversations")
     return _dataset(records)
 
 

@@ -12,6 +12,7 @@ run sees exactly the sequences and elements the uninterrupted run would have.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -90,11 +91,16 @@ class Trainer:
         self.dist = _Dist()
         self.out = Path(cfg.output)
         self.resume_from = self._check_output(resume)
+        created = not self.out.exists()
         self.lock = checkpoint.OutputLock(self.out) if self.dist.rank == 0 else None
         try:
             self._setup(target)
         except BaseException:
             self.close()
+            if created and self.lock is not None:  # a run refused before writing anything leaves no trace
+                (self.out / checkpoint.LOCK).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.out.rmdir()
             raise
 
     def _check_output(self, resume: str | None) -> Path | None:

@@ -1,0 +1,250 @@
+"""The bad-input catalogue (docs/bad-inputs.md), row by row, through the real CLI.
+
+Every row must end in exactly the documented ``error: ...`` line on stderr, a non-zero exit, no traceback, and an
+output directory that is byte-for-byte what it was (or still absent). The table in the doc and ``CASES`` here are
+compared by a test, so neither can drift from the other. Paths in messages are written as ``{name}`` placeholders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import pytest
+from click.testing import CliRunner
+
+from specframe.cli import main
+from specframe.engine import checkpoint as ckpt
+from tests.train_fixtures import build
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md"
+
+
+@attrs.frozen
+class Case:
+    id: str
+    what: str
+    message: str
+    args: Callable[[dict], list]
+    prepare: Callable[[dict], None] = lambda ctx: None
+
+
+def train(ctx, *extra, data="{chat}", drafter="peagle", output="{out}"):
+    return ["train", "--drafter", drafter, "--target", "{target}", "--data", data, "--seq-len", 48,
+            "--output", output, "--config", "{config}", "--mask-builder", "dense", "--max-steps", 1,
+            "--max-examples", 6, *extra]
+
+
+def write(name: str, text: str | bytes) -> Callable[[dict], None]:
+    def prepare(ctx):
+        p = ctx["tmp"] / name
+        p.write_bytes(text) if isinstance(text, bytes) else p.write_text(text)
+
+    return prepare
+
+
+def chat_line(*turns) -> str:
+    return json.dumps({"messages": [{"role": r, "content": c} for r, c in turns]}) + "\n"
+
+
+def truncate_weights(ctx):
+    d = ctx["tmp"] / "ckpt"
+    shutil.copytree(ctx["checkpoint"], d)
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+
+
+def pickled_weights(ctx):
+    import torch
+
+    d = ctx["tmp"] / "ckpt"
+    shutil.copytree(ctx["checkpoint"], d)
+    torch.save({"w": torch.zeros(2)}, d / "model.safetensors")
+
+
+def existing_run(ctx):
+    shutil.copytree(ctx["run"], ctx["out"])
+
+
+CASES = [
+    Case("data-missing", "--data names no file",
+         "error: data '{tmp}/nope.jsonl' is neither a built-in name (sharegpt, gsm8k, gsm8k-eval, "
+         "mt-bench, humaneval, default), a file, nor a hub id", lambda c: train(c, data="{tmp}/nope.jsonl")),
+    Case("data-empty", "an empty --data file",
+         "error: {tmp}/empty.jsonl holds no conversations", lambda c: train(c, data="{tmp}/empty.jsonl"),
+         write("empty.jsonl", "")),
+    Case("data-not-json", "a --data line that is not JSON",
+         "error: {tmp}/bad.jsonl:1: malformed JSON line (Expecting value: line 2 column 1 (char 15))",
+         lambda c: train(c, data="{tmp}/bad.jsonl"),
+         write("bad.jsonl", "{\"messages\": [\n")),
+    Case("data-binary", "random bytes as --data",
+         "error: {tmp}/bin.jsonl: not UTF-8 text (invalid start byte at byte 128 of a line)",
+         lambda c: train(c, data="{tmp}/bin.jsonl"),
+         write("bin.jsonl", bytes(range(256)) * 4)),
+    Case("data-no-messages", "a record without messages",
+         "error: {tmp}/nomsg.jsonl:1 (record 1): no 'messages' field", lambda c: train(c, data="{tmp}/nomsg.jsonl"),
+         write("nomsg.jsonl", json.dumps({"text": "hello"}) + "\n")),
+    Case("data-bad-role", "a chat turn with role 'robot'",
+         "error: {tmp}/role.jsonl:1 (record 1): message 1 has unknown role 'robot' or non-string content",
+         lambda c: train(c, data="{tmp}/role.jsonl"),
+         write("role.jsonl", chat_line(("user", "hi"), ("robot", "beep")))),
+    Case("data-no-assistant", "conversations without an assistant turn",
+         "error: data '{tmp}/noasst.jsonl' has no conversation with assistant tokens within --seq-len 48",
+         lambda c: train(c, data="{tmp}/noasst.jsonl"), write("noasst.jsonl", chat_line(("user", "hi")) * 4)),
+    Case("prepare-all-too-long", "prepare --max-length shorter than every conversation",
+         "error: no usable conversation in the data (0 kept, 12 skipped (0 empty, 12 over max length, 0 "
+         "without assistant turn))",
+         lambda c: ["prepare", "--target", "{target}", "--data", "{chat}", "--output", "{out}", "--max-length", 8]),
+    Case("cache-other-target", "--cache prepared for another target",
+         "error: feature cache {cache} was made for target {target} (weights 264c092d79cd), not "
+         "{other_target} (17b40d4287e4)",
+         lambda c: ["train", "--drafter", "peagle", "--target", "{other_target}", "--cache", "{cache}",
+                    "--seq-len", 48, "--output", "{out}", "--config", "{config}", "--mask-builder", "dense",
+                    "--max-steps", 1]),
+    Case("resume-other-drafter", "--resume a peagle checkpoint as eagle3",
+         "error: --resume {checkpoint} is a checkpoint of drafter 'peagle', not 'eagle3' (nothing was "
+         "overwritten)",
+         lambda c: ["train", "--drafter", "eagle3", "--target", "{target}", "--data", "{chat}", "--seq-len", 48,
+                    "--output", "{out}", "--mask-builder", "dense", "--max-steps", 2, "--resume", "{checkpoint}"]),
+    Case("truncated-weights", "--resume a checkpoint whose model.safetensors is truncated",
+         "error: {tmp}/ckpt/model.safetensors is not a complete safetensors file (truncated or corrupt: "
+         "100 bytes)",
+         lambda c: [*train(c), "--max-steps", 2, "--resume", "{tmp}/ckpt"], truncate_weights),
+    Case("pickled-weights", "--resume a checkpoint whose model.safetensors is torch.save output",
+         "error: {tmp}/ckpt/model.safetensors is a pickle (torch.save) file, not safetensors; specframe "
+         "never unpickles weights (re-save them with safetensors)",
+         lambda c: [*train(c), "--max-steps", 2, "--resume", "{tmp}/ckpt"], pickled_weights),
+    Case("unknown-drafter", "--drafter pegle (misspelt)",
+         "error: unknown drafter 'pegle' (did you mean 'peagle'?); available: eagle3, ngram, "
+         "parallelspec, pard, peagle", lambda c: train(c, drafter="pegle")),
+    Case("unknown-mask-builder", "--mask-builder dens (misspelt)",
+         "error: unknown mask builder 'dens' (did you mean 'dense'?); available: chunked, dense, flex, "
+         "precomputed", lambda c: [*train(c), "--mask-builder", "dens"]),
+    Case("unknown-partitioner", "--partitioner peagel (misspelt)",
+         "error: unknown partitioner 'peagel' (did you mean 'peagle'?); available: none, peagle",
+         lambda c: [*train(c), "--partitioner", "peagel"]),
+    Case("unknown-verifier", "generate --verifier greedi (misspelt)",
+         "error: unknown verifier 'greedi' (did you mean 'greedy'?); available: greedy, sampling, tree",
+         lambda c: ["generate", "--drafter", "ngram", "--target", "{target}", "--prompt", "hi",
+                    "--verifier", "greedi", "--max-new-tokens", 4]),
+    Case("depth-zero", "--depth 0",
+         "error: --depth must be positive, got 0", lambda c: [*train(c), "--depth", 0]),
+    Case("partitions-negative", "--partitions -1",
+         "error: --partitions must be positive, got -1", lambda c: [*train(c), "--partitions", -1]),
+    Case("max-steps-zero", "--max-steps 0",
+         "error: --max-steps must be positive, got 0", lambda c: [*train(c), "--max-steps", 0]),
+    Case("lr-zero", "--lr 0",
+         "error: --lr must be positive, got 0.0", lambda c: [*train(c), "--lr", 0]),
+    Case("batch-size-zero", "--batch-size 0",
+         "error: --batch-size must be positive, got 0", lambda c: [*train(c), "--batch-size", 0]),
+    Case("memory-budget-garbage", "--memory-budget lots",
+         "error: invalid memory size 'lots': use a number with an optional unit, e.g. 8GiB, 8G, 512MiB, "
+         "1.5GB or plain bytes (KiB/MiB/GiB/TiB are powers of 1024, K/M/G/T and KB/MB/GB/TB powers of "
+         "1000)", lambda c: [*train(c), "--memory-budget", "lots"]),
+    Case("memory-budget-tiny", "--memory-budget 1MiB (far too small)",
+         "error: memory budget 1.00 MiB is too small: peagle at --seq-len 48 with mask builder 'dense', "
+         "partitioner 'none' (1 partition) needs about 609.89 MiB (fixed 560.84 MiB + step 49.06 MiB); "
+         "even the fixed part (weights, optimizer state, process) needs 560.80 MiB: use a smaller "
+         "drafter or a larger budget (nothing was written)",
+         lambda c: [*train(c), "--memory-budget", "1MiB"]),
+    Case("resume-nothing", "--resume an empty directory",
+         "error: {tmp}/empty is neither a checkpoint nor a training output directory with a checkpoint",
+         lambda c: [*train(c), "--resume", "{tmp}/empty"],
+         lambda c: (c["tmp"] / "empty").mkdir()),
+    Case("output-has-checkpoint", "--output already holds a checkpoint, no --resume",
+         "error: {out} already holds a checkpoint; pass --resume {out} to continue it or choose another "
+         "--output (nothing was overwritten)",
+         lambda c: train(c), existing_run),
+    Case("unknown-drafter-option", "an option the drafter does not have in --config",
+         "error: invalid drafter 'peagle' options: extra fields found (layerz) @ $ (known options: "
+         "layers, k_train, k_infer, draft_vocab_size, aux_layer_ids, cod_ratio, cod_min_ratio, "
+         "activation_checkpointing, loss_chunk)",
+         lambda c: [*train(c), "--config", "{tmp}/extra.toml"], write("extra.toml", "[drafter]\nlayerz = 2\n")),
+    Case("config-not-toml", "a --config file that is not TOML",
+         "error: --config {tmp}/bad.toml is not valid: Expected ']' at the end of a table declaration "
+         "(at line 1, column 9)",
+         lambda c: [*train(c), "--config", "{tmp}/bad.toml"], write("bad.toml", "[drafter\nlayers = ")),
+    Case("target-missing", "--target names no folder or model",
+         "error: target path {tmp}/no-such-target does not exist",
+         lambda c: [*train(c), "--target", "{tmp}/no-such-target"]),
+]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    from specframe.targets import tiny_target
+
+    root = tmp_path_factory.mktemp("bad-inputs")
+    target, chat = build(root)
+    other = root / "other-target"
+    tiny_target(other, vocab=320, layers=4, hidden=32, heads=4, kv_heads=2, seed=1)
+    config = root / "small.toml"
+    config.write_text("[drafter]\nlayers = 2\ndraft_vocab_size = 100\nk_train = 3\n")
+    run_dir = root / "run"
+    ctx = {"target": target, "chat": chat, "config": config, "other_target": other, "tmp": root, "out": run_dir}
+    code, err = invoke([str(a).format(**ctx) for a in train(ctx)])
+    assert code == 0, err
+    cache = root / "cache"
+    code, err = invoke(["prepare", "--target", str(target), "--data", str(chat), "--output", str(cache),
+                        "--draft-vocab", "100"])
+    assert code == 0, err
+    return {**ctx, "run": run_dir, "checkpoint": ckpt.resolve(run_dir), "cache": cache}
+
+
+def invoke(argv: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(main, argv)
+    return result.exit_code, result.stderr
+
+
+def tree_hash(root: Path) -> str | None:
+    if not root.exists():
+        return None
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode())
+        if p.is_file() and p.name != "train.lock":  # the lock file records the pid of whoever tried last
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error: ")]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(assets, tmp_path, case):
+    ctx = {**assets, "tmp": tmp_path, "out": tmp_path / "out"}
+    case.prepare(ctx)
+    before = tree_hash(ctx["out"])
+    argv = [str(a).format(**ctx) for a in case.args(ctx)]
+    code, err = invoke(argv)
+    expected = case.message.format(**{k: str(v) for k, v in ctx.items()})
+    assert code != 0, err
+    assert "Traceback" not in err, err
+    assert error_lines(err) == [expected], err
+    assert tree_hash(ctx["out"]) == before
+
+
+def doc_rows() -> list[tuple[str, str, str]]:
+    rows = []
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"^\| `([a-z0-9-]+)` \| (.+?) \| `(error: .*)` \|$", line)
+        if m:
+            rows.append((m.group(1), m.group(2), m.group(3)))
+    return rows
+
+
+def test_the_doc_and_the_cases_agree():
+    assert [(c.id, c.what, c.message) for c in CASES] == doc_rows()
+    assert len(CASES) >= 20
+
+
+def test_debug_shows_the_traceback(assets, tmp_path):
+    code, err = invoke(["--debug", *[str(a).format(**{**assets, "out": tmp_path / "o"}) for a in train(assets)],
+                        "--depth", "0"])
+    assert code != 0 and "Traceback" in err
