@@ -58,6 +58,8 @@ def full_grid(seq_len: int, max_depth: int, doc: torch.Tensor | None = None) -> 
         raise ValueError(f"seq_len and max_depth must be positive, got {seq_len} and {max_depth}")
     if doc is None:
         doc = torch.zeros(seq_len, dtype=torch.long)
+    if doc.shape != (seq_len,):
+        raise ValueError(f"doc must have one id per position ({seq_len}), got shape {tuple(doc.shape)}")
     anchor = torch.arange(seq_len).repeat_interleave(max_depth)
     depth = torch.arange(max_depth).repeat(seq_len)
     pos = anchor + depth

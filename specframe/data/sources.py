@@ -231,7 +231,10 @@ def load_chat_file(
     p = Path(path)
     source = p.name.split(".")[0]
     if p.suffix == ".json":
-        data = json.loads(p.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as exc:  # UnicodeDecodeError is a ValueError too
+            raise SpecframeError(f"{p}: not a readable JSON file ({exc})") from None
         rows: Any = ((i + 1, r) for i, r in enumerate(data if isinstance(data, list) else [data]))
     else:
         rows = _numbered(read_jsonl(p, skip_bad_lines=skip_bad_lines, stats=stats))
@@ -239,6 +242,8 @@ def load_chat_file(
     for lineno, r in rows:
         if limit is not None and len(records) >= limit:
             break
+        if not isinstance(r, dict):
+            raise SpecframeError(f"{p}: record {lineno} is {type(r).__name__}, not a JSON object")
         rid = str(r.get("id", lineno))
         raw = r.get("messages", r.get("conversations"))
         where = f"{p}:{lineno} (record {rid})"
