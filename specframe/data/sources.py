@@ -68,7 +68,7 @@ def normalize_messages(raw: Any, where: str) -> list[dict[str, str]]:
             raise SpecframeError(f"{where}: message {j} is not an object")
         role = m.get("role", m.get("from"))
         content = m.get("content", m.get("value"))
-        if role not in ROLE_MAP or not isinstance(content, str):
+        if not isinstance(role, str) or role not in ROLE_MAP or not isinstance(content, str):
             raise SpecframeError(f"{where}: message {j} has unknown role {role!r} or non-string content")
         out.append({"role": ROLE_MAP[role], "content": content})
     while out and out[0]["role"] == "assistant":
