@@ -156,10 +156,18 @@ def test_invalid_options_are_usage_errors(setup):
         type(drafter)(target.config, type(drafter).Options(aux_layer_ids=[0, 1, 99]))
 
 
-def test_default_aux_layers_follow_vllm():
-    from specframe_plugins.peagle import default_aux_layers
+def test_default_aux_layers_follow_vllm_and_stay_distinct():
+    from transformers import LlamaConfig
 
-    assert default_aux_layers(30) == [2, 15, 27]
+    from specframe_plugins.peagle import PEagleDrafter
+
+    def ids(layers):
+        config = LlamaConfig(num_hidden_layers=layers, hidden_size=32, num_attention_heads=4, vocab_size=64)
+        return PEagleDrafter(config, PEagleDrafter.Options(layers=1, draft_vocab_size=16)).aux_layer_ids
+
+    assert ids(30) == [2, 15, 27]  # vLLM's (2, L//2, L-3)
+    # vLLM keys aux states by layer id, so repeated ids would reach fc as 2H instead of 3H: small targets differ
+    assert ids(4) == [1, 2, 3]
 
 
 def test_activation_checkpointing_gives_the_same_gradients(setup):

@@ -74,11 +74,6 @@ class PEagleOptions:
     loss_chunk: int = attrs.field(default=1024, validator=_positive)
 
 
-def default_aux_layers(num_layers: int) -> list[int]:
-    """vLLM's EAGLE-3 default aux layers (2, L//2, L-3)."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
 def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
     ids = [int(i) for i in ids]
     if len(ids) != 3:
@@ -101,7 +96,7 @@ class PEagleDrafter(api.Drafter):
         super().__init__(target_config, options)
         opts = self.options
         n_layers = int(target_config.num_hidden_layers)
-        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else default_aux_layers(n_layers)
+        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(api.eagle.default_aux_layers(n_layers))
         self.aux_layer_ids = check_aux_layers(ids, n_layers)
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
