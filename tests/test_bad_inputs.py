@@ -161,8 +161,8 @@ CASES = [
          "--output (nothing was overwritten)",
          lambda c: train(c), existing_run),
     Case("unknown-drafter-option", "an option the drafter does not have in --config",
-         "error: invalid drafter 'peagle' options: extra fields found (layerz) @ $ (known options: "
-         "layers, k_train, k_infer, draft_vocab_size, aux_layer_ids, cod_ratio, cod_min_ratio, "
+         "error: invalid drafter 'peagle' options: extra fields found (layerz) (did you mean 'layers'?) "
+         "(known options: layers, k_train, k_infer, draft_vocab_size, aux_layer_ids, cod_ratio, cod_min_ratio, "
          "activation_checkpointing, loss_chunk)",
          lambda c: [*train(c), "--config", "{tmp}/extra.toml"], write("extra.toml", "[drafter]\nlayerz = 2\n")),
     Case("config-not-toml", "a --config file that is not TOML",

@@ -72,6 +72,15 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 def structure_options(data: dict[str, Any], cls: type, what: str) -> Any:
     """Plugin options from a plain dict; unknown keys and bad types become one clear ``UsageError``."""
+    names = [a.name for a in attrs.fields(cls)] if attrs.has(cls) else None
+    extra = sorted(set(data) - set(names)) if names is not None else []
+    if extra:  # named here rather than by cattrs, whose message points at a JSON path ("@ $") and suggests nothing
+        from specframe.errors import did_you_mean
+
+        raise UsageError(
+            f"invalid {what} options: extra fields found ({', '.join(extra)}){did_you_mean(extra[0], names)} "
+            f"(known options: {', '.join(names) or 'none'})"
+        )
     try:
         return _converter.structure(dict(data), cls)
     except UsageError:
