@@ -47,9 +47,27 @@ def label(name: str, document: dict[str, Any]) -> str:
     return ", ".join(parts) or name
 
 
-def scalars(document: dict[str, Any]) -> dict[str, float]:
+def runs(name: str, document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The measured runs in a results file as (label, figures): one per method where the file compares several
+    side by side (``metrics.methods``, as ``bench acceptance`` writes), else the file itself."""
+    return [(run_label, figures) for _, run_label, figures in _keyed_runs(name, document)]
+
+
+def _keyed_runs(name: str, document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    # (key, label, figures); the key (method name, or "" for a single-run file) pairs runs across directories
+    metrics = document.get("metrics", {})
+    config = document.get("config", {})
+    methods = metrics.get("methods")
+    if isinstance(methods, dict) and methods:
+        base = label(name, {"config": config, "metrics": {}})
+        return [(method, f"{base}: {method}", figures) for method, figures in methods.items() if isinstance(figures, dict)]
+    extra = {key: config[key] for key in ("k", "drafter") if key in config and key not in metrics}
+    return [("", label(name, document), {**metrics, **extra})]
+
+
+def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     out = {}
-    for key, value in document.get("metrics", {}).items():
+    for key, value in metrics.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
         if isinstance(value, float) and not math.isfinite(value):
@@ -82,10 +100,11 @@ def render(directory: Path, output: Path | None = None) -> Path:
         by_kind[document["kind"]].append((name, document))
     for kind, members in sorted(by_kind.items()):
         lines += [f"## {kind}", ""]
-        keys = sorted({key for _, document in members for key in scalars(document)})
-        rows = [[label(name, d)] + [scalars(d).get(key, "") for key in keys] for name, d in members]
+        measured = [run for name, document in members for run in runs(name, document)]
+        keys = sorted({key for _, metrics in measured for key in scalars(metrics)})
+        rows = [[run] + [scalars(metrics).get(key, "") for key in keys] for run, metrics in measured]
         lines += _table(["run"] + keys, rows) + [""]
-        for plot in _plots(kind, members, output.parent):
+        for plot in _plots(kind, measured, output.parent):
             lines += [f"![{plot.stem}]({plot.name})", ""]
     output.write_text("\n".join(lines))
     return output
@@ -105,41 +124,38 @@ def _provenance_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str
     ) + [""]
 
 
-def _plots(kind: str, members: list[tuple[str, dict[str, Any]]], where: Path) -> list[Path]:
+def _plots(kind: str, measured: list[tuple[str, dict[str, Any]]], where: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     made = []
-    memory = [(n, d) for n, d in members if d["metrics"].get("points")]
+    memory = [(run, m) for run, m in measured if m.get("points")]
     if memory:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for name, document in memory:
-            points = sorted(document["metrics"]["points"], key=lambda p: p["seq_len"])
-            ax.plot([p["seq_len"] for p in points], [p["peak_bytes"] / 2**30 for p in points], "o-",
-                    label=label(name, document))
+        for run, metrics in memory:
+            points = sorted(metrics["points"], key=lambda p: p["seq_len"])
+            ax.plot([p["seq_len"] for p in points], [p["peak_bytes"] / 2**30 for p in points], "o-", label=run)
         ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="peak memory (GiB)",
                title="Peak training memory against context")
         ax.legend(fontsize=7)
         made.append(_save(fig, where / f"{kind}-memory.png"))
-    acceptance = [(n, d) for n, d in members if d["metrics"].get("per_position_conditional")]
+    acceptance = [(run, _conditional(m)) for run, m in measured if _conditional(m)]
     if acceptance:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for name, document in acceptance:
-            rates = document["metrics"]["per_position_conditional"]
-            ax.plot(range(1, len(rates) + 1), rates, "o-", label=label(name, document))
+        for run, rates in acceptance:
+            ax.plot(range(1, len(rates) + 1), [r if r is not None else float("nan") for r in rates], "o-", label=run)
         ax.set(xlabel="draft position", ylabel="acceptance rate (conditional)", ylim=(0, 1),
                title="Acceptance by position")
         ax.legend(fontsize=7)
         made.append(_save(fig, where / f"{kind}-acceptance.png"))
-    speed = [(n, d) for n, d in members if d["metrics"].get("speedup") is not None and d.get("config", {}).get("k")]
+    speed = [(run, m) for run, m in measured if m.get("speedup") is not None and m.get("k")]
     if speed:
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for name, document in speed:
-            config = document["config"]
-            key = ", ".join(str(config.get(k)) for k in ("drafter", "verifier", "engine") if config.get(k))
-            series[key or name].append((config["k"], document["metrics"]["speedup"]))
+        for run, metrics in speed:
+            key = metrics.get("drafter") or run.split(":")[-1].split("/")[0].strip()
+            series[key].append((metrics["k"], metrics["speedup"]))
         fig, ax = plt.subplots(figsize=(6, 4))
         for key, values in sorted(series.items()):
             values.sort()
@@ -149,6 +165,10 @@ def _plots(kind: str, members: list[tuple[str, dict[str, Any]]], where: Path) ->
         ax.legend(fontsize=7)
         made.append(_save(fig, where / f"{kind}-speedup.png"))
     return made
+
+
+def _conditional(metrics: dict[str, Any]) -> list[float | None]:
+    return metrics.get("per_position_conditional") or metrics.get("conditional") or []
 
 
 def _save(fig, path: Path) -> Path:
@@ -170,10 +190,14 @@ def compare(base: Path, other: Path, output: Path | None = None) -> Path:
     lines = [f"# specframe results: {base.name} vs {other.name}", ""]
     rows = []
     for name in common:
-        sa, sb = scalars(a[name]), scalars(b[name])
-        for key in sorted(set(sa) & set(sb)):
-            ratio = sb[key] / sa[key] if sa[key] else ""
-            rows.append([label(name, a[name]), key, sa[key], sb[key], sb[key] - sa[key], ratio])
+        runs_b = {key: figures for key, _, figures in _keyed_runs(name, b[name])}
+        for key, run, figures in _keyed_runs(name, a[name]):
+            if key not in runs_b:
+                continue
+            sa, sb = scalars(figures), scalars(runs_b[key])
+            for metric in sorted(set(sa) & set(sb)):
+                ratio = sb[metric] / sa[metric] if sa[metric] else ""
+                rows.append([run, metric, sa[metric], sb[metric], sb[metric] - sa[metric], ratio])
     lines += _table(["run", "metric", base.name, other.name, "difference", "ratio"], rows) + [""]
     only = sorted(set(a) ^ set(b))
     if only:

@@ -64,3 +64,19 @@ def test_compare_two_directories(results_dir, tmp_path):
 def test_empty_directory_is_an_error(tmp_path):
     result = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert result.exit_code == 1 and result.stderr == f"error: no specframe results files in {tmp_path}\n"
+
+
+def test_side_by_side_methods_become_rows_and_plots(tmp_path):
+    d = tmp_path / "bench"
+    methods = {
+        "plain": {"acceptance_length": 1.0, "speedup": 1.0, "k": 0, "conditional": []},
+        "peagle/k5": {"acceptance_length": 2.5, "speedup": 1.4, "k": 5, "drafter": "peagle",
+                      "conditional": [0.8, 0.6, None, None, None]},
+    }
+    write(d, "speed.json", "bench.acceptance", {"methods": methods}, {"dataset": "mt-bench", "verifier": "greedy"})
+    result = CliRunner().invoke(main, ["report", str(d)])
+    assert result.exit_code == 0, result.output
+    text = (d / "report.md").read_text()
+    assert "| verifier=greedy, dataset=mt-bench: peagle/k5 | 2.5 | 5 | 1.4 |" in text
+    assert "| verifier=greedy, dataset=mt-bench: plain | 1 | 0 | 1 |" in text
+    assert (d / "bench.acceptance-acceptance.png").exists() and (d / "bench.acceptance-speedup.png").exists()
