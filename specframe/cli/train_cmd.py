@@ -54,7 +54,8 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
               help="Training conversations: a built-in name (default, sharegpt, gsm8k, ...), a JSON/JSONL file or a "
                    "hub dataset id. Default: 'default' unless --cache is given.")
 @click.option("--cache", default=None,
-              help="A feature cache written by `specframe prepare` (not supported yet: the error says so).")
+              help="A feature cache written by `specframe prepare` for the same target: features are read, not "
+                   "recomputed, so every drafter trains on identical inputs.")
 @click.option("--seq-len", type=int, default=256, show_default=True, help="Tokens per training sequence (longer "
               "conversations are truncated).")
 @click.option("--depth", type=int, default=None, help="Training depth K (elements per anchor). Default: the "

@@ -36,7 +36,7 @@ class TrainConfig:
     mask_builder: str | None = None
     partitioner: str = "none"
     partitions: int = attrs.field(default=1, validator=_positive)
-    #: recorded only: the memory estimator that would enforce it is not written yet
+    #: peak-memory budget (a size string such as 8GiB): checked by the estimator before training, guarded after every step
     memory_budget: str | None = None
     max_steps: int = attrs.field(default=30, validator=_positive)
     batch_size: int = attrs.field(default=2, validator=_positive)
