@@ -183,7 +183,7 @@ def test_cache_and_online_features_train_alike(assets, tmp_path):
     from specframe.targets import load_target
 
     target = load_target(assets[0])
-    spec = FeatureSpec(aux_layers=(2, 2, 1), final_hidden=True)  # peagle's default ids for a 4-layer target
+    spec = FeatureSpec.eagle(target.num_layers)  # the aux ids every EAGLE-family drafter defaults to
     prepare_cache(target, load_data(str(assets[1])), tmp_path / "cache", spec=spec, dtype="float32", draft_vocab=None)
     online = train(config(assets, tmp_path / "online", max_steps=2), progress=False)
     cached = train(config(assets, tmp_path / "cached", max_steps=2, data=None, cache=str(tmp_path / "cache")),

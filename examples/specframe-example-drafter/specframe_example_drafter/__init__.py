@@ -54,7 +54,8 @@ class SkipgramDrafter(api.Drafter):
 
     def loss(self, example, elements, segment, attention) -> api.LossTerms:
         sub = elements.subset(segment.elements)
-        charged = segment.loss_mask
+        # charged: this segment's elements whose reference position carries a loss
+        charged = segment.loss_mask & self.supervision(example)[sub.position]
         anchor, depth = sub.anchor[charged], sub.depth[charged]
         if len(depth) and int(depth.max()) >= self.options.max_depth:
             raise api.UsageError(
