@@ -38,7 +38,7 @@ $(VENV)/.vllm-$(VLLM): $(VENV)/.installed
 	touch $@
 
 # The main job: train P-EAGLE on the embedded default target (SmolLM2-135M-Instruct) and the committed self-distilled
-# training set, then measure it against plain and n-gram decoding on HumanEval prompts. A few minutes on 2 CPU cores.
+# training set, then measure it against plain and n-gram decoding on HumanEval prompts (minutes on 2 CPU cores).
 DEMO ?= runs/demo
 demo: setup
 	rm -rf $(DEMO)
