@@ -314,19 +314,71 @@ class Drafter(Component, ABC):
         ``start`` commits the token the prefill produced, paired with the last prompt position's features."""
 
     # -- checkpoints
+    #: the JSON file beside the weights that says which drafter wrote them and with what options
+    CHECKPOINT_INFO: ClassVar[str] = "drafter.json"
+    CHECKPOINT_WEIGHTS: ClassVar[str] = "model.safetensors"
+
+    def describe(self) -> dict[str, Any]:
+        """What ``save`` records beside the weights (``drafter`` and ``options`` at least; add what inference and
+        export need)."""
+        import cattrs
+
+        return {"drafter": self.name, "options": cattrs.unstructure(self.options)}
+
     def save(self, directory: Path) -> None:
-        """Write the weights (safetensors) and what inference needs into ``directory``."""
+        """Write the module's weights (safetensors) and ``describe()`` (JSON) into ``directory``."""
+        import json
+
         from safetensors.torch import save_file
 
+        directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous() for k, v in self.module().state_dict().items()}
-        save_file(state, str(directory / "model.safetensors"), metadata={"drafter": self.name})
+        state = {k: v.detach().contiguous().cpu() for k, v in self.module().state_dict().items()}
+        save_file(state, str(directory / self.CHECKPOINT_WEIGHTS), metadata={"drafter": self.name})
+        (directory / self.CHECKPOINT_INFO).write_text(json.dumps(self.describe(), indent=1))
 
     def load(self, directory: Path) -> None:
-        """Load weights written by ``save`` (safetensors only: nothing is unpickled)."""
+        """Load what ``save`` wrote (safetensors only: nothing is unpickled): ``check_checkpoint`` vets the recorded
+        description before any weight is read, ``restore_checkpoint`` takes back the non-tensor state after."""
         from safetensors.torch import load_file
 
-        self.module().load_state_dict(load_file(str(directory / "model.safetensors")))
+        directory = Path(directory)
+        info = self.read_checkpoint_info(directory)
+        self.check_checkpoint(directory, info)
+        try:
+            self.module().load_state_dict(load_file(str(directory / self.CHECKPOINT_WEIGHTS)))
+        except RuntimeError as exc:
+            raise SpecframeError(f"{directory}: weights do not fit this {self.name} drafter: {exc}") from exc
+        self.restore_checkpoint(info)
+
+    def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
+        """Refuse (``SpecframeError``) a checkpoint whose recorded shape does not match this drafter. Default: none."""
+
+    def restore_checkpoint(self, info: dict[str, Any]) -> None:
+        """Take back state kept in ``describe()`` rather than in tensors (mask token ids, ...). Default: nothing."""
+
+    @classmethod
+    def read_checkpoint_info(cls, directory: Path) -> dict[str, Any]:
+        """The checkpoint's ``describe()`` record, refused unless this drafter wrote it."""
+        import json
+
+        path = Path(directory) / cls.CHECKPOINT_INFO
+        if not path.exists():
+            raise SpecframeError(f"{directory} is not a {cls.name} checkpoint (no {cls.CHECKPOINT_INFO})")
+        info = json.loads(path.read_text())
+        if info.get("drafter") != cls.name:
+            raise SpecframeError(f"{directory} holds a '{info.get('drafter')}' drafter, not '{cls.name}'")
+        return info
+
+    @classmethod
+    def from_checkpoint(cls, directory: Path, target_config: Any) -> Drafter:
+        """A drafter rebuilt from ``save``'s files (options included) for the given target config."""
+        import cattrs
+
+        info = cls.read_checkpoint_info(directory)
+        drafter = cls(target_config, cattrs.structure(info["options"], cls.Options))
+        drafter.load(directory)
+        return drafter
 
     # -- serving
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:

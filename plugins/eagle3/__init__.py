@@ -24,7 +24,6 @@ accepted tokens are re-read with the target's real features. ``propose_tree`` gr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,6 @@ modeling = api.modeling
 eagle = api.eagle
 AUX = "aux_hidden"
 FINAL = "final_hidden"
-CONFIG_FILE = "drafter.json"
-WEIGHTS_FILE = "model.safetensors"
 
 
 def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -323,29 +320,12 @@ class Eagle3Drafter(api.Drafter):
             "d2t": "offsets: target id = draft id + d2t[draft id]",
         }
 
-    def save(self, directory: Path) -> None:
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
-        save_file(state, str(directory / WEIGHTS_FILE), metadata={"drafter": self.name})
-        (directory / CONFIG_FILE).write_text(json.dumps(self.describe(), indent=1))
-
-    def load(self, directory: Path) -> None:
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        info = _read_info(directory, self.name)
+    def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
         if list(info["aux_layer_ids"]) != self.aux_layer_ids or info["draft_vocab_size"] != self.draft_vocab_size:
             raise api.SpecframeError(
                 f"{directory} was trained with aux layers {info['aux_layer_ids']} and draft vocabulary "
                 f"{info['draft_vocab_size']}; this drafter has {self.aux_layer_ids} and {self.draft_vocab_size}"
             )
-        try:
-            self.model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
-        except RuntimeError as exc:
-            raise api.SpecframeError(f"{directory}: weights do not fit this eagle3 drafter: {exc}") from exc
 
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
         """vLLM's ``{"method": "eagle3"}`` layout: the module's tensors already carry its names."""
@@ -356,23 +336,6 @@ class Eagle3Drafter(api.Drafter):
             directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
         )
-
-    @classmethod
-    def from_checkpoint(cls, directory: Path, target_config: Any) -> Eagle3Drafter:
-        info = _read_info(Path(directory), cls.name)
-        drafter = cls(target_config, cattrs.structure(info["options"], Eagle3Options))
-        drafter.load(directory)
-        return drafter
-
-
-def _read_info(directory: Path, name: str) -> dict[str, Any]:
-    path = directory / CONFIG_FILE
-    if not path.exists():
-        raise api.SpecframeError(f"{directory} is not an {name} checkpoint (no {CONFIG_FILE})")
-    info = json.loads(path.read_text())
-    if info.get("drafter") != name:
-        raise api.SpecframeError(f"{directory} holds a '{info.get('drafter')}' drafter, not '{name}'")
-    return info
 
 
 def _cat_kv(a: list[modeling.KV], b: list[modeling.KV]) -> list[modeling.KV]:

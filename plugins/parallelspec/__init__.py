@@ -26,7 +26,6 @@ Choices where the paper leaves room (each an option):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,6 @@ modeling = api.modeling
 eagle = api.eagle
 AUX = "aux_hidden"
 FINAL = "final_hidden"
-CONFIG_FILE = "drafter.json"
-WEIGHTS_FILE = "model.safetensors"
 BACKBONES = ("eagle", "standalone")
 
 
@@ -285,47 +282,15 @@ class ParallelSpecDrafter(api.Drafter):
             "num_hidden_layers": self.options.layers,
         }
 
-    def save(self, directory: Path) -> None:
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
-        save_file(state, str(directory / WEIGHTS_FILE), metadata={"drafter": self.name})
-        (directory / CONFIG_FILE).write_text(json.dumps(self.describe(), indent=1))
-
-    def load(self, directory: Path) -> None:
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        info = _read_info(directory, self.name)
+    def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
         if info["backbone"] != self.options.backbone or info["draft_vocab_size"] != self.draft_vocab_size:
             raise api.SpecframeError(
                 f"{directory} holds a {info['backbone']} backbone with draft vocabulary {info['draft_vocab_size']}; "
                 f"this drafter is {self.options.backbone} with {self.draft_vocab_size}"
             )
-        try:
-            self.model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
-        except RuntimeError as exc:
-            raise api.SpecframeError(f"{directory}: weights do not fit this parallelspec drafter: {exc}") from exc
+
+    def restore_checkpoint(self, info: dict[str, Any]) -> None:
         self.mask_token_ids = list(info["mask_token_ids"])
-
-    @classmethod
-    def from_checkpoint(cls, directory: Path, target_config: Any) -> ParallelSpecDrafter:
-        info = _read_info(Path(directory), cls.name)
-        drafter = cls(target_config, cattrs.structure(info["options"], ParallelSpecOptions))
-        drafter.load(directory)
-        return drafter
-
-
-def _read_info(directory: Path, name: str) -> dict[str, Any]:
-    path = directory / CONFIG_FILE
-    if not path.exists():
-        raise api.SpecframeError(f"{directory} is not a {name} checkpoint (no {CONFIG_FILE})")
-    info = json.loads(path.read_text())
-    if info.get("drafter") != name:
-        raise api.SpecframeError(f"{directory} holds a '{info.get('drafter')}' drafter, not '{name}'")
-    return info
 
 
 @api.hookimpl

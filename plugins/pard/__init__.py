@@ -32,7 +32,6 @@ from torch.utils.checkpoint import checkpoint
 from specframe import api
 
 modeling = api.modeling
-CONFIG_FILE = "drafter.json"
 HF_DIR = "causal_lm"
 
 
@@ -260,13 +259,13 @@ class PardDrafter(api.Drafter):
         hf.save_pretrained(str(directory / HF_DIR), safe_serialization=True)
         info = {"drafter": self.name, "options": cattrs.unstructure(self.options), "mask_token_id": self.mask_token_id,
                 "pard_token": self.mask_token_id, "causal_lm": HF_DIR}
-        (directory / CONFIG_FILE).write_text(json.dumps(info, indent=1))
+        (directory / self.CHECKPOINT_INFO).write_text(json.dumps(info, indent=1))
 
     def load(self, directory: Path) -> None:
         from transformers import LlamaForCausalLM
 
         directory = Path(directory)
-        info = _read_info(directory, self.name)
+        info = self.read_checkpoint_info(directory)
         hf = LlamaForCausalLM.from_pretrained(str(directory / info["causal_lm"]), dtype=torch.float32)
         try:
             self.model.load_state_dict(hf.state_dict())
@@ -283,23 +282,6 @@ class PardDrafter(api.Drafter):
         return api.vllm_layouts.write_pard(
             directory, weights, config=config, pard_token=self.mask_token_id, tokenizer=tokenizer, drafter=self.name
         )
-
-    @classmethod
-    def from_checkpoint(cls, directory: Path, target_config: Any) -> PardDrafter:
-        info = _read_info(Path(directory), cls.name)
-        drafter = cls(target_config, cattrs.structure(info["options"], PardOptions))
-        drafter.load(directory)
-        return drafter
-
-
-def _read_info(directory: Path, name: str) -> dict[str, Any]:
-    path = directory / CONFIG_FILE
-    if not path.exists():
-        raise api.SpecframeError(f"{directory} is not a {name} checkpoint (no {CONFIG_FILE})")
-    info = json.loads(path.read_text())
-    if info.get("drafter") != name:
-        raise api.SpecframeError(f"{directory} holds a '{info.get('drafter')}' drafter, not '{name}'")
-    return info
 
 
 @api.hookimpl

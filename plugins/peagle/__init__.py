@@ -21,7 +21,6 @@ emits and the training data never contains, with an embedding row), recorded in 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +35,6 @@ from .model import PEagleModel
 modeling = api.modeling
 AUX = "aux_hidden"
 FINAL = "final_hidden"
-CONFIG_FILE = "drafter.json"
-WEIGHTS_FILE = "model.safetensors"
 
 
 def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -284,36 +281,14 @@ class PEagleDrafter(api.Drafter):
             "d2t": "offsets: target id = draft id + d2t[draft id]",
         }
 
-    def save(self, directory: Path) -> None:
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
-        save_file(state, str(directory / WEIGHTS_FILE), metadata={"drafter": self.name})
-        (directory / CONFIG_FILE).write_text(json.dumps(self.describe(), indent=1))
-
-    def load(self, directory: Path) -> None:
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        info_path = directory / CONFIG_FILE
-        if not info_path.exists():
-            raise api.SpecframeError(f"{directory} is not a peagle checkpoint (no {CONFIG_FILE})")
-        info = json.loads(info_path.read_text())
-        if info.get("drafter") != self.name:
-            raise api.SpecframeError(
-                f"{directory} holds a '{info.get('drafter')}' drafter, not '{self.name}'"
-            )
+    def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
         if list(info["aux_layer_ids"]) != list(self.aux_layer_ids) or info["draft_vocab_size"] != self.draft_vocab_size:
             raise api.SpecframeError(
                 f"{directory} was trained with aux layers {info['aux_layer_ids']} and draft vocabulary "
                 f"{info['draft_vocab_size']}, this drafter has {self.aux_layer_ids} and {self.draft_vocab_size}"
             )
-        try:
-            self.model.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
-        except RuntimeError as exc:
-            raise api.SpecframeError(f"{directory}: weights do not fit this peagle drafter: {exc}") from exc
+
+    def restore_checkpoint(self, info: dict[str, Any]) -> None:
         self.mask_token_id = info["mask_token_id"]
 
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
@@ -329,15 +304,6 @@ class PEagleDrafter(api.Drafter):
             mask_token_id=self.mask_token_id, target_num_layers=int(self.target_config.num_hidden_layers),
             tokenizer=tokenizer, drafter=self.name,
         )
-
-    @classmethod
-    def from_checkpoint(cls, directory: Path, target_config: Any) -> PEagleDrafter:
-        """A drafter rebuilt from ``save``'s files (options included) for the given target config."""
-        info = json.loads((Path(directory) / CONFIG_FILE).read_text())
-        options = cattrs.structure(info["options"], PEagleOptions)
-        drafter = cls(target_config, options)
-        drafter.load(directory)
-        return drafter
 
 
 @api.hookimpl
