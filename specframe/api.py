@@ -60,6 +60,7 @@ __all__ = [
     "dynamic_tree",
     "full_grid",
     "hookimpl",
+    "residual_distribution",
     "sampling_distribution",
     "modeling",
     "eagle",
@@ -185,6 +186,17 @@ def sampling_distribution(logits: torch.Tensor, temperature: float = 1.0, top_k:
         probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where the target's token comes from after a draft drawn from q was rejected: normalise(max(0, p - q)).
+
+    If p <= q everywhere a rejection has probability zero; floating-point error can still get here, and p is then
+    the right law. Sampling verifiers, chain and tree, share this rule.
+    """
+    r = (p - q).clamp_min(0)
+    total = r.sum()
+    return r / total if total > 0 else p
 
 
 @attrs.frozen

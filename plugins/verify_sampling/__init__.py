@@ -36,16 +36,8 @@ class SamplingVerifier(api.Verifier):
         # On the CPU, where the generator lives: one row of V floats per slot is cheap to move.
         return api.sampling_distribution(logits, o.temperature, o.top_k, o.top_p).cpu()
 
-    @staticmethod
-    def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """Where the target's token comes from after a rejection: normalise(max(0, p - q)).
-
-        If p <= q everywhere a rejection has probability zero; floating-point error can still get here, and p is
-        then the right law.
-        """
-        r = (p - q).clamp_min(0)
-        total = r.sum()
-        return r / total if total > 0 else p
+    # a class attribute, so a test can swap in a deliberately broken rule and watch the distribution check fail
+    residual = staticmethod(api.residual_distribution)
 
     def verify(self, logits: torch.Tensor, draft: api.Draft, generator: torch.Generator | None = None):
         if draft.parents is not None and draft.parents.tolist() != list(range(-1, len(draft) - 1)):

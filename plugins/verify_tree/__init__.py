@@ -38,12 +38,8 @@ class TreeVerifier(api.Verifier):
         # On the CPU, where the generator lives: one row of V floats per slot is cheap to move.
         return api.sampling_distribution(logits, o.temperature, o.top_k, o.top_p).cpu()
 
-    @staticmethod
-    def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """The target law after a sibling drawn from q was rejected: normalise(max(0, p - q)) (p if that is empty)."""
-        r = (p - q).clamp_min(0)
-        total = r.sum()
-        return r / total if total > 0 else p
+    # a class attribute, so a test can swap in a deliberately broken rule and watch the distribution check fail
+    residual = staticmethod(api.residual_distribution)
 
     def verify(self, logits: torch.Tensor, draft: api.Draft, generator: torch.Generator | None = None):
         tokens = draft.tokens.tolist()
