@@ -39,14 +39,8 @@ AUX = "aux_hidden"
 FINAL = "final_hidden"
 
 
-def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise api.UsageError(f"eagle3 option '{attribute.name}' must be a positive integer, got {value!r}")
-
-
-def _unit(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-        raise api.UsageError(f"eagle3 option '{attribute.name}' must be in [0, 1], got {value!r}")
+_positive = api.positive_int("eagle3")
+_unit = api.unit_interval("eagle3")
 
 
 def _weights(instance: Any, attribute: attrs.Attribute, value: Any) -> None:

@@ -37,14 +37,8 @@ AUX = "aux_hidden"
 FINAL = "final_hidden"
 
 
-def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise api.UsageError(f"peagle option '{attribute.name}' must be a positive integer, got {value!r}")
-
-
-def _ratio(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-        raise api.UsageError(f"peagle option '{attribute.name}' must be in [0, 1], got {value!r}")
+_positive = api.positive_int("peagle")
+_ratio = api.unit_interval("peagle")
 
 
 @attrs.define
