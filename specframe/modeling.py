@@ -47,6 +47,18 @@ class LayerShape:
             rope_theta=rope_theta(cfg),
         )
 
+    def config_fields(self) -> dict[str, Any]:
+        """These sizes under their transformers / vLLM config names (what checkpoints and exports record)."""
+        return {
+            "hidden_size": self.hidden,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "rms_norm_eps": self.eps,
+            "rope_theta": self.rope_theta,
+        }
+
 
 def rope_theta(cfg: Any) -> float:
     """The rotary base of a transformers config (v5 keeps it in ``rope_parameters``, v4 on the config)."""

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 import torch
 from torch import nn
 
@@ -259,20 +258,13 @@ class ParallelSpecDrafter(api.Drafter):
     def describe(self) -> dict[str, Any]:
         s = self.shape
         return {
-            "drafter": self.name,
-            "options": cattrs.unstructure(self.options),
+            **super().describe(),
             "backbone": self.options.backbone,
             "mask_token_ids": self.mask_token_ids,
             "aux_layer_ids": self.aux_layer_ids,
             "draft_vocab_size": self.draft_vocab_size,
             "vocab_size": self.vocab_size,
-            "hidden_size": s.hidden,
-            "num_attention_heads": s.heads,
-            "num_key_value_heads": s.kv_heads,
-            "head_dim": s.head_dim,
-            "intermediate_size": s.intermediate,
-            "rms_norm_eps": s.eps,
-            "rope_theta": s.rope_theta,
+            **s.config_fields(),
             "num_hidden_layers": self.options.layers,
         }
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -251,7 +250,7 @@ class PardDrafter(api.Drafter):
         if unexpected or [m for m in missing if not (self.tie and m == "lm_head.weight")]:
             raise api.SpecframeError(f"pard: draft weights do not map onto LlamaForCausalLM: {missing} {unexpected}")
         hf.save_pretrained(str(directory / HF_DIR), safe_serialization=True)
-        info = {"drafter": self.name, "options": cattrs.unstructure(self.options), "mask_token_id": self.mask_token_id,
+        info = {**self.describe(), "mask_token_id": self.mask_token_id,
                 "pard_token": self.mask_token_id, "causal_lm": HF_DIR}
         (directory / self.CHECKPOINT_INFO).write_text(json.dumps(info, indent=1))
 

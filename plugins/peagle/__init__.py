@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 import torch
 
 from specframe import api
@@ -257,20 +256,13 @@ class PEagleDrafter(api.Drafter):
         """What inference and vLLM export need besides the tensors."""
         s = self.shape
         return {
-            "drafter": self.name,
-            "options": cattrs.unstructure(self.options),
+            **super().describe(),
             "mask_token_id": self.mask_token_id,
             "aux_layer_ids": list(self.aux_layer_ids),
             "draft_vocab_size": self.draft_vocab_size,
             "vocab_size": self.vocab_size,
-            "hidden_size": s.hidden,
+            **s.config_fields(),
             "target_hidden_size": s.hidden,
-            "num_attention_heads": s.heads,
-            "num_key_value_heads": s.kv_heads,
-            "head_dim": s.head_dim,
-            "intermediate_size": s.intermediate,
-            "rms_norm_eps": s.eps,
-            "rope_theta": s.rope_theta,
             "num_hidden_layers": self.options.layers,
             "d2t": "offsets: target id = draft id + d2t[draft id]",
         }
