@@ -19,12 +19,13 @@ import torch
 from torch import nn
 
 from specframe import modeling
-from specframe.errors import UsageError
+from specframe.errors import SpecframeError, UsageError
 from specframe.features import default_aux_layers
 from specframe.vocab import build_draft_vocab, count_tokens, mask_token_ids
 
 __all__ = [
     "EagleBackbone",
+    "PendingInputs",
     "all_token_counts",
     "default_aux_layers",
     "depth_weights",
@@ -163,3 +164,54 @@ def depth_weights(k: int, decay: float, explicit: list[float] | None = None) -> 
 # Re-exported so plugins reach the project's mask-token rule and vLLM's default aux layers through ``api.eagle``.
 mask_token_ids = mask_token_ids
 default_aux_layers = default_aux_layers
+
+
+class PendingInputs:
+    """Committed tokens a drafter has not forwarded yet, each with the target's aux feature row it pairs with.
+
+    Section 8 indexing: drafter position i reads token x_{i+1} with feature g_i, so a prompt of n tokens queues
+    tokens 1..n-1 with feature rows 0..n-2, and every ``accept`` queues the emitted tokens with the rows the verifier
+    forward produced for them. ``take`` hands the queue to the next drafter forward and empties it.
+    """
+
+    def __init__(self, owner: str, reads_features: bool = True) -> None:
+        self.owner = owner
+        self.reads_features = reads_features
+        self.tokens: list[torch.Tensor] = []
+        self.aux: list[torch.Tensor] = []
+
+    def _rows(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        aux = features["aux_hidden"]
+        return aux.reshape(-1, aux.shape[-1])
+
+    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        self.tokens, self.aux = [], []
+        ids = prompt_ids.reshape(-1)
+        n = ids.shape[0]
+        aux = self._rows(features) if self.reads_features else None
+        if aux is not None and aux.shape[0] not in (n, n - 1):
+            raise SpecframeError(f"{self.owner}.start: {n} prompt tokens but {aux.shape[0]} feature rows")
+        if n > 1:
+            self.tokens.append(ids[1:])
+            if aux is not None:
+                self.aux.append(aux[: n - 1])
+
+    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        emitted = emitted.reshape(-1)
+        aux = self._rows(features) if self.reads_features else None
+        if aux is not None and aux.shape[0] != emitted.shape[0]:
+            raise SpecframeError(
+                f"{self.owner}.accept: {emitted.shape[0]} emitted tokens need as many feature rows, got {aux.shape[0]}"
+            )
+        self.tokens.append(emitted)
+        if aux is not None:
+            self.aux.append(aux)
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(tokens [P], aux rows [P, n_aux*H] or None), emptying the queue."""
+        if not self.tokens:
+            raise SpecframeError(f"{self.owner}: no new token to draft from (call accept with the verifier's tokens)")
+        tokens = torch.cat(self.tokens)
+        aux = torch.cat(self.aux) if self.aux else None
+        self.tokens, self.aux = [], []
+        return tokens, aux

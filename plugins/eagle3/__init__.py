@@ -194,39 +194,22 @@ class Eagle3Drafter(api.Drafter):
     def _reset_inference(self) -> None:
         self._cache: list[modeling.KV] | None = None
         self._cached = 0
-        self._pending_tokens: list[torch.Tensor] = []
-        self._pending_aux: list[torch.Tensor] = []
+        self._pending = api.eagle.PendingInputs(self.name)
         self._last: torch.Tensor | None = None  # pre-norm output of the last committed position
 
     def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
         self._reset_inference()
-        ids = prompt_ids.reshape(-1)
-        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
-        n = ids.shape[0]
-        if aux.shape[0] not in (n, n - 1):
-            raise api.SpecframeError(f"eagle3.start: {n} prompt tokens but {aux.shape[0]} feature rows")
-        if n > 1:
-            self._pending_tokens.append(ids[1:])
-            self._pending_aux.append(aux[: n - 1])
+        self._pending.start(prompt_ids, features)
 
     def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        emitted = emitted.reshape(-1)
-        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
-        if aux.shape[0] != emitted.shape[0]:
-            raise api.SpecframeError(
-                f"eagle3.accept: {emitted.shape[0]} emitted tokens need as many feature rows, got {aux.shape[0]}"
-            )
-        self._pending_tokens.append(emitted)
-        self._pending_aux.append(aux)
+        self._pending.accept(emitted, features)
 
     def _commit(self) -> torch.Tensor:
         """Forward the queued committed tokens into the KV cache; returns the last one's pre-norm output."""
-        if not self._pending_tokens:
-            raise api.SpecframeError("eagle3: no new token to draft from (call accept with the verifier's tokens)")
         model = self.model
         device = model.lm_head.weight.device
-        tokens = torch.cat(self._pending_tokens).to(device)
-        aux = torch.cat(self._pending_aux).to(device)
+        tokens, aux = self._pending.take()
+        tokens, aux = tokens.to(device), aux.to(device)
         position = torch.arange(self._cached, self._cached + tokens.shape[0], device=device)
         out, kvs = model.run(
             model.embed_tokens(tokens), model.fuse(aux), position, modeling.causal_attention(self._cached),
@@ -234,7 +217,6 @@ class Eagle3Drafter(api.Drafter):
         )
         self._cache = kvs if self._cache is None else _cat_kv(self._cache, kvs)
         self._cached += tokens.shape[0]
-        self._pending_tokens, self._pending_aux = [], []
         return out[-1:]
 
     def _step(self, token: torch.Tensor, hidden: torch.Tensor, chain: list[modeling.KV] | None, offset: int):

@@ -194,53 +194,32 @@ class ParallelSpecDrafter(api.Drafter):
     def _reset_inference(self) -> None:
         self._cache: list[modeling.KV] | None = None
         self._cached = 0
-        self._pending_tokens: list[torch.Tensor] = []
-        self._pending_aux: list[torch.Tensor] = []
-
-    def _aux_rows(self, features: dict[str, torch.Tensor], n: int) -> torch.Tensor | None:
-        if not self.reads_features:
-            return None
-        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
-        return aux[:n]
+        self._pending = api.eagle.PendingInputs(self.name, reads_features=self.reads_features)
 
     def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
         if self.mask_token_ids is None:
             raise api.SpecframeError("parallelspec: no mask tokens chosen (train the drafter or load a checkpoint)")
         self._reset_inference()
-        ids = prompt_ids.reshape(-1)
-        if ids.shape[0] > 1:
-            self._pending_tokens.append(ids[1:])
-            aux = self._aux_rows(features, ids.shape[0] - 1)
-            if aux is not None:
-                self._pending_aux.append(aux)
+        self._pending.start(prompt_ids, features)
 
     def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        emitted = emitted.reshape(-1)
-        aux = self._aux_rows(features, emitted.shape[0])
-        if aux is not None and aux.shape[0] != emitted.shape[0]:
-            raise api.SpecframeError(
-                f"parallelspec.accept: {emitted.shape[0]} emitted tokens need as many feature rows, got {aux.shape[0]}"
-            )
-        self._pending_tokens.append(emitted)
-        if aux is not None:
-            self._pending_aux.append(aux)
+        self._pending.accept(emitted, features)
 
     @torch.no_grad()
     def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
         if k < 1:
             raise api.UsageError(f"parallelspec.propose: k must be positive, got {k}")
         self._check_depth(k)
-        if not self._pending_tokens:
-            raise api.SpecframeError("parallelspec.propose: no new token to draft from (call accept first)")
         model = self.model
         device = model.lm_head.weight.device
-        tokens = torch.cat(self._pending_tokens).to(device)
+        tokens, aux = self._pending.take()
+        tokens = tokens.to(device)
         p = tokens.shape[0]
         depth = torch.cat([torch.zeros(p, dtype=torch.long), torch.arange(1, k)]).to(device)
         embeds = self._inputs(torch.cat([tokens, tokens.new_zeros(k - 1)]), depth)
         hidden = None
         if self.reads_features:
-            fused = model.fuse(torch.cat(self._pending_aux).to(device))
+            fused = model.fuse(aux.to(device))
             # mask slots carry the anchor's (the bonus token's) feature
             hidden = torch.cat([fused, fused[-1:].expand(k - 1, -1)])
         position = torch.arange(self._cached, self._cached + p + k - 1, device=device)
@@ -251,7 +230,6 @@ class ParallelSpecDrafter(api.Drafter):
             (torch.cat([ck, nk], 2), torch.cat([cv, nv], 2)) for (ck, cv), (nk, nv) in zip(self._cache, kept, strict=True)
         ]
         self._cached += p
-        self._pending_tokens, self._pending_aux = [], []
         return api.Draft(tokens=draft.cpu())
 
     # -------------------------------------------------------------------------------------------------- checkpoints

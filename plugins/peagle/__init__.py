@@ -192,42 +192,26 @@ class PEagleDrafter(api.Drafter):
     def _reset_inference(self) -> None:
         self._cache: list[modeling.KV] | None = None
         self._cached = 0
-        self._pending_tokens: list[torch.Tensor] = []
-        self._pending_aux: list[torch.Tensor] = []
+        self._pending = api.eagle.PendingInputs(self.name)
 
     def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
         if self.mask_token_id is None:
             raise api.SpecframeError("peagle: no mask token chosen (train the drafter or load a checkpoint first)")
         self._reset_inference()
-        ids = prompt_ids.reshape(-1)
-        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
-        n = ids.shape[0]
-        if aux.shape[0] not in (n, n - 1):
-            raise api.SpecframeError(f"peagle.start: {n} prompt tokens but {aux.shape[0]} feature rows")
-        if n > 1:
-            self._pending_tokens.append(ids[1:])
-            self._pending_aux.append(aux[: n - 1])
+        self._pending.start(prompt_ids, features)
 
     def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        emitted = emitted.reshape(-1)
-        aux = features[AUX].reshape(-1, features[AUX].shape[-1])
-        if aux.shape[0] != emitted.shape[0]:
-            raise api.SpecframeError(
-                f"peagle.accept: {emitted.shape[0]} emitted tokens need as many feature rows, got {aux.shape[0]}"
-            )
-        self._pending_tokens.append(emitted)
-        self._pending_aux.append(aux)
+        self._pending.accept(emitted, features)
 
     @torch.no_grad()
     def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
-        if not self._pending_tokens:
-            raise api.SpecframeError("peagle.propose: no new token to draft from (call accept with the bonus token)")
         if k < 1:
             raise api.UsageError(f"peagle.propose: k must be positive, got {k}")
         model = self.model
         device = model.fc.weight.device
-        tokens = torch.cat(self._pending_tokens).to(device)
-        aux = torch.cat(self._pending_aux).to(device=device, dtype=model.fc.weight.dtype)
+        tokens, aux = self._pending.take()
+        tokens = tokens.to(device)
+        aux = aux.to(device=device, dtype=model.fc.weight.dtype)
         p = tokens.shape[0]
         block_tokens = torch.cat([tokens, torch.full((k - 1,), self.mask_token_id, device=device, dtype=torch.long)])
         block_aux = torch.cat([aux, aux.new_zeros(k - 1, aux.shape[1])])
@@ -248,7 +232,6 @@ class PEagleDrafter(api.Drafter):
                 for (ck, cv), (nk, nv) in zip(self._cache, kept, strict=True)
             ]
         self._cached += p
-        self._pending_tokens, self._pending_aux = [], []
         return api.Draft(tokens=target_ids.cpu())
 
     # -------------------------------------------------------------------------------------------------- checkpoints
