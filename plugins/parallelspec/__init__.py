@@ -142,13 +142,7 @@ class ParallelSpecDrafter(api.Drafter):
                 value.copy_(source["model." + key].to(value.dtype))
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
-        lm = example.loss_mask.to(torch.bool)
-        doc = example.doc
-        n = lm.shape[0] - 1
-        sup = torch.zeros(max(n, 0), dtype=torch.bool)
-        if n >= 2:
-            sup[: n - 1] = lm[2:] & (doc[2:] == doc[1:-1])
-        return sup
+        return api.eagle.shifted_supervision(example.loss_mask, example.doc)
 
     def _check_depth(self, k: int) -> None:
         if k - 1 > self.options.masks:

@@ -126,14 +126,7 @@ class PEagleDrafter(api.Drafter):
         self._target_head = head
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
-        lm = example.loss_mask.to(torch.bool)
-        doc = example.doc
-        n = lm.shape[0] - 1
-        sup = torch.zeros(max(n, 0), dtype=torch.bool)
-        if n >= 2:
-            # position i is charged with x_{i+2}, which must lie in the same document as its input x_{i+1}
-            sup[: n - 1] = lm[2:] & (doc[2:] == doc[1:-1])
-        return sup
+        return api.eagle.shifted_supervision(example.loss_mask, example.doc)
 
     def loss(
         self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: api.Attention
