@@ -25,7 +25,7 @@ from specframe import modeling, vocab
 # The feature-reading drafters' shared backbone (vLLM EAGLE-3 names), draft vocabulary and depth bookkeeping.
 from specframe import eagle
 from specframe.elements import ElementSet, full_grid, visible
-from specframe.errors import PluginError, SpecframeError, UsageError
+from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError
 from specframe.features import FeatureSpec
 from specframe.hookspecs import hookimpl
 from specframe.inference.tree import DraftTree, dynamic_tree
@@ -44,6 +44,7 @@ __all__ = [
     "Draft",
     "FeatureSpec",
     "DraftTree",
+    "InvalidDraftError",
     "Drafter",
     "ElementSet",
     "LossTerms",
@@ -67,6 +68,7 @@ __all__ = [
     "eagle",
     "vocab",
     "unit_interval",
+    "verify",
     "visible",
     "vllm_layouts",
 ]
@@ -174,8 +176,50 @@ class Draft:
     parents: torch.Tensor | None = None
     probs: torch.Tensor | None = None
 
+    def __attrs_post_init__(self) -> None:
+        # A malformed draft would otherwise surface as an IndexError deep inside a verifier or the target forward,
+        # or worse, as a silently wrong tree; refuse it where it is made.
+        t = self.tokens
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+            what = f"shape {tuple(t.shape)}, dtype {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InvalidDraftError(f"malformed draft: tokens must be a 1-D integer tensor, got {what}")
+        n = int(t.shape[0])
+        if n and int(t.min()) < 0:
+            raise InvalidDraftError(f"malformed draft: negative token id {int(t.min())}")
+        if self.parents is not None:
+            p = self.parents
+            if not isinstance(p, torch.Tensor) or tuple(p.shape) != (n,) or p.dtype.is_floating_point or p.dtype == torch.bool:
+                what = f"shape {tuple(p.shape)}, dtype {p.dtype}" if isinstance(p, torch.Tensor) else type(p).__name__
+                raise InvalidDraftError(f"malformed draft: parents must be an integer tensor of shape ({n},), got {what}")
+            bad = [i for i, q in enumerate(p.tolist()) if not -1 <= q < i]
+            if bad:
+                raise InvalidDraftError(
+                    f"malformed draft: node {bad[0]} has parent {int(p[bad[0]])}; parents must be -1 (the root) or "
+                    "an earlier node (topological order)"
+                )
+        if self.probs is not None:
+            q = self.probs
+            if not isinstance(q, torch.Tensor) or q.dim() != 2 or q.shape[0] != n or not q.dtype.is_floating_point:
+                what = f"shape {tuple(q.shape)}, dtype {q.dtype}" if isinstance(q, torch.Tensor) else type(q).__name__
+                raise InvalidDraftError(f"malformed draft: probs must be a float tensor [{n}, V], got {what}")
+
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def check_against(self, logits: torch.Tensor) -> None:
+        """Refuse verifying this draft against ``logits`` unless they are [N + 1, V] with every token (and the
+        width of ``probs``) inside the same V-token vocabulary."""
+        n = len(self)
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.dtype.is_floating_point:
+            what = f"shape {tuple(logits.shape)}, dtype {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise InvalidDraftError(f"logits must be a float tensor [N + 1, V], got {what}")
+        if logits.shape[0] != n + 1:
+            raise InvalidDraftError(f"{logits.shape[0]} logit rows for a draft of {n} tokens (expected {n + 1})")
+        vocab = int(logits.shape[1])
+        if n and int(self.tokens.max()) >= vocab:
+            raise InvalidDraftError(f"draft token {int(self.tokens.max())} is outside the {vocab}-token vocabulary")
+        if self.probs is not None and self.probs.shape[1] != vocab:
+            raise InvalidDraftError(f"draft probs cover {self.probs.shape[1]} tokens, the logits {vocab}")
 
     def parent_index(self) -> torch.Tensor:
         """Parents as a tensor, chains included."""
@@ -244,6 +288,34 @@ class Verifier(Component, ABC):
     def verify(self, logits: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verification:
         """``logits`` [N + 1, V]: row 0 is the target at the root (predicts the first draft level), row i + 1 the
         target at draft node i. ``generator`` drives every random choice, so a seeded run is reproducible."""
+
+
+def verify(verifier: Verifier, logits: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verification:
+    """``verifier.verify`` with both sides checked: the inputs against each other (``InvalidDraftError``), and the
+    result against the draft (a ``PluginError`` naming the verifier), so a buggy verifier plugin cannot emit a
+    silently wrong sequence. The engines call verifiers only through this."""
+    draft.check_against(logits)
+    if draft.parents is not None and not verifier.supports_tree:
+        if draft.parents.tolist() != list(range(-1, len(draft) - 1)):
+            raise UsageError(f"verifier '{verifier.name}' only verifies chains, and the draft is a tree")
+    result = verifier.verify(logits, draft, generator)
+    who = f"verifier '{getattr(verifier, 'name', type(verifier).__name__)}'"
+    if not isinstance(result, Verification):
+        raise PluginError(f"{who} returned {type(result).__name__}, not a specframe.api.Verification")
+    accepted, emitted = result.accepted.tolist(), result.emitted.tolist()
+    if len(emitted) != len(accepted) + 1:
+        raise PluginError(f"{who} emitted {len(emitted)} tokens for {len(accepted)} accepted draft tokens (expected one more)")
+    parents, tokens = draft.parent_index().tolist(), draft.tokens.tolist()
+    node = -1
+    for a, tok in zip(accepted, emitted):
+        if not 0 <= a < len(draft) or parents[a] != node:
+            raise PluginError(f"{who} accepted nodes {accepted}, which are not a path from the root of the draft")
+        if tok != tokens[a]:
+            raise PluginError(f"{who} emitted token {tok} for accepted node {a}, whose draft token is {tokens[a]}")
+        node = a
+    if not 0 <= emitted[-1] < logits.shape[1]:
+        raise PluginError(f"{who} emitted token {emitted[-1]}, outside the {logits.shape[1]}-token vocabulary")
+    return result
 
 
 # ---------------------------------------------------------------------------------------------------------- drafters

@@ -25,6 +25,10 @@ class PluginError(SpecframeError):
     """A plugin failed to import, raised inside a hook, or registered something invalid."""
 
 
+class InvalidDraftError(PluginError):
+    """A ``Draft`` (or the logits it is verified against) that breaks the shapes and ids the API promises."""
+
+
 class UnknownNameError(SpecframeError):
     """A drafter / mask builder / partitioner / verifier name that nothing registered."""
 

@@ -240,8 +240,53 @@ def test_engine_refuses_bad_inputs():
         def propose_tree(self, depth, top_k, total_tokens, generator=None):
             return api.Draft(tokens=torch.arange(2), parents=torch.tensor([1, -1]))
 
-    with pytest.raises(PluginError, match="topologically"):
+    with pytest.raises(PluginError, match="drafter '.*': malformed draft: node 0 has parent 1"):
         run((1,), BadTree(VOCAB), tree=TreeShape(2, 2, 4))
+
+    class OutOfVocab(RandomDrafter):
+        def propose(self, k, generator=None):
+            return api.Draft(tokens=torch.full((k,), VOCAB + 3))
+
+    with pytest.raises(PluginError, match=f"proposed token {VOCAB + 3}, outside the target's {VOCAB}-token"):
+        run((1,), OutOfVocab(VOCAB), k=2)
+
+    class FloatTokens(RandomDrafter):
+        def propose(self, k, generator=None):
+            return api.Draft(tokens=torch.zeros(k))
+
+    with pytest.raises(PluginError, match="tokens must be a 1-D integer tensor"):
+        run((1,), FloatTokens(VOCAB), k=2)
+
+    class Crashes(RandomDrafter):
+        def propose(self, k, generator=None):
+            return [][0]
+
+    with pytest.raises(PluginError, match="raised IndexError in propose"):
+        run((1,), Crashes(VOCAB), k=2)
+
+
+@pytest.mark.parametrize("lie", ["off-path", "wrong-token", "too-many"])
+def test_a_lying_verifier_is_caught_before_anything_is_emitted(monkeypatch, lie):
+    """A verifier plugin whose Verification contradicts the draft (a silent wrong output otherwise) is named."""
+    base = plugins.get("verifier", "greedy")
+
+    class Liar(base):
+        def verify(self, logits, draft, generator=None):
+            good = super().verify(logits, draft, generator)
+            if len(draft) < 2:  # the prefill's verification has no draft to lie about
+                return good
+            if lie == "off-path":
+                return api.Verification(torch.tensor([1]), torch.tensor([int(draft.tokens[1]), 0]))
+            if lie == "wrong-token":
+                return api.Verification(torch.tensor([0]), torch.tensor([int(draft.tokens[0]) + 1, 0]))
+            return api.Verification(good.accepted, torch.cat([good.emitted, good.emitted[-1:]]))
+
+    verifier = Liar(Liar.Options())
+    expected = {"off-path": "not a path from the root", "wrong-token": "whose draft token is",
+                "too-many": "tokens for"}[lie]
+    with pytest.raises(PluginError, match=f"verifier 'greedy' .*{expected}"):
+        generate(tiny_target(), torch.tensor([1, 2]), verifier, RandomDrafter(VOCAB), k=3, max_new_tokens=8,
+                 eos_token_id=())
 
 
 def test_default_propose_tree_is_the_chain():

@@ -152,3 +152,45 @@ def test_verifiers_on_random_logits_and_drafts(name, data):
     assert result.emitted.shape[0] == result.accepted.shape[0] + 1
     assert torch.equal(result.emitted[:-1], tokens[result.accepted])
     assert 0 <= int(result.emitted[-1]) < vocab
+
+
+def _tensor(data, shape_len: int):
+    """A tensor that may be of any kind a careless drafter could build: wrong rank, dtype or length."""
+    kind = data.draw(st.sampled_from(["long", "float", "bool", "2d", "list"]))
+    values = data.draw(st.lists(st.integers(-3, 9), min_size=shape_len, max_size=shape_len))
+    if kind == "float":
+        return torch.tensor(values, dtype=torch.float32)
+    if kind == "bool":
+        return torch.tensor(values, dtype=torch.long) > 0
+    if kind == "2d":
+        return torch.tensor(values, dtype=torch.long).reshape(1, -1)
+    if kind == "list":
+        return values
+    return torch.tensor(values, dtype=torch.long)
+
+
+@pytest.mark.parametrize("name", ["greedy", "sampling", "tree"])
+@FUZZ
+@given(data=st.data())
+def test_verifiers_behind_api_verify_on_invalid_drafts_and_logits(name, data):
+    """Any draft or logits, valid or not: ``api.Draft`` refuses a malformed draft where it is built and
+    ``api.verify`` refuses a mismatched pair, both with a clear SpecframeError; whatever passes verifies cleanly."""
+    cls = plugins.get("verifier", name)
+    n = data.draw(st.integers(0, 4))
+    vocab = data.draw(st.integers(1, 8))
+    rows = data.draw(st.integers(0, 6))
+    logits = torch.randn(rows, data.draw(st.sampled_from([vocab, vocab + 1])),
+                         generator=torch.Generator().manual_seed(n))
+    if data.draw(st.booleans()):
+        logits = logits.long()
+    try:
+        tokens = _tensor(data, n)
+        parents = _tensor(data, data.draw(st.sampled_from([n, n + 1]))) if data.draw(st.booleans()) else None
+        probs = torch.rand(data.draw(st.sampled_from([n, n + 1])), vocab) if data.draw(st.booleans()) else None
+        draft = api.Draft(tokens, parents, probs)
+        result = api.verify(cls(cls.Options()), logits, draft, torch.Generator().manual_seed(0))
+    except SpecframeError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert result.emitted.shape[0] == result.accepted.shape[0] + 1
+    assert 0 <= int(result.emitted[-1]) < logits.shape[1]
