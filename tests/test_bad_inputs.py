@@ -71,6 +71,16 @@ def existing_run(ctx):
     shutil.copytree(ctx["run"], ctx["out"])
 
 
+def truncated_export(ctx):
+    shutil.copytree(ctx["export"], ctx["out"])
+    w = ctx["out"] / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+
+
+def serve(*extra):
+    return ["serve", "--drafter", "{out}", "--print-command", *extra]
+
+
 CASES = [
     Case("data-missing", "--data names no file",
          "error: data '{tmp}/nope.jsonl' is neither a built-in name (sharegpt, gsm8k, gsm8k-eval, "
@@ -172,6 +182,15 @@ CASES = [
     Case("target-missing", "--target names no folder or model",
          "error: target path {tmp}/no-such-target does not exist",
          lambda c: [*train(c), "--target", "{tmp}/no-such-target"]),
+    Case("export-truncated", "serve --drafter an exported folder whose weights are truncated",
+         "error: {out}/model.safetensors is not a complete safetensors file (truncated or corrupt: 100 bytes)",
+         lambda c: serve("--target", "{target}"), truncated_export),
+    Case("export-other-target", "serve --drafter an export made for a target of another width",
+         "error: {out} cannot be served by vLLM: it reads target hidden states of width 32, the target's are 48",
+         lambda c: serve("--target", "{wide_target}"), lambda c: shutil.copytree(c["export"], c["out"])),
+    Case("export-not-an-export", "serve --drafter a training checkpoint instead of an export",
+         "error: {out} is not a specframe vLLM export (no specframe_vllm.json); run `specframe export` first",
+         lambda c: serve("--target", "{target}"), lambda c: shutil.copytree(c["checkpoint"], c["out"])),
 ]
 
 
@@ -193,7 +212,14 @@ def assets(tmp_path_factory):
     code, err = invoke(["prepare", "--target", str(target), "--data", str(chat), "--output", str(cache),
                         "--draft-vocab", "100"])
     assert code == 0, err
-    return {**ctx, "run": run_dir, "checkpoint": ckpt.resolve(run_dir), "cache": cache}
+    export = root / "export"
+    code, err = invoke(["export", "--checkpoint", str(ckpt.resolve(run_dir)), "--output", str(export),
+                        "--target", str(target)])
+    assert code == 0, err
+    wide = root / "wide-target"
+    tiny_target(wide, vocab=320, layers=4, hidden=48, heads=4, kv_heads=2, seed=2)
+    return {**ctx, "run": run_dir, "checkpoint": ckpt.resolve(run_dir), "cache": cache, "export": export,
+            "wide_target": wide}
 
 
 def invoke(argv: list[str]) -> tuple[int, str]:

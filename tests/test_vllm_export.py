@@ -96,6 +96,34 @@ def test_invalid_peagle_exports_are_refused(target, tmp_path, edit, message):
     assert not (tmp_path / "x").exists() and not list(tmp_path.iterdir())  # nothing half-written
 
 
+def test_check_export_reads_back_every_layout_and_names_what_vllm_would_choke_on(target, tmp_path):
+    from safetensors.torch import save_file
+
+    v = target.config.vocab_size
+    export.write_peagle(tmp_path / "pe", eagle3_weights(target.config, 2, v // 2, parallel=True),
+                        mask_token_id=mask_token(target.tok), **eagle_kwargs(target, 2))
+    export.write_eagle3(tmp_path / "e3", eagle3_weights(target.config, 1, v // 2), **eagle_kwargs(target))
+    w, cfg = pard_weights(target.config, 1)
+    export.write_pard(tmp_path / "pa", w, config=cfg, pard_token=mask_token(target.tok))
+    for name, layout in (("pe", "peagle"), ("e3", "eagle3"), ("pa", "pard")):
+        assert export.check_export(tmp_path / name, target.config).layout == layout
+
+    saved = load_file(str(tmp_path / "pe" / "model.safetensors"))
+    del saved["mask_hidden"]
+    save_file(saved, str(tmp_path / "pe" / "model.safetensors"))
+    with pytest.raises(SpecframeError, match=r"pe cannot be served by vLLM: a P-EAGLE export needs 'mask_hidden'"):
+        export.check_export(tmp_path / "pe")
+    (tmp_path / "e3" / "config.json").write_text("{")
+    with pytest.raises(SpecframeError, match="e3 cannot be served by vLLM: config.json is not valid JSON"):
+        export.check_export(tmp_path / "e3")
+    smaller = SimpleNamespace(vocab_size=v - 1, hidden_size=target.config.hidden_size, num_hidden_layers=2)
+    with pytest.raises(SpecframeError, match=f"exported for a {v}-token vocabulary, the target has {v - 1}"):
+        export.check_export(tmp_path / "pa", smaller)
+    (tmp_path / "pa" / "model.safetensors").unlink()
+    with pytest.raises(SpecframeError, match="model.safetensors is missing"):
+        export.check_export(tmp_path / "pa")
+
+
 def test_ids_are_checked(target, tmp_path):
     w = eagle3_weights(target.config, 4, target.config.vocab_size // 2, parallel=True)
     with pytest.raises(SpecframeError, match="mask_token_id .* not a token id"):

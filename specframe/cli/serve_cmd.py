@@ -73,6 +73,10 @@ def serve(
     if k < 1:
         raise SpecframeError(f"--k must be positive, got {k}")
     source = target_source(target)
+    if drafter is not None:
+        from specframe.vllm.export import check_export
+
+        check_export(drafter, _local_config(source))
     argv, env = serve_command(
         source, drafter, k, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
         kv_cache_gib=kv_cache_gib, enforce_eager=eager, extra=vllm_args,
@@ -87,6 +91,15 @@ def serve(
         raise SpecframeError("vLLM is not installed; run `make setup VLLM=cpu` (CPU) or `VLLM=gpu`")
     merged: dict[str, Any] = {**env, **os.environ}  # the caller's environment wins
     os.execve(argv[0], argv, merged)
+
+
+def _local_config(source: str) -> Any:
+    """The target's config when ``source`` is a local folder (a hub id is left for vLLM to resolve)."""
+    if not (Path(source) / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(source)
 
 
 def _quote(arg: str) -> str:

@@ -172,14 +172,7 @@ def write_peagle(
     plus ``mask_hidden`` [1, 1, n_aux * H_target] in ``weights`` and ``mask_token_id`` (a target-vocabulary id whose
     embedding row the mask slots read) in the config."""
     tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
-    width = len(aux_layer_ids) * int(target_hidden_size)
-    mask = tensors.get("mask_hidden")
-    if mask is None:
-        raise SpecframeError("a P-EAGLE export needs 'mask_hidden' (the learned hidden state of mask slots)")
-    if mask.numel() != width:
-        raise SpecframeError(f"mask_hidden has shape {tuple(mask.shape)}, expected [1, 1, {width}] (n_aux * H_target)")
-    tensors["mask_hidden"] = mask.reshape(1, 1, width)
-    cfg["mask_token_id"] = _token_id("mask_token_id", mask_token_id, int(cfg["vocab_size"]))
+    _peagle_parts(tensors, cfg, mask_token_id)
     return _write(directory, tensors, cfg, tokenizer, attrs.evolve(_MANIFESTS["peagle"], drafter=drafter))
 
 
@@ -200,8 +193,84 @@ def write_pard(
     cfg.setdefault("model_type", "llama")
     cfg.setdefault("torch_dtype", "float32")
     tensors = _tensors(weights)
+    _pard_parts(tensors, cfg, pard_token)
+    return _write(directory, tensors, cfg, tokenizer, attrs.evolve(_MANIFESTS["pard"], drafter=drafter))
+
+
+# ------------------------------------------------------------------------------------------------------ validation
+
+
+def check_export(directory: str | os.PathLike, target_config: Any = None) -> Manifest:
+    """Check that vLLM can load the export at ``directory`` (for a target with ``target_config``, when given) and
+    return its manifest; raise one ``SpecframeError`` naming the problem otherwise.
+
+    vLLM meets a damaged or mismatched drafter folder with a long traceback from deep inside model loading, often
+    after minutes of start-up; this runs the writers' own shape and id checks on what is on disk instead, reading
+    weights through safetensors only."""
+    from safetensors.torch import load_file
+
+    from specframe.engine.checkpoint import check_safetensors
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    prefix = f"{directory} cannot be served by vLLM"
+    config_path, weights_path = directory / "config.json", directory / WEIGHTS
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise SpecframeError(f"{prefix}: {path.name} is missing (re-run `specframe export`)")
+    try:
+        cfg = json.loads(config_path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SpecframeError(f"{prefix}: config.json is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise SpecframeError(f"{prefix}: config.json is not a JSON object")
+    check_safetensors(weights_path)
+    tensors = load_file(str(weights_path))
+    try:
+        if manifest.layout in ("eagle3", "peagle"):
+            aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+            if not isinstance(aux, list):
+                raise SpecframeError("config.json lacks eagle_aux_hidden_state_layer_ids")
+            h_t = _require_ints(cfg, "target_hidden_size")[0]
+            layers = getattr(target_config, "num_hidden_layers", None)
+            tensors, cfg = _eagle3_parts(tensors, cfg, aux, h_t, layers)
+            if manifest.layout == "peagle":
+                _peagle_parts(tensors, cfg, cfg.get("mask_token_id"))
+            elif "mask_hidden" in tensors:
+                raise SpecframeError("an autoregressive EAGLE-3 export has no mask_hidden")
+        else:
+            _pard_parts(tensors, cfg, cfg.get("pard_token"))
+        if target_config is not None:
+            _check_target(cfg, target_config)
+    except SpecframeError as e:
+        raise SpecframeError(f"{prefix}: {e}") from None
+    return manifest
+
+
+def _check_target(cfg: Mapping[str, Any], target_config: Any) -> None:
+    vocab = int(target_config.vocab_size)
+    if int(cfg["vocab_size"]) != vocab:
+        raise SpecframeError(f"it was exported for a {cfg['vocab_size']}-token vocabulary, the target has {vocab}")
+    if "target_hidden_size" in cfg and int(cfg["target_hidden_size"]) != int(target_config.hidden_size):
+        raise SpecframeError(
+            f"it reads target hidden states of width {cfg['target_hidden_size']}, the target's are {target_config.hidden_size}"
+        )
+
+
+def _peagle_parts(tensors: dict[str, torch.Tensor], cfg: dict[str, Any], mask_token_id: Any) -> None:
+    width = int(cfg["num_aux_hidden_states"]) * int(cfg["target_hidden_size"])
+    mask = tensors.get("mask_hidden")
+    if mask is None:
+        raise SpecframeError("a P-EAGLE export needs 'mask_hidden' (the learned hidden state of mask slots)")
+    if mask.numel() != width:
+        raise SpecframeError(f"mask_hidden has shape {tuple(mask.shape)}, expected [1, 1, {width}] (n_aux * H_target)")
+    tensors["mask_hidden"] = mask.reshape(1, 1, width)
+    cfg["mask_token_id"] = _token_id("mask_token_id", mask_token_id, int(cfg["vocab_size"]))
+
+
+def _pard_parts(tensors: dict[str, torch.Tensor], cfg: dict[str, Any], pard_token: Any) -> None:
     vocab, hidden, layers = _require_ints(cfg, "vocab_size", "hidden_size", "num_hidden_layers")
-    if cfg["architectures"] == ["LlamaForCausalLM"]:
+    if cfg.get("architectures") == ["LlamaForCausalLM"]:
         _check_shape(tensors, "model.embed_tokens.weight", (vocab, hidden))
         _check_shape(tensors, "model.norm.weight", (hidden,))
         if cfg.get("tie_word_embeddings"):
@@ -210,10 +279,6 @@ def write_pard(
             _check_shape(tensors, "lm_head.weight", (vocab, hidden))
         _check_layer_count(tensors, "model.layers.", layers)
     cfg["pard_token"] = _token_id("pard_token", pard_token, vocab)
-    return _write(directory, tensors, cfg, tokenizer, attrs.evolve(_MANIFESTS["pard"], drafter=drafter))
-
-
-# ------------------------------------------------------------------------------------------------------ validation
 
 
 def _eagle3_parts(
