@@ -30,14 +30,21 @@ otherwise. Start-up transients (loading the target) are not estimated; the guard
 
 Guard: ``MemoryGuard`` reads the process's peak (VmHWM / ru_maxrss on CPU, ``torch.cuda.max_memory_allocated`` on
 CUDA) after every optimizer step and raises ``MemoryBudgetExceeded`` when it is over the budget; the engine then stops
-without writing a checkpoint, so the last complete one is what remains.
+without writing a checkpoint, so the last complete one is what remains. A check after the step cannot stop a single
+step that blows far past the budget (the kernel's OOM killer would get there first), so each step also runs under a
+hard ceiling (``MemoryGuard.ceiling``): on CUDA ``torch.cuda.set_per_process_memory_fraction``; on Linux CPU an
+``RLIMIT_DATA`` soft limit at the process's current data size plus 1.5x the budget's remaining headroom (address space
+runs ahead of resident memory, so the ceiling is looser than the budget; the check after the step is the exact one).
+An allocation past the ceiling fails inside the step and becomes the same clean ``MemoryBudgetExceeded``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -403,6 +410,75 @@ class MemoryGuard:
                 f"after step {step}; training stopped, the last checkpoint is kept"
             )
         return peak
+
+
+    @contextlib.contextmanager
+    def ceiling(self, step: int) -> Iterator[None]:
+        """Run one step under the hard ceiling; an allocation it refuses becomes ``MemoryBudgetExceeded``."""
+        with _hard_limit(self.budget, self.device):
+            try:
+                yield
+            except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+                if not _allocation_failure(e):
+                    raise
+                asked = re.search(r"allocate ([0-9.]+ ?[KMGT]i?B|\d+ bytes)", str(e))
+                what = f"an allocation of {asked.group(1)}" if asked else "an allocation"
+                raise MemoryBudgetExceeded(
+                    f"memory budget exceeded during step {step}: {what} failed under the ceiling set for "
+                    f"--memory-budget {format_size(self.budget)}; training stopped, the last checkpoint is kept"
+                ) from e
+
+
+def _allocation_failure(e: BaseException) -> bool:
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    text = str(e)
+    return "can't allocate memory" in text or "Cannot allocate memory" in text or "out of memory" in text
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+@contextlib.contextmanager
+def _hard_limit(budget: int, device: str) -> Iterator[None]:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        total = torch.cuda.get_device_properties(dev).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), dev)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, dev)
+        return
+    data, rss = _status_bytes("VmData"), _status_bytes("VmRSS")
+    try:
+        import resource
+    except ImportError:  # not a Unix: the check after the step is all there is
+        resource = None
+    if resource is None or data is None or rss is None or rss >= budget:
+        # already over: the check after this step stops the run with the measured peak
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = data + int(1.5 * (budget - rss))
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft != resource.RLIM_INFINITY and soft <= limit:
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
 def skip_precheck() -> bool:

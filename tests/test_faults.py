@@ -150,6 +150,38 @@ def test_a_nan_loss_mid_run_stops_before_the_next_checkpoint(assets, tmp_path, m
     assert not list(out.glob(".*tmp*"))
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="the CPU ceiling is an RLIMIT_DATA on Linux")
+def test_a_single_step_that_blows_past_the_budget_is_stopped_inside_the_step(assets, tmp_path, monkeypatch):
+    """A check after the step would come too late for one huge allocation (the OOM killer would take the run):
+    the ceiling makes the allocation itself fail, and the run stops cleanly with the last checkpoint kept."""
+    import resource
+
+    import torch
+
+    calls = {"train": 0}
+
+    def huge_at_step_3(self, example, elements, segment, attention):
+        if self.module().training:
+            calls["train"] += 1
+            if calls["train"] == 3:
+                # 12 GiB of address space, never touched: without the ceiling this would "succeed" and go unseen
+                torch.empty(3 * 2**30, dtype=torch.float32)
+        return type(self).__mro__[1].loss(self, example, elements, segment, attention)
+
+    swap_in(monkeypatch, bad=peagle_variant("hugepe", huge_at_step_3))
+    out = tmp_path / "o"
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    code, _, err, exc = train_cli(assets, out, "--max-steps", 6, "--save-every", 2, "--memory-budget", "3GiB",
+                                  drafter="hugepe")
+    assert code == 3, exc
+    assert err.startswith("error: memory budget exceeded during step 3: an allocation of 12"), err
+    assert err.endswith("failed under the ceiling set for --memory-budget 3.00 GiB; training stopped, the last "
+                        "checkpoint is kept"), err
+    assert sorted(p.name for p in out.glob("step-*")) == ["step-00000002"]
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before  # the ceiling does not outlive the step
+    assert calls["train"] == 3
+
+
 def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(assets, tmp_path, monkeypatch):
     import safetensors.torch
 

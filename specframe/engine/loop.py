@@ -371,7 +371,11 @@ class Trainer:
         with bar:
             task = bar.add_task("training", total=cfg.max_steps, completed=self.step)
             while self.step < cfg.max_steps:
-                entry = self.train_step()
+                if self.memory_guard is None:
+                    entry = self.train_step()
+                else:
+                    with self.memory_guard.ceiling(self.step + 1):
+                        entry = self.train_step()
                 if self.memory_guard is not None:  # over budget: stop before saving, the last checkpoint stays
                     entry["peak_memory_bytes"] = self.memory_guard.check(self.step, self.dist.sum_)
                 self.record(entry)
