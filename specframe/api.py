@@ -376,6 +376,11 @@ class Drafter(Component, ABC):
         """The trainable model (its ``parameters()`` are optimised, its ``state_dict()`` checkpointed)."""
 
     # -- training
+    def check_training(self, depth: int, mask_builder: str, partitioner: str) -> None:
+        """Refuse (``UsageError``) a training configuration this drafter cannot train: called by the engine at
+        start-up, after the depth, mask builder and partitioner are resolved and before any data is read, so a
+        combination the drafter does not support fails at once, never mid-run. Default: everything is supported."""
+
     def prepare(self, target: Any, examples: Any) -> None:
         """Called once by the trainer before training or resuming, with the loaded target (``.model``,
         ``.tokenizer``) and an iterable of the training ``TrainingExample`` s: the place to initialise weights from

@@ -182,6 +182,9 @@ CASES = [
     Case("target-missing", "--target names no folder or model",
          "error: target path {tmp}/no-such-target does not exist",
          lambda c: [*train(c), "--target", "{tmp}/no-such-target"]),
+    Case("depth-over-drafter-limit", "--depth deeper than parallelspec's mask tokens",
+         "error: parallelspec has 2 mask tokens, so it trains and drafts at most 3 tokens per group; got depth 9 "
+         "(raise drafter.num_masks or k_train)", lambda c: [*train(c, drafter="parallelspec"), "--depth", 9]),
     Case("export-truncated", "serve --drafter an exported folder whose weights are truncated",
          "error: {out}/model.safetensors is not a complete safetensors file (truncated or corrupt: 100 bytes)",
          lambda c: serve("--target", "{target}"), truncated_export),

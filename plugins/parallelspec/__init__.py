@@ -144,6 +144,9 @@ class ParallelSpecDrafter(api.Drafter):
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
         return api.eagle.shifted_supervision(example.loss_mask, example.doc)
 
+    def check_training(self, depth: int, mask_builder: str, partitioner: str) -> None:
+        self._check_depth(depth)
+
     def _check_depth(self, k: int) -> None:
         if k - 1 > self.options.masks:
             raise api.UsageError(

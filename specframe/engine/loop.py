@@ -147,6 +147,7 @@ class Trainer:
         self.builder = builder_cls(structure_options(cfg.mask_builder_options, builder_cls.Options, "mask builder"))
         part_cls = plugins.get("partitioner", cfg.partitioner)
         self.partitioner = part_cls(structure_options(cfg.partitioner_options, part_cls.Options, "partitioner"))
+        self.drafter.check_training(self.depth, builder_name, cfg.partitioner)
         self.resolved = attrs.evolve(
             cfg, depth=self.depth, mask_builder=builder_name, drafter_options=_unstructure(options)
         )
