@@ -167,7 +167,7 @@ def test_checkpoint_keeps_only_the_latest_complete_one(assets, tmp_path):
     assert sorted(p.name for p in out.glob("step-*")) == ["step-00000004"]
     assert not list(out.glob(".*tmp*"))
     state = json.loads((out / "step-00000004" / "state.json").read_text())
-    assert state == {"step": 4, "data_position": 8}
+    assert state == {"step": 4, "data_position": 8, "tokens_seen": 384}  # 8 sequences, 48 tokens each
 
 
 def test_expected_acceptance_length():

@@ -174,10 +174,12 @@ class Trainer:
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.max_steps // 10)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, cfg.max_steps))
         self.step = 0
+        self.tokens_seen = 0  # training tokens (all ranks) so far: the drafter's token budget, kept across resumes
         if self.resume_from is not None:
             self.drafter.load(self.resume_from)
             state = checkpoint.load_training_state(self.resume_from, self.optimizer, self.scheduler)
             self.step = int(state["step"])
+            self.tokens_seen = int(state.get("tokens_seen", 0))
         self.metrics_path = self.out / "metrics.jsonl"
         if self.dist.rank == 0:
             self._trim_metrics()
@@ -246,10 +248,12 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, Any]:
         cfg, step = self.cfg, self.step
+        started = time.perf_counter()
         module = self.drafter.module()
         module.train()
         work = []
         local_count = 0
+        local_tokens = 0
         for slot, idx in enumerate(self.batch_indices(step)):
             if slot % self.dist.world != self.dist.rank:
                 continue
@@ -258,9 +262,10 @@ class Trainer:
             elems, sup = self.elements(example, gen)
             segs = self.segments(elems)
             local_count += int(sup[elems.position].sum())
+            local_tokens += int(example.input_ids.numel())
             work.append((example, elems, segs, sup))
-        count = self.dist.sum_(torch.tensor([float(local_count)]))
-        global_count = float(count.item())
+        count = self.dist.sum_(torch.tensor([float(local_count), float(local_tokens)]))
+        global_count, global_tokens = float(count[0].item()), int(count[1].item())
         loss_sum = torch.zeros(1)
         self.optimizer.zero_grad(set_to_none=True)
         if global_count > 0:
@@ -287,9 +292,11 @@ class Trainer:
         self.plugins_checked = True
         self.scheduler.step()
         self.step += 1
+        self.tokens_seen += global_tokens
         loss = float(loss_sum.item() / global_count) if global_count > 0 else None
-        return {"step": self.step, "train_loss": loss, "elements": int(global_count), "lr": lr,
-                "grad_norm": float(grad_norm)}
+        # tokens and seconds per step let a benchmark compute training throughput without eval or checkpoint time
+        return {"step": self.step, "train_loss": loss, "elements": int(global_count), "tokens": global_tokens,
+                "lr": lr, "grad_norm": float(grad_norm), "step_seconds": time.perf_counter() - started}
 
     def _segment_loss(
         self, example: api.TrainingExample, elems: Any, seg: api.Segment, sup: torch.Tensor, *, training: bool
@@ -342,7 +349,7 @@ class Trainer:
         if self.dist.rank == 0:
             path = checkpoint.save(
                 self.out, self.step, self.drafter, self.optimizer, self.scheduler, self.config_dict(),
-                {"data_position": self.step * self.cfg.batch_size},
+                {"data_position": self.step * self.cfg.batch_size, "tokens_seen": self.tokens_seen},
             )
         self.dist.barrier()
         return path
