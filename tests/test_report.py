@@ -80,3 +80,34 @@ def test_side_by_side_methods_become_rows_and_plots(tmp_path):
     assert "| verifier=greedy, dataset=mt-bench: peagle/k5 | 2.5 | 5 | 1.4 |" in text
     assert "| verifier=greedy, dataset=mt-bench: plain | 1 | 0 | 1 |" in text
     assert (d / "bench.acceptance-acceptance.png").exists() and (d / "bench.acceptance-speedup.png").exists()
+
+
+def test_headline_answers_per_drafter_from_the_suites_files(tmp_path):
+    """The headline reads the suites' files: best AL per set (and where), speedup with its interval, the training
+    table, the longest measured context and vLLM beside the reference engine."""
+    d = tmp_path / "cpu"
+    budget = {"peagle": 900, "eagle3": 900}
+    for dataset, (pe, e3) in {"gsm8k": (2.1, 1.8), "humaneval": (1.6, 1.9)}.items():
+        methods = {"plain": {"acceptance_length": 1.0}, "ngram/k5": {"acceptance_length": 1.2},
+                   "peagle/k3": {"acceptance_length": pe - 0.3}, "peagle/k5": {"acceptance_length": pe},
+                   "eagle3/tree": {"acceptance_length": e3}}
+        write(d, f"acceptance-{dataset}.json", "bench.acceptance", {"methods": methods},
+              {"dataset": dataset, "ks": [3, 5]}, budget=budget)
+    speed = {"plain": {"acceptance_length": 1.0},
+             "peagle/k5": {"acceptance_length": 2.0, "draft_seconds_per_round": 0.01,
+                           "speedup_interval": {"mean": 1.31, "low": 1.2, "high": 1.4}}}
+    write(d, "speed.json", "bench.acceptance", {"methods": speed, "repeats": 5}, {"dataset": "mt-bench", "k": 5},
+          budget=budget)
+    write(d, "training.json", "bench.training", {"memory_budget": "3GiB", "methods": {
+        "peagle": {"val_expected_al": 1.7, "tokens_per_second": 120.0, "peak_rss_bytes": 2**31, "train_tokens": 900},
+        "eagle3": {"refused": "error: memory budget ..."}}}, {})
+    write(d, "memory.json", "bench.memory", {"memory_budget": "3GiB", "methods": {
+        "a": {"drafter": "peagle", "mask_builder": "dense", "partitioner": "none", "longest_seq_len": 1024},
+        "b": {"drafter": "peagle", "mask_builder": "chunked", "partitioner": "peagle", "longest_seq_len": 4096,
+              "at_cap": True}}}, {})
+    text = (d / "report.md").read_text() if CliRunner().invoke(main, ["report", str(d)]).exit_code == 0 else ""
+    assert "| peagle | 2.10 (k5) | 1.60 (k5) | 900 |" in text
+    assert "| eagle3 | 1.80 (tree) | 1.90 (tree) | 900 |" in text
+    assert "| peagle/k5 | 2.00 | 1.31x [1.20, 1.40] | 0.01 | 900 |" in text
+    assert "| peagle | 1.7 | 120 | 2048 | 900 |" in text and "| eagle3 | does not fit |" in text
+    assert "| peagle | >= 4096 (search cap) | chunked + peagle |" in text

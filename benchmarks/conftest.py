@@ -1,0 +1,45 @@
+"""Options and shared fixtures of the comparison suites (``pytest benchmarks --preset cpu``).
+
+``--preset`` (or ``SPECFRAME_BENCH_PRESET``) picks the scale (``benchmarks/presets.py``); ``--bench-work`` the work
+folder that keeps the feature cache and the trained drafters between runs; ``--results-dir`` where results files
+go (default ``benchmarks/results/<preset>`` for cpu / gpu, ``<work>/results`` for ci, so CI never overwrites the
+committed figures).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness import ROOT, Workspace
+from presets import PRESETS
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("specframe", "specframe comparison suites")
+    group.addoption("--preset", default=os.environ.get("SPECFRAME_BENCH_PRESET", "ci"), choices=sorted(PRESETS),
+                    help="scale of the suites (default ci, or $SPECFRAME_BENCH_PRESET)")
+    group.addoption("--bench-work", default=None, help="work folder (default runs/bench/<preset>)")
+    group.addoption("--results-dir", default=None, help="results folder (default benchmarks/results/<preset>; ci: "
+                    "<work>/results)")
+
+
+@pytest.fixture(scope="session")
+def workspace(request) -> Workspace:
+    import torch
+
+    preset = PRESETS[request.config.getoption("--preset")]
+    torch.set_num_threads(preset.threads)
+    work = Path(request.config.getoption("--bench-work") or ROOT / "runs" / "bench" / preset.name)
+    results = request.config.getoption("--results-dir")
+    if results is None:
+        results = work / "results" if preset.name == "ci" else ROOT / "benchmarks" / "results" / preset.name
+    return Workspace(preset, work.resolve(), Path(results).resolve())
+
+
+@pytest.fixture(scope="session")
+def trained(workspace):
+    """Every drafter of the preset trained (or reused) under the same budget: name -> record (``harness.trained``)."""
+    return {name: workspace.trained(name) for name in workspace.preset.drafters}

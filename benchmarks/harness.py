@@ -1,0 +1,186 @@
+"""What the comparison suites share: the work folder of a preset, its target, its one feature cache and the trained
+drafters, each built once through the real CLI and reused when a run is resumed.
+
+Everything expensive is kept under the work folder (``runs/bench/<preset>`` by default) and reused: the target (ci:
+built; otherwise the cached default), the feature cache (``specframe prepare`` resumes a half-written one), and each
+drafter's training run (``specframe train --resume`` continues a killed one from its last checkpoint; a finished one is
+recognised by its ``bench-run.json``). A stopped suite run therefore loses at most the part in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from presets import Preset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(args: list[str], *, threads: int, log: Path) -> tuple[int, float, float]:
+    """``specframe ARGS`` in a child process; returns (exit code, peak RSS bytes of the child, wall seconds).
+    stdout and stderr go to ``log`` (appended), so a failure can be read after the fact."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SPECFRAME_THREADS": str(threads)}
+    cmd = [sys.executable, "-m", "specframe", *args]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        out.write(f"$ {shlex.join(cmd)}\n")
+        out.flush()
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024.0, seconds
+
+
+def last_error(log: Path) -> str:
+    lines = [line for line in log.read_text().splitlines() if line.startswith("error: ")]
+    return lines[-1] if lines else log.read_text()[-2000:]
+
+
+def fingerprint(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@attrs.define
+class Workspace:
+    """A preset's work folder: ``target()``, ``cache()`` and ``trained(drafter)`` build what is missing, once."""
+
+    preset: Preset
+    root: Path
+    results: Path
+
+    def __attrs_post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.results.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------------------------------------ target
+    def target(self) -> str:
+        """The ``--target`` value every command of this preset uses."""
+        if self.preset.target != "tiny":
+            return self.preset.target
+        path = self.root / "tiny-target"
+        if not (path / "config.json").exists():
+            from specframe.targets import tiny_target
+
+            # head_dim 32: the smallest vLLM's CPU attention kernels take
+            tiny_target(path, vocab=320, layers=4, hidden=64, heads=2, kv_heads=1, intermediate=128, seed=0)
+        return str(path)
+
+    # ------------------------------------------------------------------------------------------------ cache
+    def cache_args(self) -> list[str]:
+        p = self.preset
+        return ["prepare", "--target", self.target(), "--data", p.data, "--limit", str(p.train_examples + p.val_examples),
+                "--draft-vocab", str(p.draft_vocab), "--max-length", str(max(2048, p.seq_len)),
+                "--threads", str(p.threads)]
+
+    def cache(self) -> Path:
+        """One feature cache for every drafter (``specframe prepare``; resumed if a previous run was stopped)."""
+        path = self.root / "cache"
+        done = self.root / "cache.done.json"
+        args = [*self.cache_args(), "--output", str(path)]
+        if done.exists() and json.loads(done.read_text()).get("args") == args:
+            return path
+        code, peak, seconds = run_cli(args, threads=self.preset.threads, log=self.root / "cache.log")
+        if code != 0:
+            raise RuntimeError(f"specframe prepare failed ({code}): {last_error(self.root / 'cache.log')}")
+        done.write_text(json.dumps({"args": args, "seconds": seconds, "peak_rss_bytes": peak}))
+        return path
+
+    # ------------------------------------------------------------------------------------------------ training
+    def train_args(self, drafter: str, out: Path) -> list[str]:
+        p = self.preset
+        config = self.root / f"{drafter}.toml"
+        config.write_text("[drafter]\n" + "".join(
+            f"{key} = {json.dumps(value)}\n" for key, value in sorted(p.train_options(drafter).items())
+        ))
+        return ["train", "--drafter", drafter, "--target", self.target(), "--cache", str(self.cache()),
+                "--seq-len", str(p.seq_len), "--depth", str(p.depth), "--max-steps", str(p.steps),
+                "--batch-size", str(p.batch_size), "--lr", str(p.lr),
+                "--max-examples", str(p.train_examples + p.val_examples), "--val-examples", str(p.val_examples),
+                "--mask-builder", p.mask_builder, "--partitioner", p.partitioner, "--partitions", str(p.partitions),
+                "--memory-budget", p.memory_budget, "--save-every", str(max(1, p.steps // 4)), "--seed", "0",
+                "--device", p.device, "--config", str(config), "--output", str(out), "--json"]
+
+    def trained(self, drafter: str) -> dict[str, Any]:
+        """Train ``drafter`` under the preset (or reuse the finished run) and return its record: the run folder,
+        ``refused`` (the engine's message when the budget cannot fit it), peak RSS, throughput and the validation
+        figures of the final evaluation."""
+        out = self.root / "train" / drafter
+        record_path = self.root / "train" / f"{drafter}.bench-run.json"
+        args = self.train_args(drafter, out)
+        key = fingerprint(args)
+        if record_path.exists():
+            record = json.loads(record_path.read_text())
+            if record.get("key") == key:
+                return record
+        log = self.root / "train" / f"{drafter}.log"
+        attempts = []
+        from specframe.engine import checkpoint
+
+        while True:
+            resume = ["--resume", str(out)] if checkpoint.has_checkpoint(out) else []
+            code, peak, seconds = run_cli([*args, *resume], threads=self.preset.threads, log=log)
+            attempts.append({"exit": code, "peak_rss_bytes": peak, "seconds": seconds, "resumed": bool(resume)})
+            if code == 0 or len(attempts) >= 2 or not checkpoint.has_checkpoint(out):
+                break
+        record: dict[str, Any] = {"drafter": drafter, "key": key, "run": str(out), "command": shlex.join(
+            ["specframe", *args]), "attempts": attempts, "options": self.preset.train_options(drafter)}
+        if code != 0:
+            message = last_error(log)
+            if "memory budget" not in message:
+                raise RuntimeError(f"training {drafter} failed ({code}): {message}")
+            record["refused"] = message
+        else:
+            record.update(training_figures(out))
+            record["peak_rss_bytes"] = max(a["peak_rss_bytes"] for a in attempts)
+        record_path.write_text(json.dumps(record, indent=1))
+        return record
+
+
+def training_figures(out: Path) -> dict[str, Any]:
+    """Throughput from the per-step log (eval and checkpoint time excluded) and the final evaluation."""
+    steps: dict[int, dict] = {}
+    final_eval = None
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if "val_loss" in entry:
+            final_eval = entry
+        elif "train_loss" in entry:
+            steps[int(entry["step"])] = entry  # a resumed run rewrites the steps after its checkpoint
+    entries = [steps[k] for k in sorted(steps)]
+    tokens = sum(int(e.get("tokens", 0)) for e in entries)
+    seconds = sum(float(e.get("step_seconds", 0.0)) for e in entries)
+    return {
+        "steps": len(entries),
+        "train_tokens": tokens,
+        "train_seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds else None,
+        "supervised_elements": sum(int(e.get("elements", 0)) for e in entries),
+        "first_train_loss": entries[0]["train_loss"] if entries else None,
+        "last_train_loss": entries[-1]["train_loss"] if entries else None,
+        "val_loss": final_eval and final_eval["val_loss"],
+        "val_accuracy": final_eval and final_eval["val_accuracy"],
+        "val_expected_al": final_eval and final_eval["val_expected_al"],
+    }
+
+
+def target_provenance(target: str) -> dict[str, Any]:
+    from specframe.targets import load_target
+
+    loaded = load_target(target)
+    return {"id": loaded.id, "weights_hash": loaded.weights_hash}
+
+
+def command() -> list[str]:
+    """How this suite run was started (pytest's own argv)."""
+    return ["pytest", *sys.argv[1:]]

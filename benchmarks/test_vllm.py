@@ -1,0 +1,84 @@
+"""vLLM suite: each exportable drafter served by vLLM (in process, greedy) against vLLM without speculation, with the
+reference engine's figures for the same checkpoint, prompts and K beside them, in one run.
+
+    .venv/bin/pytest benchmarks/test_vllm.py --preset cpu --benchmark-only -p no:cacheprovider
+
+vLLM side: ``specframe.bench.compare_vllm`` (the code behind `specframe bench acceptance --engine vllm`): the
+checkpoint is exported (`specframe export`), vLLM runs plain and then speculative decoding over the MT-Bench prompts,
+AL and per-position acceptance come from vLLM's spec-decode counters, speedup is OTPS(speculative) / OTPS(plain) per
+repeat. Reference side: ``specframe.bench.compare`` on the same prompts at the same K. ParallelSpec is not exported
+(vLLM's parallel drafting feeds one mask token; see README) and is measured by the reference engine only.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import command, fingerprint
+from specframe import bench
+
+EXPORTABLE = ("peagle", "eagle3", "pard")
+
+
+def pytest_generate_tests(metafunc):
+    if "drafter" in metafunc.fixturenames:
+        from presets import PRESETS
+
+        p = PRESETS[metafunc.config.getoption("--preset")]
+        metafunc.parametrize("drafter", [d for d in p.drafters if d in EXPORTABLE])
+
+
+def test_vllm_against_reference(benchmark, workspace, trained, drafter):
+    from specframe.results import write_results
+    from specframe.targets import load_target
+    from specframe.vllm import vllm_available
+
+    p = workspace.preset
+    if not p.vllm:
+        pytest.skip(f"preset {p.name} does not run vLLM")
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (make setup VLLM=cpu)")
+    record = trained[drafter]
+    if "refused" in record:
+        pytest.skip(f"{drafter} did not fit the memory budget")
+    target = load_target(workspace.target())
+    prompts = bench.load_prompts("mt-bench", p.prompts)
+    method = bench.checkpoint_method(record["run"], target.config, k=p.speed_k, label=f"{drafter}/k{p.speed_k}")
+    config = {"preset": p.name, "drafter": drafter, "dataset": "mt-bench", "prompts": [q.id for q in prompts],
+              "k": p.speed_k, "repeats": p.vllm_repeats, "max_new_tokens": p.max_new_tokens, "verifier": "greedy"}
+    key = fingerprint([config, method.checkpoint_hash])
+    path = workspace.results / f"vllm-{drafter}.json"
+    box = {}
+
+    def once():
+        vllm_summary, rows = bench.compare_vllm(record["run"], workspace.target(), prompts, k=p.speed_k,
+                                                repeats=p.vllm_repeats, max_new_tokens=p.max_new_tokens)
+        reference = bench.compare(target.model, target.tokenizer, prompts, [method], bench.make_verifier("greedy"),
+                                  repeats=p.vllm_repeats, max_new_tokens=p.max_new_tokens)
+        ref = bench.json_safe(reference.summary())
+        box["metrics"] = {"methods": {
+            "vllm": vllm_summary["methods"]["vllm"], "vllm/plain": vllm_summary["methods"]["plain"],
+            "reference": ref["methods"][method.label], "reference/plain": ref["methods"]["plain"],
+        }, "engine": "vllm+reference"}
+        box["rows"] = rows
+
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    if saved.get("config", {}).get("key") == key:
+        box["metrics"] = saved["metrics"]
+        benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    else:
+        benchmark.pedantic(once, rounds=1, iterations=1)
+        write_results(path, kind="bench.vllm", metrics=bench.json_safe(box["metrics"]), per_prompt=box["rows"],
+                      provenance=bench.results_provenance(target, [method], command()), config={**config, "key": key})
+    m = box["metrics"]["methods"]
+    assert m["vllm"]["lossless"], f"vLLM with {drafter} changed plain vLLM's greedy output"
+    assert m["reference"]["lossless"]
+    al_v, al_r = m["vllm"]["acceptance_length"], m["reference"]["acceptance_length"]
+    gap = abs(al_v - al_r) / al_r
+    benchmark.extra_info.update({"results": str(path), "vllm_al": al_v, "reference_al": al_r, "al_gap": gap,
+                                 "vllm_speedup": m["vllm"]["speedup_interval"],
+                                 "reference_speedup": m["reference"]["speedup_interval"]})
+    print(f"\n{drafter} K={p.speed_k}: vLLM AL {al_v:.3f} speedup {m['vllm']['speedup_interval']['mean']:.2f}x | "
+          f"reference AL {al_r:.3f} speedup {m['reference']['speedup_interval']['mean']:.2f}x (AL gap {gap:.1%})")
