@@ -81,10 +81,10 @@ PRESETS = {
         speed_k=3, repeats=2, vllm=True,
     ),
     "cpu": Preset(
-        name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; about two hours on 2 cores",
-        target="default", data="default", train_examples=160, val_examples=16, seq_len=512, depth=7, steps=80,
+        name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; one to two hours on 2 cores",
+        target="default", data="default", train_examples=120, val_examples=16, seq_len=512, depth=7, steps=60,
         batch_size=2, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED,
-        memory_cap=4096, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5,
+        memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5,
     ),
     "gpu": Preset(
         name="gpu", description="SmolLM2 target, 10x the cpu preset's tokens, 8 GiB budget, 64K memory search",

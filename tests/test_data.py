@@ -165,6 +165,7 @@ def test_default_training_set_joins_answers_with_prompts():
     assert prov["counts"]["records"] == n
     ds = load_default(limit=50)
     assert len(ds) == 50
+    assert {r["source"] for r in ds} == {"gsm8k", "sharegpt"}  # a prefix mixes the sources
     for r in ds:
         assert [m["role"] for m in r["messages"]][-2:] == ["user", "assistant"]
         if r["source"] == "gsm8k":

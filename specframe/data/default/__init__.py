@@ -37,6 +37,19 @@ def default_prompt_records(n_sharegpt: int = DEFAULT_SHAREGPT, n_gsm8k: int = DE
     return out
 
 
+def interleave_sources(answers: list[dict]) -> list[dict]:
+    """Round-robin over the sources (each source's own order kept): the file is sorted by source, and a prefix of
+    the set (``limit``, the trainer's first batches) should be a mix of chat and maths, not one of them."""
+    by_source: dict[str, list[dict]] = {}
+    for a in answers:
+        by_source.setdefault(a["source"], []).append(a)
+    queues = [by_source[s] for s in sorted(by_source)]
+    out = []
+    for i in range(max((len(q) for q in queues), default=0)):
+        out += [q[i] for q in queues if i < len(q)]
+    return out
+
+
 def read_answers(path: str | Path = ANSWERS) -> list[dict]:
     p = Path(path)
     if not p.exists():
@@ -51,7 +64,7 @@ def load_default(limit: int | None = None, *, path: str | Path = ANSWERS) -> Any
     from specframe.data.regenerate import prompt_messages
     from specframe.data.sources import _dataset, iter_sharegpt_raw, load_gsm8k, normalize_messages
 
-    answers = read_answers(path)
+    answers = interleave_sources(read_answers(path))
     if limit is not None:
         answers = answers[:limit]
     want = {(a["source"], a["id"]) for a in answers}
