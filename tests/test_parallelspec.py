@@ -155,5 +155,6 @@ def test_train_command(tmp_path):
 
 def test_vllm_export_is_refused_clearly(target, tmp_path):
     drafter, _ = make("parallelspec", target)
-    with pytest.raises(api.SpecframeError, match="cannot be exported to vLLM"):
+    with pytest.raises(api.SpecframeError, match="cannot be exported to vLLM: vLLM's parallel drafting feeds the "
+                       "same mask token to every draft slot"):
         drafter.export_vllm(tmp_path / "vllm", target.tokenizer)

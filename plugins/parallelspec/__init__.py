@@ -144,6 +144,16 @@ class ParallelSpecDrafter(api.Drafter):
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
         return api.eagle.shifted_supervision(example.loss_mask, example.doc)
 
+    def export_vllm(self, directory: Any, tokenizer: Any) -> dict[str, Any]:
+        # vLLM's parallel drafting (P-EAGLE, PARD) feeds one mask token id to every draft slot, and its drafter
+        # models have no notion of which slot they fill; ParallelSpec's slots each read their own learned
+        # [MASK]_i embedding, so no layout vLLM loads can represent it without a new vLLM drafter model.
+        raise api.SpecframeError(
+            "drafter 'parallelspec' cannot be exported to vLLM: vLLM's parallel drafting feeds the same mask token "
+            f"to every draft slot, and ParallelSpec's {self.options.masks} slots each need their own learned mask "
+            "embedding; serve it with the reference engine (`specframe generate`, `specframe bench acceptance`)"
+        )
+
     def check_training(self, depth: int, mask_builder: str, partitioner: str) -> None:
         self._check_depth(depth)
 
