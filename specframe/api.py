@@ -53,6 +53,7 @@ __all__ = [
     "Partitioner",
     "PluginError",
     "Segment",
+    "SegmentAttention",
     "SpecframeError",
     "TrainingExample",
     "UsageError",
@@ -130,7 +131,30 @@ class MaskBuilder(Component, ABC):
 
     @abstractmethod
     def build(self, query: ElementSet, key: ElementSet) -> Attention:
-        """Return the attention function for queries ``query`` over keys ``key`` (reused by every layer)."""
+        """Return the attention function for queries ``query`` over keys ``key`` (reused by every layer). Queries
+        and keys may be any subsets of one sequence's elements, in any order."""
+
+
+@attrs.frozen
+class SegmentAttention:
+    """What ``Drafter.loss`` receives: the mask builder's attention over the segment's elements (call it like an
+    ``Attention``), plus ``subset(query, key)``, the same builder's attention for other subsets of the segment's
+    elements. A drafter that runs several passes over parts of a segment (EAGLE-3's training-time test forwards only
+    the depth each pass changes, reading the shallower depths' keys from earlier passes) builds those with it, so it
+    keeps the configured builder's memory behaviour and the shared visibility rule."""
+
+    builder: MaskBuilder
+    attention: Attention
+
+    @classmethod
+    def build(cls, builder: MaskBuilder, elements: ElementSet) -> SegmentAttention:
+        return cls(builder, builder.build(elements, elements))
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.attention(q, k, v)
+
+    def subset(self, query: ElementSet, key: ElementSet) -> Attention:
+        return self.builder.build(query, key)
 
 
 # ------------------------------------------------------------------------------------------------------ partitioners
@@ -394,7 +418,8 @@ class Drafter(Component, ABC):
 
     @abstractmethod
     def loss(self, example: TrainingExample, elements: ElementSet, segment: Segment, attention: Attention) -> LossTerms:
-        """The loss of the segment's charged elements (``elements.subset(segment.elements)`` are forwarded)."""
+        """The loss of the segment's charged elements (``elements.subset(segment.elements)`` are forwarded).
+        ``attention`` is a ``SegmentAttention`` when the engine calls (tests may pass a plain ``Attention``)."""
 
     # -- inference
     @abstractmethod

@@ -196,3 +196,34 @@ def test_vllm_export_layout(target, tmp_path):
     config = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == drafter.aux_layer_ids
     assert config["draft_vocab_size"] == 128 and config["num_hidden_layers"] == 1
+
+
+@pytest.mark.parametrize("builder", ["dense", "precomputed", "chunked"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_depth_by_depth_passes_equal_whole_segment_passes(target, builder, checkpointing):
+    """With a ``SegmentAttention`` the training-time test forwards only each pass's depth and reads shallower keys
+    from earlier passes; the loss, hits and every gradient must equal forwarding the whole segment every pass (the
+    plain-``Attention`` path), on COD elements of two packed documents, 2 layers, in every P-EAGLE segment."""
+    from specframe.elements import cod_sample
+
+    drafter, ex = make("eagle3", target, length=28, docs=2, layers=2, activation_checkpointing=checkpointing)
+    sup = drafter.supervision(ex)
+    elems = cod_sample(sup, K, 0.6, 0.3, generator=torch.Generator().manual_seed(3), doc=ex.doc[: sup.shape[0]])
+    b = plugins.get("mask builder", builder)()
+    part = plugins.get("partitioner", "peagle")()
+    params = [p for p in drafter.module().parameters() if p.requires_grad]
+    segments = part.partition(elems, 3)
+    assert len(segments) == 3
+    for seg in segments:
+        sub = elems.subset(seg.elements)
+        results = []
+        for attention in (b.build(sub, sub), api.SegmentAttention.build(b, sub)):
+            terms = drafter.loss(ex, elems, seg, attention)
+            grads = torch.autograd.grad(terms.loss_sum, params, allow_unused=True)
+            results.append((terms, [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]))
+        (slow, g_slow), (fast, g_fast) = results
+        torch.testing.assert_close(fast.loss_sum, slow.loss_sum, rtol=1e-5, atol=1e-6)
+        assert fast.count == slow.count
+        assert torch.equal(fast.correct, slow.correct) and torch.equal(fast.total, slow.total)
+        for a, c in zip(g_fast, g_slow):
+            torch.testing.assert_close(a, c, rtol=1e-3, atol=1e-5)  # float32 sums in another order

@@ -165,20 +165,49 @@ class Eagle3Drafter(api.Drafter):
         loss_sum = hidden.sum() * 0.0
         hits = torch.zeros(len(sub), dtype=torch.bool)
         passes = int(depth.max()) + 1 if len(sub) else 0
-        for d in range(passes):
-            out, _ = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)
-            rows = charged & (depth == d)
-            if bool(rows.any()):
+
+        def charge(d: int, out: torch.Tensor, rows: torch.Tensor) -> None:
+            """Add the loss of the charged depth-``d`` elements ``rows`` (indices); ``out``: their pre-norm outputs."""
+            nonlocal loss_sum
+            if rows.numel():
                 result = modeling.chunked_forward_kl(
-                    model.norm(out[rows]), model.lm_head.weight, final[pos[rows] + 1], draft_head,
+                    model.norm(out), model.lm_head.weight, final[pos[rows] + 1], draft_head,
                     reference_top1=reference, chunk=self.options.loss_chunk,
                 )
                 loss_sum = loss_sum + weights[d] * result.loss_sum
                 hits[rows.cpu()] = result.correct.cpu()
-            if d + 1 < passes:
-                # depth d+1 now reads its parent's fresh output; every shallower input is unchanged
-                nxt = depth == d + 1
-                hidden = torch.where(nxt[:, None], out[parent.clamp(min=0)], hidden)
+
+        subset = getattr(attention, "subset", None)
+        if subset is None:
+            # a plain Attention (no builder at hand): every pass forwards the whole segment, K times the work
+            for d in range(passes):
+                out, _ = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)
+                rows = (charged & (depth == d)).nonzero().squeeze(1)
+                charge(d, out[rows], rows)
+                if d + 1 < passes:
+                    # depth d+1 now reads its parent's fresh output; every shallower input is unchanged
+                    hidden = torch.where((depth == d + 1)[:, None], out[parent.clamp(min=0)], hidden)
+        else:
+            # Pass d forwards only the depth-d elements: a shallower element's inputs never change after its own
+            # pass, so its keys and values (every layer) are the ones that pass produced, and no depth-d element
+            # sees a deeper one. Same outputs and gradients as forwarding the whole segment each pass, 1/K the work.
+            past: list[modeling.KV] | None = None
+            done: list[torch.Tensor] = []
+            row = torch.full((len(sub),), -1, dtype=torch.long, device=device)
+            for d in range(passes):
+                sel = (depth == d).nonzero().squeeze(1)
+                keys = torch.cat([*done, sel])
+                att = subset(sub.subset(sel.cpu()), sub.subset(keys.cpu()))
+                out, kvs = model.run(embeds[sel], hidden[sel], pos[sel], att, past=past,
+                                     checkpointing=self.options.activation_checkpointing)
+                past = kvs if past is None else _cat_kv(past, kvs)
+                done.append(sel)
+                mine = charged[sel]
+                charge(d, out[mine], sel[mine])
+                if d + 1 < passes:
+                    row[sel] = torch.arange(len(sel), device=device)
+                    nxt = (depth == d + 1).nonzero().squeeze(1)
+                    hidden = hidden.index_copy(0, nxt, out[row[parent[nxt]]])
         d_ch = sub.depth[charged.cpu()]
         correct, total = eagle.per_depth(d_ch, hits[charged.cpu()], k)
         return api.LossTerms(loss_sum, int(charged.sum()), correct, total)

@@ -302,7 +302,7 @@ class Trainer:
         self, example: api.TrainingExample, elems: Any, seg: api.Segment, sup: torch.Tensor, *, training: bool
     ) -> api.LossTerms:
         sub = elems.subset(seg.elements)
-        attention = self.builder.build(sub, sub)
+        attention = api.SegmentAttention.build(self.builder, sub)
         if getattr(self, "plugins_checked", False):
             return self.drafter.loss(example, elems, seg, attention)
         # the first step checks every plugin's output so a broken plugin is named, not a shape error deep in autograd

@@ -65,6 +65,9 @@ class CheckedAttention:
             )
         return out
 
+    def subset(self, query: Any, key: Any) -> CheckedAttention:
+        return CheckedAttention(self.attention.subset(query, key), self.builder)
+
 
 def check_finite(step: int, loss: float, grad_norm: float) -> None:
     """Stop training before a non-finite loss or gradient reaches the weights (and any checkpoint)."""
