@@ -87,8 +87,8 @@ PRESETS = {
         memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5,
     ),
     "gpu": Preset(
-        name="gpu", description="SmolLM2 target, 10x the cpu preset's tokens, 8 GiB budget, 64K memory search",
-        target="default", data="default", train_examples=1000, val_examples=64, seq_len=2048, depth=8, steps=2000,
+        name="gpu", description="SmolLM2 target, about 30x the cpu preset's training tokens, 8 GiB budget, 64K memory search",
+        target="default", data="default", train_examples=1000, val_examples=64, seq_len=2048, depth=8, steps=1000,
         batch_size=4, lr=5e-4, draft_vocab=32000, memory_budget="8GiB", drafters=PUBLISHED,
         memory_builders=("dense", "precomputed", "chunked", "flex"), memory_cap=65536, memory_depth=8,
         memory_segment_len=2048, prompts=20, max_new_tokens=256, repeats=5, device="cuda",

@@ -88,7 +88,7 @@ def measure(p, shape, drafter, builder, partitioner, seq_len) -> dict:
         partitions=partitions(p, partitioner, seq_len), features="synthetic", steps=1, threads=p.threads,
         vocab=shape.vocab_size, hidden=shape.hidden_size, heads=shape.num_attention_heads,
         kv_heads=shape.num_key_value_heads, intermediate=shape.intermediate_size, target_layers=4,
-        drafter_options=options(p, drafter), memory_budget=p.memory_budget, skip_check=True,
+        drafter_options=options(p, drafter), memory_budget=p.memory_budget, skip_check=True, device=p.device,
     )
     try:
         got = probe(spec)

@@ -51,6 +51,8 @@ class ProbeSpec:
     #: budget handed to the engine (None: no budget, no guard); the pre-check is skipped with ``skip_check``
     memory_budget: str | None = None
     skip_check: bool = False
+    #: ``cuda``: the step runs on the GPU and ``peak_bytes`` is ``torch.cuda.max_memory_allocated`` during it
+    device: str = "cpu"
 
 
 def _status_bytes(field: str) -> int:
@@ -141,7 +143,7 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
             spec.seq_len)), seq_len=spec.seq_len, depth=spec.depth, mask_builder=spec.mask_builder,
             partitioner=spec.partitioner, partitions=spec.partitions, memory_budget=spec.memory_budget,
             max_steps=spec.steps, batch_size=1, max_examples=1, val_examples=0, drafter_options=spec.drafter_options,
-            mask_builder_options=spec.mask_builder_options,
+            mask_builder_options=spec.mask_builder_options, device=spec.device,
         )
         if spec.skip_check:
             os.environ["SPECFRAME_SKIP_MEMORY_CHECK"] = "1"
@@ -164,14 +166,22 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
 
             gc.collect()
             tokens = int(trainer.source.tokens(0).input_ids.shape[0])
-            _reset_hwm()
-            before = _status_bytes("VmRSS")
+            cuda = torch.device(spec.device).type == "cuda"
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            else:
+                _reset_hwm()
+                before = _status_bytes("VmRSS")
             times = []
             for _ in range(spec.steps):
                 t0 = time.perf_counter()
                 entry = trainer.train_step()
+                if cuda:
+                    torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
-            peak = _status_bytes("VmHWM")
+            peak = torch.cuda.max_memory_allocated() if cuda else _status_bytes("VmHWM")
         finally:
             trainer.close()
     return {
