@@ -82,7 +82,7 @@ PRESETS = {
     ),
     "cpu": Preset(
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; one to two hours on 2 cores",
-        target="default", data="default", train_examples=120, val_examples=16, seq_len=512, depth=7, steps=60,
+        target="default", data="default", train_examples=300, val_examples=16, seq_len=512, depth=7, steps=150,
         batch_size=2, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED,
         memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5,
     ),
