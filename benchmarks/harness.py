@@ -85,14 +85,17 @@ class Workspace:
 
     def cache(self) -> Path:
         """One feature cache for every drafter (``specframe prepare``; resumed if a previous run was stopped)."""
-        path = self.root / "cache"
-        done = self.root / "cache.done.json"
+        # one folder per settings: `specframe prepare` rightly refuses to extend a cache made with others
+        key = fingerprint(self.cache_args())
+        path = self.root / f"cache-{key}"
+        done = self.root / f"cache-{key}.done.json"
         args = [*self.cache_args(), "--output", str(path)]
         if done.exists() and json.loads(done.read_text()).get("args") == args:
             return path
-        code, peak, seconds = run_cli(args, threads=self.preset.threads, log=self.root / "cache.log")
+        log = self.root / f"cache-{key}.log"
+        code, peak, seconds = run_cli(args, threads=self.preset.threads, log=log)
         if code != 0:
-            raise RuntimeError(f"specframe prepare failed ({code}): {last_error(self.root / 'cache.log')}")
+            raise RuntimeError(f"specframe prepare failed ({code}): {last_error(log)}")
         done.write_text(json.dumps({"args": args, "seconds": seconds, "peak_rss_bytes": peak}))
         return path
 

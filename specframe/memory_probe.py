@@ -16,6 +16,7 @@ against these figures.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -175,12 +176,16 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
                 _reset_hwm()
                 before = _status_bytes("VmRSS")
             times = []
-            for _ in range(spec.steps):
+            guard = trainer.memory_guard  # the engine's guard, as in Trainer.run: ceiling during, check after
+            for step in range(1, spec.steps + 1):
                 t0 = time.perf_counter()
-                entry = trainer.train_step()
+                with guard.ceiling(step) if guard is not None else contextlib.nullcontext():
+                    entry = trainer.train_step()
                 if cuda:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
+                if guard is not None:
+                    guard.check(step)
             peak = torch.cuda.max_memory_allocated() if cuda else _status_bytes("VmHWM")
         finally:
             trainer.close()
