@@ -88,3 +88,33 @@ def test_resume_refuses_a_pickled_optimizer_state_through_the_cli(run, tmp_path)
     assert "Traceback" not in result.stderr
     assert not marker.exists()
     assert not list(new_out.glob("step-*"))
+
+
+def test_a_safetensors_header_length_starting_with_0x80_is_not_taken_for_a_pickle(tmp_path):
+    """A pickle starts with 0x80, and so does the little-endian header length of 1 in 256 safetensors files: such a
+    file (found by the cpu benchmark run, a trained parallelspec checkpoint) must load, while real pickles and
+    truncated files keep their messages."""
+    import torch
+    from safetensors.torch import save_file
+
+    from specframe.engine.checkpoint import check_safetensors
+    from specframe.errors import SpecframeError
+
+    path = tmp_path / "w.safetensors"
+    for pad in range(300):  # metadata length steers the header length; find one whose low byte is 0x80
+        save_file({"w": torch.zeros(3)}, str(path), metadata={"pad": "x" * pad})
+        if path.read_bytes()[0] == 0x80:
+            break
+    assert path.read_bytes()[0] == 0x80
+    check_safetensors(path)  # no error
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(SpecframeError, match="not a complete safetensors file"):
+        check_safetensors(path)
+    torch.save({"w": torch.zeros(3)}, path)
+    with pytest.raises(SpecframeError, match="is a pickle"):
+        check_safetensors(path)
+    import pickle
+
+    path.write_bytes(pickle.dumps({"w": [0.0]}, protocol=4))
+    with pytest.raises(SpecframeError, match="is a pickle"):
+        check_safetensors(path)

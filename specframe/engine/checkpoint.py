@@ -165,20 +165,23 @@ def check_safetensors(path: Path) -> None:
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
-        if head.startswith(_PICKLE_MAGIC):
-            raise SpecframeError(
-                f"{path} is a pickle (torch.save) file, not safetensors; specframe never unpickles weights "
-                "(re-save them with safetensors)"
-            )
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        header = f.read(n) if 0 < n <= size - 8 else b""
+        header = f.read(n) if 0 < n <= size - 8 else f.read(1)
     try:
         meta = json.loads(header)
         end = max((v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__"), default=0)
-    except (ValueError, TypeError, KeyError, IndexError):
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         end = None
-    if end is None or 8 + n + end != size:
-        raise SpecframeError(f"{path} is not a complete safetensors file (truncated or corrupt: {size} bytes)")
+    if end is not None and 8 + n + end == size:
+        return
+    # Only now look for a pickle: a valid safetensors header length can start with the byte 0x80 too (1 in 256
+    # files), so the magic bytes alone must not decide. A safetensors file has its JSON header at byte 8.
+    if head.startswith(_PICKLE_MAGIC) and not header.startswith(b"{"):
+        raise SpecframeError(
+            f"{path} is a pickle (torch.save) file, not safetensors; specframe never unpickles weights "
+            "(re-save them with safetensors)"
+        )
+    raise SpecframeError(f"{path} is not a complete safetensors file (truncated or corrupt: {size} bytes)")
 
 
 def check_files(directory: Path) -> None:
