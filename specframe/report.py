@@ -177,11 +177,13 @@ def headline(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
         rows = []
         for d in vllm:
             m = d["metrics"]["methods"]
+            budget = d["provenance"].get("token_budget")
             rows.append([d["config"].get("drafter"), f"{m['vllm']['acceptance_length']:.2f}",
                          f"{m['vllm']['speedup_interval']['mean']:.2f}x", f"{m['reference']['acceptance_length']:.2f}",
-                         f"{m['reference']['speedup_interval']['mean']:.2f}x"])
+                         f"{m['reference']['speedup_interval']['mean']:.2f}x", budget if budget is not None else "n/a"])
         out += ["vLLM against the reference engine (same checkpoint, prompts and K):", ""]
-        out += _table(["drafter", "vLLM AL", "vLLM speedup", "reference AL", "reference speedup"], rows) + [""]
+        out += _table(["drafter", "vLLM AL", "vLLM speedup", "reference AL", "reference speedup", "training tokens"],
+                      rows) + [""]
     return out
 
 
