@@ -371,18 +371,26 @@ def partitions_needed(cfg: MemoryConfig, limit: int, most: int = 256) -> int | N
 
 
 # -------------------------------------------------------------------------------------------------------- guard
+def status_bytes(field: str) -> int | None:
+    """A size field of ``/proc/self/status`` (VmHWM, VmRSS, VmData, ...) in bytes; None where there is no procfs."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def peak_bytes(device: str | torch.device = "cpu") -> int:
     """This process's peak memory so far: CUDA tensors on a CUDA device, else the resident-set high-water mark."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return int(torch.cuda.max_memory_allocated(dev))
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    hwm = status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
     import resource
     import sys
 
@@ -436,17 +444,6 @@ def _allocation_failure(e: BaseException) -> bool:
     return "can't allocate memory" in text or "Cannot allocate memory" in text or "out of memory" in text
 
 
-def _status_bytes(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 @contextlib.contextmanager
 def _hard_limit(budget: int, device: str) -> Iterator[None]:
     dev = torch.device(device)
@@ -458,7 +455,7 @@ def _hard_limit(budget: int, device: str) -> Iterator[None]:
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, dev)
         return
-    data, rss = _status_bytes("VmData"), _status_bytes("VmRSS")
+    data, rss = status_bytes("VmData"), status_bytes("VmRSS")
     try:
         import resource
     except ImportError:  # not a Unix: the check after the step is all there is

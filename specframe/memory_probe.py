@@ -56,14 +56,6 @@ class ProbeSpec:
     device: str = "cpu"
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def _reset_hwm() -> None:
     # writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0)
     with open("/proc/self/clear_refs", "w") as f:
@@ -134,6 +126,7 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
 
     from specframe.engine import TrainConfig
     from specframe.engine import loop
+    from specframe.memory import status_bytes
 
     torch.set_num_threads(spec.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,7 +167,7 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
                 before = torch.cuda.memory_allocated()
             else:
                 _reset_hwm()
-                before = _status_bytes("VmRSS")
+                before = status_bytes("VmRSS")
             times = []
             guard = trainer.memory_guard  # the engine's guard, as in Trainer.run: ceiling during, check after
             for step in range(1, spec.steps + 1):
@@ -186,7 +179,7 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
                 times.append(time.perf_counter() - t0)
                 if guard is not None:
                     guard.check(step)
-            peak = torch.cuda.max_memory_allocated() if cuda else _status_bytes("VmHWM")
+            peak = torch.cuda.max_memory_allocated() if cuda else status_bytes("VmHWM")
         finally:
             trainer.close()
     return {
