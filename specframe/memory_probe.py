@@ -16,7 +16,6 @@ against these figures.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -169,16 +168,12 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
                 _reset_hwm()
                 before = status_bytes("VmRSS")
             times = []
-            guard = trainer.memory_guard  # the engine's guard, as in Trainer.run: ceiling during, check after
-            for step in range(1, spec.steps + 1):
+            for _ in range(spec.steps):
                 t0 = time.perf_counter()
-                with guard.ceiling(step) if guard is not None else contextlib.nullcontext():
-                    entry = trainer.train_step()
+                entry = trainer.guarded_step()  # the engine's budget, as in training: ceiling during, check after
                 if cuda:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
-                if guard is not None:
-                    guard.check(step)
             peak = torch.cuda.max_memory_allocated() if cuda else status_bytes("VmHWM")
         finally:
             trainer.close()

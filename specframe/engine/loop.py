@@ -298,6 +298,16 @@ class Trainer:
         return {"step": self.step, "train_loss": loss, "elements": int(global_count), "tokens": global_tokens,
                 "lr": lr, "grad_norm": float(grad_norm), "step_seconds": time.perf_counter() - started}
 
+    def guarded_step(self) -> dict[str, Any]:
+        """``train_step`` under the memory budget: the hard ceiling during the step, the measured peak after it
+        (``MemoryBudgetExceeded`` either way, before anything is saved, so the last checkpoint stays)."""
+        if self.memory_guard is None:
+            return self.train_step()
+        with self.memory_guard.ceiling(self.step + 1):
+            entry = self.train_step()
+        entry["peak_memory_bytes"] = self.memory_guard.check(self.step, self.dist.sum_)
+        return entry
+
     def _segment_loss(
         self, example: api.TrainingExample, elems: Any, seg: api.Segment, sup: torch.Tensor, *, training: bool
     ) -> api.LossTerms:
@@ -379,13 +389,7 @@ class Trainer:
         with bar:
             task = bar.add_task("training", total=cfg.max_steps, completed=self.step)
             while self.step < cfg.max_steps:
-                if self.memory_guard is None:
-                    entry = self.train_step()
-                else:
-                    with self.memory_guard.ceiling(self.step + 1):
-                        entry = self.train_step()
-                if self.memory_guard is not None:  # over budget: stop before saving, the last checkpoint stays
-                    entry["peak_memory_bytes"] = self.memory_guard.check(self.step, self.dist.sum_)
+                entry = self.guarded_step()
                 self.record(entry)
                 history.append(entry)
                 bar.update(task, completed=self.step, description=f"loss {entry['train_loss'] or 0:.4f}")
