@@ -245,6 +245,11 @@ class Draft:
         if self.probs is not None and self.probs.shape[1] != vocab:
             raise InvalidDraftError(f"draft probs cover {self.probs.shape[1]} tokens, the logits {vocab}")
 
+    @property
+    def branched(self) -> bool:
+        """True when ``parents`` describe a tree with branching (a chain given explicitly is not branched)."""
+        return self.parents is not None and self.parents.tolist() != list(range(-1, len(self) - 1))
+
     def parent_index(self) -> torch.Tensor:
         """Parents as a tensor, chains included."""
         if self.parents is not None:
@@ -319,9 +324,8 @@ def verify(verifier: Verifier, logits: torch.Tensor, draft: Draft, generator: to
     result against the draft (a ``PluginError`` naming the verifier), so a buggy verifier plugin cannot emit a
     silently wrong sequence. The engines call verifiers only through this."""
     draft.check_against(logits)
-    if draft.parents is not None and not verifier.supports_tree:
-        if draft.parents.tolist() != list(range(-1, len(draft) - 1)):
-            raise UsageError(f"verifier '{verifier.name}' only verifies chains, and the draft is a tree")
+    if draft.branched and not verifier.supports_tree:
+        raise UsageError(f"verifier '{verifier.name}' only verifies chains, and the draft is a tree")
     result = verifier.verify(logits, draft, generator)
     who = f"verifier '{getattr(verifier, 'name', type(verifier).__name__)}'"
     if not isinstance(result, Verification):

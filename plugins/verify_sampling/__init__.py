@@ -40,7 +40,7 @@ class SamplingVerifier(api.Verifier):
     residual = staticmethod(api.residual_distribution)
 
     def verify(self, logits: torch.Tensor, draft: api.Draft, generator: torch.Generator | None = None):
-        if draft.parents is not None and draft.parents.tolist() != list(range(-1, len(draft) - 1)):
+        if draft.branched:
             raise api.UsageError("the 'sampling' verifier verifies chains; use 'tree' for draft trees")
         tokens = draft.tokens.tolist()
         accepted: list[int] = []

@@ -177,9 +177,6 @@ def generate(
             # checked before the target forward, where the id would fail as an embedding IndexError
             raise PluginError(f"drafter '{drafter.name}' proposed token {int(draft.tokens.max())}, outside the "
                               f"target's {vocab}-token vocabulary")
-        branched = draft.parents is not None and draft.parents.tolist() != list(range(-1, len(draft) - 1))
-        if branched and not verifier.supports_tree:
-            raise UsageError(f"drafter returned a tree but verifier '{verifier.name}' only verifies chains")
         forward = session.verify(pending, draft.tokens, draft.parents)
         result = api.verify(verifier, forward.logits, draft, generator)
         accepted = result.accepted.tolist()
