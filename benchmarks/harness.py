@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_cli(args: list[str], *, threads: int, log: Path) -> tuple[int, float, float]:
     """``specframe ARGS`` in a child process; returns (exit code, peak RSS bytes of the child, wall seconds).
     stdout and stderr go to ``log`` (appended), so a failure can be read after the fact."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SPECFRAME_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     cmd = [sys.executable, "-m", "specframe", *args]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as out:
@@ -175,6 +175,15 @@ def training_figures(out: Path) -> dict[str, Any]:
         "val_accuracy": final_eval and final_eval["val_accuracy"],
         "val_expected_al": final_eval and final_eval["val_expected_al"],
     }
+
+
+def saved_metrics(path: Path, key: str) -> dict[str, Any] | None:
+    """The metrics of the results file at ``path`` if it was written for exactly ``key`` (its ``config.key``): a
+    restarted suite reuses a finished measurement instead of repeating it."""
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["metrics"] if saved.get("config", {}).get("key") == key else None
 
 
 def target_provenance(target: str) -> dict[str, Any]:

@@ -19,12 +19,10 @@ test settings, checkpoint hashes) matches is reused when a stopped run is starte
 
 from __future__ import annotations
 
-import json
-
 import attrs
 import pytest
 
-from harness import command, fingerprint
+from harness import command, fingerprint, saved_metrics
 from specframe import bench
 from specframe.inference.engine import TreeShape
 
@@ -58,11 +56,10 @@ def _measure(benchmark, workspace, target, methods, name, dataset, repeats, conf
               "max_new_tokens": p.max_new_tokens, "verifier": "greedy", "engine": "reference", **config}
     key = fingerprint([config, [(m.label, m.checkpoint_hash) for m in methods]])
     path = workspace.results / f"{name}.json"
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if saved.get("config", {}).get("key") == key:
-            benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-            return saved["metrics"], path
+    saved = saved_metrics(path, key)
+    if saved is not None:
+        benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+        return saved, path
     box = {}
 
     def once():

@@ -15,13 +15,14 @@ longest length, and the growth exponent of (peak - fixed part) against L fitted 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import attrs
 import pytest
 
 from harness import command, fingerprint, target_provenance
+from memory_context import exponent
+from memory_context import partitions as peagle_partitions
 from specframe.memory import parse_size
 from presets import PRESETS
 
@@ -46,7 +47,7 @@ def shape(workspace):
 
 
 def partitions(p, partitioner: str, seq_len: int) -> int:
-    return max(2, seq_len // p.memory_segment_len) if partitioner == "peagle" else 1
+    return peagle_partitions(seq_len, p.memory_segment_len) if partitioner == "peagle" else 1
 
 
 def options(p, drafter: str) -> dict:
@@ -98,15 +99,6 @@ def measure(p, shape, drafter, builder, partitioner, seq_len) -> dict:
         return {"seq_len": seq_len, "over": str(exc).splitlines()[-1]}
     return {"seq_len": seq_len, "peak_bytes": got["peak_bytes"], "step_seconds": got["step_seconds"][0],
             "estimate_bytes": estimate(p, shape, drafter, builder, partitioner, seq_len).peak_bytes}
-
-
-def exponent(points: list[tuple[int, float]]) -> float | None:
-    pts = [(math.log(x), math.log(y)) for x, y in points if y > 0]
-    if len(pts) < 2:
-        return None
-    mx = sum(x for x, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
 
 
 def test_longest_context(benchmark, workspace, shape, combo):

@@ -12,11 +12,9 @@ repeat. Reference side: ``specframe.bench.compare`` on the same prompts at the s
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from harness import command, fingerprint
+from harness import command, fingerprint, saved_metrics
 from specframe import bench
 
 EXPORTABLE = ("peagle", "eagle3", "pard")
@@ -64,9 +62,9 @@ def test_vllm_against_reference(benchmark, workspace, trained, drafter):
         }, "engine": "vllm+reference"}
         box["rows"] = rows
 
-    saved = json.loads(path.read_text()) if path.exists() else {}
-    if saved.get("config", {}).get("key") == key:
-        box["metrics"] = saved["metrics"]
+    saved = saved_metrics(path, key)
+    if saved is not None:
+        box["metrics"] = saved
         benchmark.pedantic(lambda: None, rounds=1, iterations=1)
     else:
         benchmark.pedantic(once, rounds=1, iterations=1)
