@@ -115,76 +115,91 @@ def headline(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """The answers the comparison suites exist for, drafter by drafter: best acceptance length per evaluation set,
     speedup over plain decoding, expected AL and throughput from training, longest context under the budget, and
     vLLM beside the reference engine. Only kinds present in ``documents`` appear."""
-    out: list[str] = []
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for _, document in documents:
         by_kind[document["kind"]].append(document)
-
-    def drafter_of(label: str) -> str:
-        return label.split("/")[0]
-
-    sweeps = [d for d in by_kind.get("bench.acceptance", []) if d.get("config", {}).get("ks")]
-    if sweeps:
-        sets = sorted({d["config"]["dataset"] for d in sweeps})
-        best: dict[str, dict[str, tuple[float, str]]] = defaultdict(dict)
-        for d in sweeps:
-            for label, m in d["metrics"]["methods"].items():
-                al = m.get("acceptance_length")
-                if label == "plain" or not isinstance(al, int | float):
-                    continue
-                name, dataset = drafter_of(label), d["config"]["dataset"]
-                if al > best[name].get(dataset, (0.0, ""))[0]:
-                    best[name][dataset] = (al, label.split("/")[-1])
-        budgets = _budgets(sweeps)
-        rows = [[name] + [f"{best[name][s][0]:.2f} ({best[name][s][1]})" if s in best[name] else "" for s in sets]
-                + [budgets.get(name, "n/a")] for name in sorted(best, key=lambda n: -max(v[0] for v in best[n].values()))]
-        out += ["## Headline", "", "Best acceptance length (tokens per target forward) per evaluation set, and the "
-                "setting that reached it:", ""] + _table(["drafter", *sets, "training tokens"], rows) + [""]
-    speed = [d for d in by_kind.get("bench.acceptance", []) if d.get("config", {}).get("k") and
-             d.get("metrics", {}).get("repeats", 1) > 1]
+    acceptance = by_kind.get("bench.acceptance", [])
+    sweeps = [d for d in acceptance if d.get("config", {}).get("ks")]
+    speed = [d for d in acceptance if d.get("config", {}).get("k") and d.get("metrics", {}).get("repeats", 1) > 1]
+    out = _best_acceptance(sweeps) if sweeps else []
     for d in speed:
-        rows = []
-        for label, m in d["metrics"]["methods"].items():
-            iv = m.get("speedup_interval") or {}
-            if label == "plain" or iv.get("mean") is None:
-                continue
-            ci = f" [{iv['low']:.2f}, {iv['high']:.2f}]" if iv.get("low") is not None else ""
-            rows.append([label, f"{m['acceptance_length']:.2f}", f"{iv['mean']:.2f}x{ci}",
-                         _fmt(m.get("draft_seconds_per_round")), _budgets([d]).get(drafter_of(label), "n/a")])
-        rows.sort(key=lambda r: -float(r[2].split("x")[0]))
-        out += [f"Speedup over plain decoding ({d['config'].get('dataset')}, {d['metrics']['repeats']} interleaved "
-                "repeats, geometric mean and 95% interval):", ""]
-        out += _table(["method", "AL", "speedup", "drafter s/round", "training tokens"], rows) + [""]
+        out += _speedups(d)
     for d in by_kind.get("bench.training", []):
-        rows = [[name, _fmt(m.get("val_expected_al")), _fmt(m.get("tokens_per_second")),
-                 _fmt((m.get("peak_rss_bytes") or 0) / 2**20), _fmt(m.get("train_tokens"))] if "refused" not in m
-                else [name, "does not fit", "", "", ""] for name, m in d["metrics"]["methods"].items()]
-        out += [f"Training under one budget ({d['metrics'].get('memory_budget')}):", ""]
-        out += _table(["drafter", "expected AL (validation)", "train tokens/s", "peak RSS MiB", "train tokens"], rows)
-        out += [""]
+        out += _training(d)
     for d in by_kind.get("bench.memory", []):
-        longest: dict[str, tuple[int, str, bool]] = {}
-        for m in d["metrics"]["methods"].values():
-            length = m.get("longest_seq_len") or 0
-            if length > longest.get(m["drafter"], (-1, "", False))[0]:
-                longest[m["drafter"]] = (length, f"{m['mask_builder']} + {m['partitioner']}", bool(m.get("at_cap")))
-        rows = [[name, (f">= {n} (search cap)" if cap else str(n)) if n else "none", how]
-                for name, (n, how, cap) in longest.items()]
-        out += [f"Longest trainable context under {d['metrics'].get('memory_budget')} (measured):", ""]
-        out += _table(["drafter", "tokens", "mask builder + partitioner"], rows) + [""]
-    vllm = by_kind.get("bench.vllm", [])
-    if vllm:
-        rows = []
-        for d in vllm:
-            m = d["metrics"]["methods"]
-            budget = d["provenance"].get("token_budget")
-            rows.append([d["config"].get("drafter"), f"{m['vllm']['acceptance_length']:.2f}",
-                         f"{m['vllm']['speedup_interval']['mean']:.2f}x", f"{m['reference']['acceptance_length']:.2f}",
-                         f"{m['reference']['speedup_interval']['mean']:.2f}x", budget if budget is not None else "n/a"])
-        out += ["vLLM against the reference engine (same checkpoint, prompts and K):", ""]
-        out += _table(["drafter", "vLLM AL", "vLLM speedup", "reference AL", "reference speedup", "training tokens"],
-                      rows) + [""]
+        out += _longest_context(d)
+    if by_kind.get("bench.vllm"):
+        out += _vllm_beside_reference(by_kind["bench.vllm"])
     return out
+
+
+def _drafter_of(label: str) -> str:
+    return label.split("/")[0]
+
+
+def _best_acceptance(sweeps: list[dict[str, Any]]) -> list[str]:
+    sets = sorted({d["config"]["dataset"] for d in sweeps})
+    best: dict[str, dict[str, tuple[float, str]]] = defaultdict(dict)
+    for d in sweeps:
+        for label, m in d["metrics"]["methods"].items():
+            al = m.get("acceptance_length")
+            if label == "plain" or not isinstance(al, int | float):
+                continue
+            name, dataset = _drafter_of(label), d["config"]["dataset"]
+            if al > best[name].get(dataset, (0.0, ""))[0]:
+                best[name][dataset] = (al, label.split("/")[-1])
+    budgets = _budgets(sweeps)
+    rows = [[name] + [f"{best[name][s][0]:.2f} ({best[name][s][1]})" if s in best[name] else "" for s in sets]
+            + [budgets.get(name, "n/a")] for name in sorted(best, key=lambda n: -max(v[0] for v in best[n].values()))]
+    return ["## Headline", "", "Best acceptance length (tokens per target forward) per evaluation set, and the "
+            "setting that reached it:", ""] + _table(["drafter", *sets, "training tokens"], rows) + [""]
+
+
+def _speedups(d: dict[str, Any]) -> list[str]:
+    ranked = []
+    for label, m in d["metrics"]["methods"].items():
+        iv = m.get("speedup_interval") or {}
+        if label == "plain" or iv.get("mean") is None:
+            continue
+        ci = f" [{iv['low']:.2f}, {iv['high']:.2f}]" if iv.get("low") is not None else ""
+        ranked.append((iv["mean"], [label, f"{m['acceptance_length']:.2f}", f"{iv['mean']:.2f}x{ci}",
+                                    _fmt(m.get("draft_seconds_per_round")), _budgets([d]).get(_drafter_of(label), "n/a")]))
+    rows = [row for _, row in sorted(ranked, key=lambda r: -r[0])]
+    return [f"Speedup over plain decoding ({d['config'].get('dataset')}, {d['metrics']['repeats']} interleaved "
+            "repeats, geometric mean and 95% interval):", ""] + _table(
+        ["method", "AL", "speedup", "drafter s/round", "training tokens"], rows) + [""]
+
+
+def _training(d: dict[str, Any]) -> list[str]:
+    rows = [[name, _fmt(m.get("val_expected_al")), _fmt(m.get("tokens_per_second")),
+             _fmt((m.get("peak_rss_bytes") or 0) / 2**20), _fmt(m.get("train_tokens"))] if "refused" not in m
+            else [name, "does not fit", "", "", ""] for name, m in d["metrics"]["methods"].items()]
+    return [f"Training under one budget ({d['metrics'].get('memory_budget')}):", ""] + _table(
+        ["drafter", "expected AL (validation)", "train tokens/s", "peak RSS MiB", "train tokens"], rows) + [""]
+
+
+def _longest_context(d: dict[str, Any]) -> list[str]:
+    longest: dict[str, tuple[int, str, bool]] = {}
+    for m in d["metrics"]["methods"].values():
+        length = m.get("longest_seq_len") or 0
+        if length > longest.get(m["drafter"], (-1, "", False))[0]:
+            longest[m["drafter"]] = (length, f"{m['mask_builder']} + {m['partitioner']}", bool(m.get("at_cap")))
+    rows = [[name, (f">= {n} (search cap)" if cap else str(n)) if n else "none", how]
+            for name, (n, how, cap) in longest.items()]
+    return [f"Longest trainable context under {d['metrics'].get('memory_budget')} (measured):", ""] + _table(
+        ["drafter", "tokens", "mask builder + partitioner"], rows) + [""]
+
+
+def _vllm_beside_reference(documents: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    for d in documents:
+        m = d["metrics"]["methods"]
+        budget = d["provenance"].get("token_budget")
+        rows.append([d["config"].get("drafter"), f"{m['vllm']['acceptance_length']:.2f}",
+                     f"{m['vllm']['speedup_interval']['mean']:.2f}x", f"{m['reference']['acceptance_length']:.2f}",
+                     f"{m['reference']['speedup_interval']['mean']:.2f}x", budget if budget is not None else "n/a"])
+    return ["vLLM against the reference engine (same checkpoint, prompts and K):", ""] + _table(
+        ["drafter", "vLLM AL", "vLLM speedup", "reference AL", "reference speedup", "training tokens"], rows) + [""]
 
 
 def _budgets(documents: list[dict[str, Any]]) -> dict[str, Any]:
