@@ -53,7 +53,7 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow" -x
 
-# The comparison suites (benchmarks/): PRESET=ci (tiny target, minutes; run by .ci/run), cpu (SmolLM2, about two hours
+# The comparison suites (benchmarks/): PRESET=ci (tiny target, minutes; run by .ci/run), cpu (SmolLM2, about 70 min
 # on 2 cores; results and report in benchmarks/results/cpu) or gpu. Stopped runs resume: the feature cache, trained
 # drafters and finished measurements are kept in runs/bench/PRESET and reused.
 PRESET ?= ci
