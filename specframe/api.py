@@ -117,7 +117,9 @@ class Attention(Protocol):
     """Masked attention for one segment: ``q`` [B, heads, Nq, D], ``k`` / ``v`` [B, heads, Nk, D] -> [B, heads, Nq, D].
 
     Query i may attend key j iff ``visible(query, key)[i, j]``; scores are scaled by 1/sqrt(D). Heads are already
-    expanded (grouped-query attention repeats k / v before the call).
+    expanded (grouped-query attention repeats k / v before the call), unless the callable has a true ``grouped_kv``
+    attribute: then k / v come with their own head count (``heads`` a multiple of it, query head h reading k / v head
+    ``h // (heads // kv_heads)``), which saves the repeated copies at long context.
     """
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
@@ -152,6 +154,10 @@ class SegmentAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self.attention(q, k, v)
+
+    @property
+    def grouped_kv(self) -> bool:
+        return bool(getattr(self.attention, "grouped_kv", False))
 
     def subset(self, query: ElementSet, key: ElementSet) -> Attention:
         return self.builder.build(query, key)

@@ -119,23 +119,34 @@ class SelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention, past: KV | None = None
     ) -> tuple[torch.Tensor, KV]:
+        q, k, v = self.project(x, cos, sin)
+        return self.attend(q, k, v, attention, past)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Rotated q [B, heads, N, D] and k, v [B, kv_heads, N, D] of ``x`` [B, N, in] (position-wise)."""
         b, n, _ = x.shape
         s = self.shape
         q = self.q_proj(x).view(b, n, s.heads, s.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention: Attention, past: KV | None = None
+    ) -> tuple[torch.Tensor, KV]:
+        """The attention output [B, N, heads * D] (before o_proj) and this call's new (k, v)."""
+        b, _, n, _ = q.shape
+        s = self.shape
         new = (k, v)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         rep = s.heads // s.kv_heads
-        if rep > 1:
+        if rep > 1 and not getattr(attention, "grouped_kv", False):
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         out = attention(q, k, v)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, s.heads * s.head_dim)), new
+        return out.transpose(1, 2).reshape(b, n, s.heads * s.head_dim), new
 
 
 class MLP(nn.Module):
@@ -172,15 +183,50 @@ class DecoderLayer(nn.Module):
         attention: Attention,
         embeds: torch.Tensor | None = None,
         past: KV | None = None,
+        row_chunk: int | None = None,
     ) -> tuple[torch.Tensor, KV]:
+        """``row_chunk`` (under autograd): run the position-wise parts (norms, q/k/v, o_proj, MLP) in row chunks,
+        each recomputed in backward, so only the attention's inputs and output stay alive for all rows."""
+        rows = _RowChunks(row_chunk if row_chunk and torch.is_grad_enabled() else None)
+        q, k, v = rows(self._project, hidden, embeds, cos, sin)
+        attn, kv = self.self_attn.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attention, past)
+        (hidden,) = rows(self._finish, hidden, attn)
+        return hidden, (kv[0], kv[1])
+
+    def _project(self, hidden, embeds, cos, sin):
         if self.eagle_input:
             x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         else:
             x = self.input_layernorm(hidden)
-        attn, kv = self.self_attn(x, cos, sin, attention, past)
-        hidden = hidden + attn
-        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
-        return hidden, kv
+        # token-major [B, N, heads, D], so row chunks concatenate along dim 1
+        return tuple(t.transpose(1, 2) for t in self.self_attn.project(x, cos, sin))
+
+    def _finish(self, hidden, attn):
+        hidden = hidden + self.self_attn.o_proj(attn)
+        return (hidden + self.mlp(self.post_attention_layernorm(hidden)),)
+
+
+class _RowChunks:
+    """Applies a position-wise function to row chunks of [B, N, ...] tensors (``cos`` / ``sin``: [N, D]), each chunk
+    under activation checkpointing; ``None`` runs it once on all rows."""
+
+    def __init__(self, size: int | None) -> None:
+        self.size = size
+
+    def __call__(self, fn, *tensors):
+        n = next(t.shape[1] for t in tensors if t is not None and t.dim() >= 3)
+        if self.size is None or n <= self.size:  # one chunk: nothing to save by recomputing it
+            return fn(*tensors)
+        parts = []
+        for start in range(0, n, self.size):
+            piece = [None if t is None else (t[start : start + self.size] if t.dim() == 2 else
+                                               t[:, start : start + self.size]) for t in tensors]
+            parts.append(checkpoint(fn, *piece, use_reentrant=False))
+        return tuple(torch.cat(outs, dim=1) for outs in zip(*parts))
+
+
+#: rows per chunk of a checkpointed layer's position-wise parts
+ROW_CHUNK = 4096
 
 
 def run_layers(
@@ -194,14 +240,16 @@ def run_layers(
     checkpointing: bool = False,
 ) -> tuple[torch.Tensor, list[KV]]:
     """Run the layers over one element block; ``checkpointing`` recomputes each layer in backward (activation
-    memory O(one layer) instead of O(all layers)). Returns the last hidden state and each layer's new (k, v)."""
+    memory O(one layer) instead of O(all layers)), and inside the layer being recomputed the position-wise parts in
+    row chunks (only q, k, v and the attention output are held for every row). Returns the last hidden state and each layer's new (k, v)."""
     cos, sin = rotary(position, shape.head_dim, shape.rope_theta, hidden.dtype)
     kvs: list[KV] = []
     for i, layer in enumerate(layers):
         extra = embeds if layer.eagle_input else None
         layer_past = past[i] if past is not None else None
         if checkpointing and torch.is_grad_enabled():
-            hidden, kv = checkpoint(layer, hidden, cos, sin, attention, extra, layer_past, use_reentrant=False)
+            hidden, kv = checkpoint(layer, hidden, cos, sin, attention, extra, layer_past, ROW_CHUNK,
+                                    use_reentrant=False)
         else:
             hidden, kv = layer(hidden, cos, sin, attention, extra, layer_past)
         kvs.append(kv)
@@ -232,13 +280,14 @@ def chunked_forward_kl(
     target_hidden: torch.Tensor,
     target_head: torch.Tensor,
     reference_top1: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    chunk: int = 1024,
+    chunk: int = 256,
 ) -> KLResult:
     """Sum over rows of KL(p_target || q_draft) over the draft vocabulary, in row chunks.
 
     ``hidden`` [N, H] are the drafter's normalised final states and ``head`` [Vd, H] its lm_head; the target
     distribution is softmax(target_hidden @ target_head.T) with ``target_head`` the target's lm_head rows of the draft
-    vocabulary. Each chunk's logits are recomputed in backward, so memory is O(chunk x Vd) rather than O(N x Vd).
+    vocabulary. Each chunk's logits, draft and target alike, are recomputed in backward, so what is kept per row is
+    its two hidden states (O(H)), and O(chunk x Vd) only while a chunk is being worked on.
     ``reference_top1(target_hidden_chunk)`` gives the draft-vocabulary id a hit must match (default: the target's
     argmax within the draft vocabulary); rows where it returns -1 can never be hit.
     """
@@ -247,13 +296,12 @@ def chunked_forward_kl(
     for start in range(0, hidden.shape[0], chunk):
         h = hidden[start : start + chunk]
         th = target_hidden[start : start + chunk]
-        with torch.no_grad():
-            t_logp = torch.log_softmax((th @ target_head.T).float(), dim=-1)
-            ref = reference_top1(th) if reference_top1 is not None else t_logp.argmax(-1)
         if torch.is_grad_enabled() and h.requires_grad:
-            loss, top = checkpoint(_kl_chunk, h, head, t_logp, use_reentrant=False)
+            loss, top, target_top = checkpoint(_kl_chunk, h, head, th, target_head, use_reentrant=False)
         else:
-            loss, top = _kl_chunk(h, head, t_logp)
+            loss, top, target_top = _kl_chunk(h, head, th, target_head)
+        with torch.no_grad():
+            ref = reference_top1(th) if reference_top1 is not None else target_top
         losses.append(loss)
         correct.append(top == ref)
     if not losses:
@@ -261,8 +309,11 @@ def chunked_forward_kl(
     return KLResult(torch.stack(losses).sum(), torch.cat(correct))
 
 
-def _kl_chunk(h: torch.Tensor, head: torch.Tensor, t_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _kl_chunk(
+    h: torch.Tensor, head: torch.Tensor, th: torch.Tensor, target_head: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        t_logp = torch.log_softmax((th @ target_head.T).float(), dim=-1)
     logq = torch.log_softmax((h @ head.T).float(), dim=-1)
-    p = t_logp.exp()
-    kl = (p * (t_logp - logq)).sum()
-    return kl, logq.argmax(-1)
+    kl = (t_logp.exp() * (t_logp - logq)).sum()
+    return kl, logq.argmax(-1), t_logp.argmax(-1)

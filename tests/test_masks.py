@@ -130,9 +130,37 @@ def test_chunked_never_holds_all_scores():
 def test_chunked_gathers_only_keys_a_chunk_can_see():
     elements = full_grid(64, 8)
     attention = builder("chunked", chunk_size=8).build(elements, elements)
-    widest = max(c.keys.numel() for c in attention.plan.chunks)
+    chunks = attention.plan.chunks
+    widest = max(c.prefix + c.band.numel() for c in chunks)
     # 8 queries of one anchor see its 64 context anchors at most plus its own chain of 8.
     assert widest <= 64 + 8 + 8 < len(elements)
+    # Only the chunk's own anchors' keys need the rule (a chunk spans at most two anchors here); its earlier
+    # context is the maskless prefix, which grows with the chunk's first anchor.
+    assert max(c.band.numel() for c in chunks) <= 2 * 8
+    first_anchor = [int(elements.anchor[c.start]) for c in chunks]
+    assert [c.prefix for c in chunks] == [a + 1 for a in first_anchor]
+
+
+@settings(max_examples=20, deadline=None)
+@given(element_sets(), st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), st.integers(1, 17))
+def test_chunked_grouped_query_heads_match_dense(sample, dtype, chunk_size):
+    """k / v with fewer heads than q (grouped-query attention) are used as they are, never repeated."""
+    elements, g = sample
+    n = len(elements)
+    q = torch.randn(1, 6, n, 8, generator=g, dtype=dtype)
+    k, v = (torch.randn(1, 2, n, 8, generator=g, dtype=dtype) for _ in range(2))
+    grad_out = torch.randn(1, 6, n, 8, generator=g, dtype=dtype)
+    attention = builder("chunked", chunk_size=chunk_size).build(elements, elements)
+    assert attention.grouped_kv
+    got = _attend(attention, q, k, v, grad_out)
+    wide = [t.float() if dtype == torch.bfloat16 else t for t in (q, k, v, grad_out)]
+    dense = builder("dense").build(elements, elements)
+    ref = _attend(dense, wide[0], wide[1].repeat_interleave(3, 1), wide[2].repeat_interleave(3, 1), wide[3])
+    ref = (ref[0], ref[1], *(g.unflatten(1, (2, 3)).sum(2) for g in ref[2:]))
+    tol = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.float64: dict(atol=1e-10, rtol=1e-9),
+           torch.bfloat16: dict(atol=0.1, rtol=0.05)}[dtype]
+    for what, x, y in zip(("output", "dq", "dk", "dv"), got, ref):
+        torch.testing.assert_close(x.to(y.dtype), y, **tol, msg=lambda m, what=what: f"{what}: {m}")
 
 
 def test_default_mask_builder_is_registered_and_supports_the_device():

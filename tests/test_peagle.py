@@ -170,15 +170,24 @@ def test_default_aux_layers_follow_vllm_and_stay_distinct():
     assert ids(4) == [1, 2, 3]
 
 
-def test_activation_checkpointing_gives_the_same_gradients(setup):
+@pytest.mark.parametrize("row_chunk", [None, 5])
+@pytest.mark.parametrize("builder", ["dense", "chunked"])
+def test_activation_checkpointing_gives_the_same_gradients(setup, monkeypatch, row_chunk, builder):
+    """Checkpointed layers (and, with a small ``ROW_CHUNK``, their position-wise parts recomputed in row chunks)
+    give the gradients of the plain forward."""
+    from specframe import modeling
+
+    if row_chunk is not None:
+        monkeypatch.setattr(modeling, "ROW_CHUNK", row_chunk)
     target, drafter, ex = setup
     elems = full_grid(ex.input_ids.shape[0] - 1, 4)
     seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    attention = plugins.get("mask builder", builder)().build(elems, elems)
     grads = []
     for flag in (False, True):
         drafter.options.activation_checkpointing = flag
         drafter.module().train().zero_grad()
-        drafter.loss(ex, elems, seg, dense(elems)).loss_sum.backward()
+        drafter.loss(ex, elems, seg, attention).loss_sum.backward()
         grads.append({n: p.grad.clone() for n, p in drafter.module().named_parameters() if p.grad is not None})
     drafter.options.activation_checkpointing = False
     assert grads[0].keys() == grads[1].keys()

@@ -69,7 +69,7 @@ class Eagle3Options:
     cod_ratio: float = attrs.field(default=1.0, validator=_unit)
     cod_min_ratio: float = attrs.field(default=0.2, validator=_unit)
     activation_checkpointing: bool = False
-    loss_chunk: int = attrs.field(default=1024, validator=_positive)
+    loss_chunk: int = attrs.field(default=256, validator=_positive)
 
     @property
     def k_train(self) -> int:
@@ -181,7 +181,7 @@ class Eagle3Drafter(api.Drafter):
         if subset is None:
             # a plain Attention (no builder at hand): every pass forwards the whole segment, K times the work
             for d in range(passes):
-                out, _ = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)
+                out = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)[0]
                 rows = (charged & (depth == d)).nonzero().squeeze(1)
                 charge(d, out[rows], rows)
                 if d + 1 < passes:

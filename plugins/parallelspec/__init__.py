@@ -69,7 +69,7 @@ class ParallelSpecOptions:
     cod_ratio: float = attrs.field(default=1.0, validator=_unit)
     cod_min_ratio: float = attrs.field(default=0.2, validator=_unit)
     activation_checkpointing: bool = False
-    loss_chunk: int = attrs.field(default=1024, validator=_positive)
+    loss_chunk: int = attrs.field(default=256, validator=_positive)
 
     @property
     def masks(self) -> int:
@@ -185,7 +185,7 @@ class ParallelSpecDrafter(api.Drafter):
         ids = example.input_ids.to(device)
         embeds = self._inputs(ids[anchor + 1], depth)
         hidden = model.fuse(example.features[AUX].to(device)[anchor]) if self.reads_features else None
-        out, _ = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)
+        out = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)[0]
         charged = segment.loss_mask.to(device) & self.supervision(example).to(device)[pos]
         final = example.features[FINAL].to(device=device, dtype=dtype)
         target_head = self._target_head.to(device=device, dtype=dtype)

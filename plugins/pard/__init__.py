@@ -52,7 +52,7 @@ class PardOptions:
     cod_ratio: float = attrs.field(default=0.7, validator=_unit)
     cod_min_ratio: float = attrs.field(default=0.2, validator=_unit)
     activation_checkpointing: bool = False
-    loss_chunk: int = attrs.field(default=1024, validator=_positive)
+    loss_chunk: int = attrs.field(default=256, validator=_positive)
 
 
 class PardLM(nn.Module):
@@ -181,7 +181,7 @@ class PardDrafter(api.Drafter):
         pos = anchor + depth
         ids = example.input_ids.to(device)
         tokens = torch.where(depth > 0, torch.full_like(anchor, self.mask_token_id), ids[anchor])
-        hidden, _ = model(tokens, pos, attention, checkpointing=self.options.activation_checkpointing)
+        hidden = model(tokens, pos, attention, checkpointing=self.options.activation_checkpointing)[0]
         charged = segment.loss_mask.to(device) & self.supervision(example).to(device)[pos]
         loss_sum, hits = chunked_cross_entropy(
             hidden[charged], model.lm_head.weight, ids[pos[charged] + 1], self.options.loss_chunk

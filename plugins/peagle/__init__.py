@@ -61,7 +61,7 @@ class PEagleOptions:
     #: recompute each layer in backward (less activation memory, about one more forward of time)
     activation_checkpointing: bool = False
     #: rows per chunk of the draft-vocabulary loss
-    loss_chunk: int = attrs.field(default=1024, validator=_positive)
+    loss_chunk: int = attrs.field(default=256, validator=_positive)
 
 
 def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
@@ -143,14 +143,16 @@ class PEagleDrafter(api.Drafter):
         final = example.features[FINAL].to(device=device, dtype=model.fc.weight.dtype)
         is_mask = depth > 0
         tokens = torch.where(is_mask, torch.full_like(anchor, self.mask_token_id), ids[anchor + 1])
-        hidden, _ = model(
+        # [0]: the per-layer (k, v) are for inference; holding them here would keep 2 x layers x N rows alive
+        hidden = model(
             tokens,
-            aux[anchor],
+            aux[: int(anchor.max()) + 1],
             is_mask,
             pos,
             attention,
             checkpointing=self.options.activation_checkpointing,
-        )
+            aux_index=anchor,
+        )[0]
         sup = self.supervision(example).to(device)
         charged = segment.loss_mask.to(device) & sup[pos]
         draft_ids = model.draft_ids()

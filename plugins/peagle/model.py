@@ -57,11 +57,14 @@ class PEagleModel(nn.Module):
         attention: modeling.Attention,
         past: list[modeling.KV] | None = None,
         checkpointing: bool = False,
+        aux_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[modeling.KV]]:
         """``tokens`` [N], ``aux`` [N, 3H] (rows of mask slots are ignored), ``is_mask`` bool [N], ``position`` [N].
+        With ``aux_index`` [N], ``aux`` holds one row per sequence position and element i reads row aux_index[i]:
+        fc runs once per position rather than once per element, and no [N, 3H] gather is kept for backward.
         Returns the normalised final states [N, H] and each layer's new (k, v)."""
         embeds = self.embed_tokens(tokens)[None]
-        fused = self.fc(aux)
+        fused = self.fc(aux) if aux_index is None else self.fc(aux)[aux_index]
         mask_fused = self.fc(self.mask_hidden.view(1, -1))
         hidden = torch.where(is_mask[:, None], mask_fused, fused)[None]
         out, kvs = modeling.run_layers(

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import torch
 
-from specframe import api, plugins
+from specframe import api, memory, plugins
 from specframe.elements import full_grid
 from specframe.engine import checkpoint, validate
 from specframe.engine.config import TrainConfig, structure_options, to_dict
@@ -88,6 +88,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, resume: str | None = None, target: Any = None, log: Callable = print):
         self.cfg = cfg
         self.log = log
+        memory.pin_mmap_threshold()
         self.dist = _Dist()
         self.out = Path(cfg.output)
         self.resume_from = self._check_output(resume)

@@ -65,6 +65,10 @@ class CheckedAttention:
             )
         return out
 
+    @property
+    def grouped_kv(self) -> bool:
+        return bool(getattr(self.attention, "grouped_kv", False))
+
     def subset(self, query: Any, key: Any) -> CheckedAttention:
         return CheckedAttention(self.attention.subset(query, key), self.builder)
 
