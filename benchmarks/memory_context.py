@@ -8,8 +8,9 @@ would hand them over; the target trunk is not in memory, its lm_head is). Paths:
 
 - ``dense``: the dense mask builder, no checkpointing, no partitioning (the reference);
 - ``efficient``: chunked mask builder + activation checkpointing + the chunked KL loss;
-- ``efficient+peagle``: the same with P-EAGLE's sequence partitioner, S = max(2, L // --segment-len) (512 tokens
-  per segment).
+- ``efficient+peagle``: the same with P-EAGLE's sequence partitioner, ``--partitions`` segments (default 4). Each
+  segment re-reads the depth-0 context before it, so more segments cost attention compute superlinearly; a fixed,
+  small S is what the estimator's advice (``partitions_needed``) gives at long context.
 
 A point whose estimate (``specframe.memory``) exceeds --budget is not run (the estimate is reported instead), so the
 run never takes the machine down. The growth exponent is fitted on (peak - fixed part) against L, log-log. Every
@@ -48,13 +49,13 @@ def _target_config():
                        num_key_value_heads=SHAPE["kv_heads"], tie_word_embeddings=False)
 
 
-def _spec(path: str, seq_len: int, segment_len: int):
+def _spec(path: str, seq_len: int, partitions: int, threads: int = 1):
     from specframe.memory_probe import ProbeSpec
 
     kw = dict(PATHS[path])
     if kw.get("partitioner") == "peagle":
-        kw["partitions"] = partitions(seq_len, segment_len)
-    return ProbeSpec(seq_len=seq_len, depth=8, **SHAPE, **kw)
+        kw["partitions"] = partitions
+    return ProbeSpec(seq_len=seq_len, depth=8, threads=threads, **SHAPE, **kw)
 
 
 def _estimate(spec):
@@ -65,11 +66,6 @@ def _estimate(spec):
         mask_builder=spec.mask_builder, partitioner=spec.partitioner, partitions=spec.partitions,
         drafter_options=spec.drafter_options, features="synthetic",
     ))
-
-
-def partitions(seq_len: int, segment_len: int) -> int:
-    """P-EAGLE-style partitioning keeps the tokens per segment about constant as the context grows."""
-    return max(2, seq_len // segment_len)
 
 
 def exponent(points: list[tuple[int, float]]) -> float | None:
@@ -90,8 +86,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096])
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
-    ap.add_argument("--segment-len", type=int, default=512,
-                    help="tokens per segment of the peagle partitioner: S = max(2, L // segment_len)")
+    ap.add_argument("--partitions", type=int, default=4, help="segments of the efficient+peagle path")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each measured step")
+    ap.add_argument("--memory-budget", dest="guard", default=None,
+                    help="run each step under the engine's guard with this budget (default: no guard)")
     ap.add_argument("--budget", default="8GiB")
     ap.add_argument("--estimate-lengths", nargs="+", type=int, default=[8192, 16384, 32768, 65536])
     ap.add_argument("--nice", type=int, default=10)
@@ -111,7 +109,7 @@ def main() -> None:
         rows = [r for d in sources for r in d["per_prompt"]]
         rows.sort(key=lambda r: (list(PATHS).index(r["path"]), r["seq_len"]))
         for row in rows:
-            est = _estimate(_spec(row["path"], row["seq_len"], args.segment_len))
+            est = _estimate(_spec(row["path"], row["seq_len"], row.get("partitions", args.partitions)))
             row.update(estimate_bytes=est.peak_bytes, fixed_bytes=est.fixed_bytes)
             if "peak_bytes" in row:
                 row["estimate_error"] = est.peak_bytes / row["peak_bytes"] - 1
@@ -119,9 +117,12 @@ def main() -> None:
         return
     for path in args.paths:
         for seq_len in args.lengths:
-            spec = _spec(path, seq_len, args.segment_len)
+            spec = _spec(path, seq_len, args.partitions, args.threads)
+            if args.guard:
+                spec.memory_budget, spec.skip_check = args.guard, True
             est = _estimate(spec)
-            row = {"path": path, "seq_len": seq_len, "estimate_bytes": est.peak_bytes, "fixed_bytes": est.fixed_bytes}
+            row = {"path": path, "seq_len": seq_len, "partitions": spec.partitions, "estimate_bytes": est.peak_bytes,
+                   "fixed_bytes": est.fixed_bytes, "torch_threads": args.threads}
             if est.peak_bytes > budget:
                 row["skipped"] = f"estimated {mem.format_size(est.peak_bytes)} > budget {args.budget}"
             else:
@@ -149,9 +150,9 @@ def report(args, rows: list[dict], budget: int, final: bool) -> dict:
         longest_measured = max((r["seq_len"] for r in done), default=None)
         est_rows, longest = [], None
         for seq_len in args.estimate_lengths if final else []:
-            e = _estimate(_spec(path, seq_len, args.segment_len))
+            e = _estimate(_spec(path, seq_len, args.partitions))
             est_rows.append({"seq_len": seq_len, "estimate_bytes": e.peak_bytes, "fits": e.peak_bytes <= budget})
-        cfg = _spec(path, max(args.estimate_lengths), args.segment_len)
+        cfg = _spec(path, max(args.estimate_lengths), args.partitions)
         longest = None if not final else mem.largest_seq_len(mem.MemoryConfig(
             drafter="peagle", target_config=_target_config(), seq_len=cfg.seq_len, depth=8,
             mask_builder=cfg.mask_builder, partitioner=cfg.partitioner, partitions=cfg.partitions,
@@ -173,8 +174,8 @@ def report(args, rows: list[dict], budget: int, final: bool) -> dict:
                       provenance=provenance(target={"id": "random SmolLM2-shaped (synthetic features)",
                                                     "weights_hash": "none (random init, seed 0)"}),
                       config={"measured_by": getattr(args, "measured_by", None) or [shlex.join(sys.argv)],
-                              "shape": SHAPE, "drafter": DRAFTER, "depth": 8, "segment_len": args.segment_len,
-                              "features": "synthetic", "torch_threads": 1})
+                              "shape": SHAPE, "drafter": DRAFTER, "depth": 8, "partitions": args.partitions,
+                              "features": "synthetic", "torch_threads": args.threads})
 
     return metrics
 

@@ -8,21 +8,32 @@ Estimator (an analytic model of what the code holds, checked against measured ch
          + drafter weights, gradients, AdamW moments  (4 x trainable parameters)
          + features held in memory                    (online: every training sequence's, memoised)
          + the largest segment's step memory:
-             elements forwarded x per-element bytes   (every layer's saved activations; with activation checkpointing
-                                                       one layer input per layer plus one layer being recomputed)
-           + attention scratch                        (dense / precomputed: the [N, N] mask and SDPA's copy of it;
-                                                       chunked: a few [heads, chunk, keys] score blocks)
-           + loss                                     (the chunked KL keeps each chunk's target log-probabilities,
-                                                       [charged elements, draft vocab], for backward)
+             step overhead                            (allocator arenas, autograd graph, index tensors; CPU only)
+           + elements forwarded x saved bytes         (every layer's activations; with activation checkpointing only
+                                                       each layer's input, plus the embedding, fused input, final norm)
+           + the larger of two phases that do not overlap:
+               the layers' backward                   (one layer's activations and gradients, elements forwarded x
+                                                       backward bytes: with checkpointing, once a segment is longer
+                                                       than ``modeling.ROW_CHUNK``, its position-wise parts are
+                                                       recomputed in row chunks and only q, k, v, the attention output
+                                                       and their gradients are held for every row; plus attention
+                                                       scratch: dense / precomputed the [N, N] mask and SDPA's copies,
+                                                       chunked a few [heads, chunk, band] score blocks)
+               the loss                               (the chunked KL keeps each charged element's hidden and target
+                                                       rows and a few [chunk, draft vocab] blocks at a time)
 
 Element counts are not approximated: the estimator runs the real COD sampler on an all-supervised sequence and the
 real partitioner, so every segment's forwarded and charged counts are the ones training will see (COD sizes depend
 only on L, K and the ratios). Per-element byte counts were read off the saved-tensor sizes of
-``specframe.modeling.DecoderLayer`` (about 10.8 H + 4 I floats per element and layer) and the constants below
-(the process baseline and a per-step overhead) were read off a few measured runs; the tests and the benchmark check
-configurations that were not used to fit them. Checked so far (``benchmarks/results/memory_context.json``): SmolLM2-
-shaped P-EAGLE, 256-4096 tokens, dense / chunked + checkpointing / + peagle partitioner, within -10% .. +10% of the
-measured peak (the checkpointed, partitioned path is the one underestimated, by about 10%).
+``specframe.modeling.DecoderLayer`` (about 10.8 H + 4 I floats per element and layer), the row-chunked regime's from
+the tensors live at the peak of a long-context step (a ``TorchDispatchMode`` census), and the constants below (the
+process baseline and a per-step overhead) were read off a few measured runs; the tests and the benchmark check
+configurations that were not used to fit them (``benchmarks/results/memory_context.json`` has every measured point
+next to its estimate).
+
+The process pins glibc's mmap threshold (``pin_mmap_threshold``, called by the engine): with glibc's sliding
+threshold, freed blocks of a few tens of MiB stayed resident and an 8,192-token step peaked at 11.0 GiB instead of
+2.6 GiB. The estimator assumes the pinned threshold.
 
 Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for every training
 sequence, the target forward computed without logits (``specframe.features``), fp32 unless ``dtype_bytes`` says
@@ -51,6 +62,7 @@ import attrs
 import torch
 
 from specframe.errors import SpecframeError, UsageError
+from specframe.modeling import ROW_CHUNK  # segments longer than this recompute a layer's position-wise parts in chunks
 
 _UNITS = {
     "": 1, "b": 1,
@@ -68,9 +80,13 @@ CPU_BASELINE_BYTES = 560 * 2**20
 #: DecoderLayer's saved tensors (``torch.autograd.graph.saved_tensors_hooks``, distinct storages) at several shapes;
 #: ACT_TRANSIENT scales them for what else is alive at the peak (1.0 matched the SmolLM2-shaped dense runs to 5%)
 A_H, A_I, ACT_TRANSIENT = 10.8, 4.0, 1.0
-#: per-element floats outside the layers: gathered aux features (n_aux H), embedding, fused input, final norm,
-#: rotary tables and the gradients flowing into them
-INPUT_FLOATS_PER_H = 8
+#: per-element floats outside the layers, in units of H: embedding, fused input, final norm and the gradients
+#: flowing into them (P-EAGLE runs fc once per position, so no per-element [N, 3H] aux gather is kept)
+INPUT_FLOATS_PER_H = 5
+#: [N, H] rows alive besides the attention tensors in a layer recomputed in row chunks (``row_chunked`` below)
+ROW_CHUNKED_H = 1
+#: fp32 [chunk, Vd] blocks alive at once in one chunk of the KL loss (logits, log-probs, target probs, gradient)
+LOSS_CHUNK_BLOCKS = 6
 #: resident growth of any CPU step beyond its tensors (allocator arenas, autograd graph, index tensors), measured
 #: as the gap between small-shape steps and their tensor counts
 CPU_STEP_OVERHEAD_BYTES = 48 * 2**20
@@ -243,11 +259,27 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     loss_chunk = int(getattr(options, "loss_chunk", 256))
     builder_opts = cfg.mask_builder_options
     chunk = int(builder_opts.get("chunk_size", 256))
+    head_dim = shape.head_dim if shape else h // heads
+    kv_heads = shape.kv_heads if shape else heads
+    # the chunked builder takes grouped k / v as they are; the others get them repeated to every query head
+    kv_eff = kv_heads if cfg.mask_builder == "chunked" else heads
     layer_floats = (A_H * h + A_I * inter) * ACT_TRANSIENT
-    # backward holds one layer's gradients (about its saved activations) on top of what is saved; with
-    # checkpointing, what is saved is each layer's input plus the one layer being recomputed
-    per_element = (INPUT_FLOATS_PER_H * h + (n_layers * h + 2 * layer_floats if checkpointing
-                                              else (n_layers + 1) * layer_floats)) * e
+    # what one layer holds while its backward runs when its position-wise parts are recomputed in row chunks:
+    # q, k, v, output and log-sum-exp saved by the attention, and about as much again in their gradients, plus
+    # a few [N, H] rows (the o_proj input, the layer output, gradients flowing through the residual stream)
+    row_chunked = (2 * (2 * heads * head_dim + 2 * kv_eff * head_dim) + heads + ROW_CHUNKED_H * h) * ACT_TRANSIENT
+    inputs = INPUT_FLOATS_PER_H * h + 2 * head_dim  # + the rotary tables
+
+    def per_element(forwarded: int) -> tuple[float, float]:
+        """Bytes per forwarded element (saved through the step, held while one layer's backward runs). With
+        checkpointing what is saved is each layer's input, and the layer being recomputed holds its activations
+        (its position-wise parts in row chunks once the segment is longer than ``ROW_CHUNK``); without, every
+        layer's activations are saved and backward holds about one more layer's worth of gradients."""
+        if checkpointing:
+            recompute = row_chunked if forwarded > ROW_CHUNK else 2 * layer_floats
+            return (inputs + n_layers * h) * e, recompute * e
+        return (inputs + n_layers * layer_floats) * e, layer_floats * e
+
     best: tuple[int, dict[str, int], tuple[int, int, int]] | None = None
     for forwarded, charged, roots in segs:
         if cfg.mask_builder in ("dense", "precomputed"):
@@ -255,18 +287,23 @@ def estimate(cfg: MemoryConfig) -> Estimate:
             attention = (DENSE_BYTES_PER_ENTRY + 4 * saved_copies) * forwarded**2
             if cfg.mask_builder == "precomputed":  # the cached grid mask of the whole sequence stays alive
                 attention += (cfg.seq_len * depth) ** 2
-        else:  # chunked, flex and anything else that works in query blocks
-            keys = min(forwarded, roots + depth)
-            attention = CHUNK_SCORE_BLOCKS * heads * min(chunk, forwarded) * keys * 4 + 4 * min(chunk, forwarded) * keys
+        else:  # chunked, flex and anything else that works in query blocks: a chunk's band (its anchors' keys)
+            band = min(forwarded, chunk + depth)
+            attention = CHUNK_SCORE_BLOCKS * heads * min(chunk, forwarded) * band * 4 + 4 * min(chunk, forwarded) * band
+        saved, backward = per_element(forwarded)
         step = {
             "step_overhead": CPU_STEP_OVERHEAD_BYTES if cpu else 0,
-            "activations": int(forwarded * per_element),
+            "saved_activations": int(forwarded * saved),
+            "backward_layer": int(forwarded * backward),
             "attention": int(attention),
-            # the chunked KL keeps every chunk's target log-probs [rows, Vd] (fp32) for backward, plus the gathered
-            # hidden / target rows, one chunk's logits and grads, and the target head's draft-vocabulary rows
-            "loss": int(charged * (vd * 4 + 3 * h * e) + min(loss_chunk, max(charged, 1)) * vd * 4 + vd * h_t * e),
+            # the chunked KL recomputes each chunk's logits in backward: it keeps the gathered hidden and target rows
+            # of every charged element, a few [chunk, Vd] fp32 blocks at a time, and the target head's draft rows
+            "loss": int(charged * (h + h_t) * e + LOSS_CHUNK_BLOCKS * min(loss_chunk, max(charged, 1)) * vd * 4
+                        + vd * h_t * e),
         }
-        total = sum(step.values())
+        # the loss runs (and is differentiated) before the layers' backward starts: the two phases do not overlap
+        total = (step["step_overhead"] + step["saved_activations"]
+                 + max(step["backward_layer"] + step["attention"], step["loss"]))
         if best is None or total > best[0]:
             best = (total, step, (forwarded, charged, roots))
     assert best is not None

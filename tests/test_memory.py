@@ -88,6 +88,16 @@ def test_estimate_matches_measured_peak_chunked_checkpointed_partitioned():
                      drafter_options={"layers": 3, "draft_vocab_size": 384, "activation_checkpointing": True}))
 
 
+@pytest.mark.slow
+def test_estimate_matches_measured_peak_row_chunked_recompute():
+    """A segment longer than ``modeling.ROW_CHUNK`` elements: checkpointed layers recompute their position-wise parts
+    in row chunks (the long-context regime), with grouped k / v heads in the chunked builder."""
+    est, got = _check(ProbeSpec(seq_len=2048, depth=8, mask_builder="chunked", **{**SMALL, "hidden": 128,
+                                "intermediate": 384}, drafter_options={"layers": 3, "draft_vocab_size": 256,
+                                                                       "activation_checkpointing": True}))
+    assert est.largest_segment["forwarded"] > mem.ROW_CHUNK
+
+
 def test_refusal_names_the_need_and_what_fits():
     cfg = mem.MemoryConfig(drafter="peagle", target_config=small_config(), seq_len=4096, depth=8,
                            mask_builder="dense", drafter_options={"layers": 2, "draft_vocab_size": 256},
