@@ -526,7 +526,7 @@ def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     glibc raises its threshold after every large free, up to 32 MiB, so blocks just under that size (a loss chunk's
     [256, 32000] logits, a layer's row chunk) then come from the heap, where freed blocks stay resident between long-
     lived ones. Measured on a SmolLM2-shaped P-EAGLE step at 8,192 tokens: peak RSS 11.0 GiB with the sliding
-    threshold, 2.5 GiB with it fixed at 4 MiB (``benchmarks/memory_context.py``), same step time within noise. A
+    threshold, 2.6 GiB with it fixed at 4 MiB (``benchmarks/memory_context.py``), same step time within noise. A
     fixed threshold also turns the dynamic adjustment off, so the budget guard measures tensors, not fragmentation.
     """
     import ctypes

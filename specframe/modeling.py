@@ -101,7 +101,8 @@ KV = tuple[torch.Tensor, torch.Tensor]
 
 
 class SelfAttention(nn.Module):
-    """Grouped-query attention whose masking is delegated to an ``Attention`` callable.
+    """Grouped-query attention whose masking is delegated to an ``Attention`` callable, in two steps so a
+    ``DecoderLayer`` can run the position-wise one in row chunks: ``project`` (q, k, v) and ``attend``.
 
     ``past`` (k, v) [B, kv_heads, M, D] are prepended to this call's keys (inference KV cache); the call returns the
     new (k, v) so the caller decides which of them to keep.
@@ -115,12 +116,6 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(in_features, shape.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(in_features, shape.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(shape.heads * d, shape.hidden, bias=False)
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention, past: KV | None = None
-    ) -> tuple[torch.Tensor, KV]:
-        q, k, v = self.project(x, cos, sin)
-        return self.attend(q, k, v, attention, past)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Rotated q [B, heads, N, D] and k, v [B, kv_heads, N, D] of ``x`` [B, N, in] (position-wise)."""
@@ -187,11 +182,11 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, KV]:
         """``row_chunk`` (under autograd): run the position-wise parts (norms, q/k/v, o_proj, MLP) in row chunks,
         each recomputed in backward, so only the attention's inputs and output stay alive for all rows."""
-        rows = _RowChunks(row_chunk if row_chunk and torch.is_grad_enabled() else None)
-        q, k, v = rows(self._project, hidden, embeds, cos, sin)
+        size = row_chunk if row_chunk and torch.is_grad_enabled() else None
+        q, k, v = _by_rows(size, self._project, hidden, embeds, cos, sin)
         attn, kv = self.self_attn.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attention, past)
-        (hidden,) = rows(self._finish, hidden, attn)
-        return hidden, (kv[0], kv[1])
+        (hidden,) = _by_rows(size, self._finish, hidden, attn)
+        return hidden, kv
 
     def _project(self, hidden, embeds, cos, sin):
         if self.eagle_input:
@@ -206,23 +201,18 @@ class DecoderLayer(nn.Module):
         return (hidden + self.mlp(self.post_attention_layernorm(hidden)),)
 
 
-class _RowChunks:
-    """Applies a position-wise function to row chunks of [B, N, ...] tensors (``cos`` / ``sin``: [N, D]), each chunk
-    under activation checkpointing; ``None`` runs it once on all rows."""
-
-    def __init__(self, size: int | None) -> None:
-        self.size = size
-
-    def __call__(self, fn, *tensors):
-        n = next(t.shape[1] for t in tensors if t is not None and t.dim() >= 3)
-        if self.size is None or n <= self.size:  # one chunk: nothing to save by recomputing it
-            return fn(*tensors)
-        parts = []
-        for start in range(0, n, self.size):
-            piece = [None if t is None else (t[start : start + self.size] if t.dim() == 2 else
-                                               t[:, start : start + self.size]) for t in tensors]
-            parts.append(checkpoint(fn, *piece, use_reentrant=False))
-        return tuple(torch.cat(outs, dim=1) for outs in zip(*parts))
+def _by_rows(size: int | None, fn, *tensors):
+    """``fn`` (position-wise) over row chunks of [B, N, ...] tensors (``cos`` / ``sin``: [N, D]), each chunk under
+    activation checkpointing; ``None`` (or N within one chunk) runs it once on all rows."""
+    n = next(t.shape[1] for t in tensors if t is not None and t.dim() >= 3)
+    if size is None or n <= size:  # one chunk: nothing to save by recomputing it
+        return fn(*tensors)
+    parts = []
+    for start in range(0, n, size):
+        piece = [None if t is None else (t[start : start + size] if t.dim() == 2 else t[:, start : start + size])
+                 for t in tensors]
+        parts.append(checkpoint(fn, *piece, use_reentrant=False))
+    return tuple(torch.cat(outs, dim=1) for outs in zip(*parts))
 
 
 #: rows per chunk of a checkpointed layer's position-wise parts
@@ -241,7 +231,8 @@ def run_layers(
 ) -> tuple[torch.Tensor, list[KV]]:
     """Run the layers over one element block; ``checkpointing`` recomputes each layer in backward (activation
     memory O(one layer) instead of O(all layers)), and inside the layer being recomputed the position-wise parts in
-    row chunks (only q, k, v and the attention output are held for every row). Returns the last hidden state and each layer's new (k, v)."""
+    row chunks (only q, k, v and the attention output are held for every row). Returns the last hidden state and
+    each layer's new (k, v)."""
     cos, sin = rotary(position, shape.head_dim, shape.rope_theta, hidden.dtype)
     kvs: list[KV] = []
     for i, layer in enumerate(layers):

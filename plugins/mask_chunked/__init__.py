@@ -128,10 +128,24 @@ def _stack(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(2, 3).contiguous()
 
 
+def _scores(qg: torch.Tensor, kc: torch.Tensor, scale: float) -> torch.Tensor:
+    """Scores [B, kv, rep, n, keys] of grouped queries over keys [B, kv, keys, D], in the accumulation dtype."""
+    return (qg @ kc.unsqueeze(2).transpose(-1, -2)).to(_accumulation_dtype(qg.dtype)) * scale
+
+
 def _band_scores(plan: _Plan, chunk: _Chunk, qg: torch.Tensor, kb: torch.Tensor, scale: float) -> torch.Tensor:
-    """Masked scores [B, kv, rep, n, band] in the accumulation dtype."""
-    scores = (qg @ kb.unsqueeze(2).transpose(-1, -2)).to(_accumulation_dtype(qg.dtype)) * scale
-    return scores.masked_fill_(~plan.visible(chunk), -math.inf)
+    return _scores(qg, kb, scale).masked_fill_(~plan.visible(chunk), -math.inf)
+
+
+def _softmax_forward(scores: torch.Tensor, vc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax(scores) @ v, log-sum-exp); a row that sees nothing gets output 0 and lse -inf."""
+    top = scores.amax(-1, keepdim=True)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    p = (scores - top).exp_()
+    total = p.sum(-1, keepdim=True)
+    seen = total > 0
+    p /= torch.where(seen, total, torch.ones_like(total))
+    return p.to(vc.dtype) @ vc.unsqueeze(2), torch.where(seen, top + total.log(), -math.inf).squeeze(-1)
 
 
 def _prefix_forward(qg, kp, vp, scale):
@@ -139,9 +153,7 @@ def _prefix_forward(qg, kp, vp, scale):
     if _fused(qg):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(_stack(qg), kp, vp, scale=scale)
         return out.view(qg.shape), lse.view(qg.shape[:-1]).to(_accumulation_dtype(qg.dtype))
-    scores = (qg @ kp.unsqueeze(2).transpose(-1, -2)).to(_accumulation_dtype(qg.dtype)) * scale
-    lse = scores.logsumexp(-1)
-    return ((scores - lse[..., None]).exp_().to(vp.dtype) @ vp.unsqueeze(2)), lse
+    return _softmax_forward(_scores(qg, kp, scale), vp)
 
 
 def _prefix_backward(go, qg, kp, vp, out, lse, scale):
@@ -151,8 +163,7 @@ def _prefix_backward(go, qg, kp, vp, out, lse, scale):
             _stack(go), _stack(qg), kp, vp, _stack(out), lse.flatten(2, 3).contiguous(), 0.0, False, scale=scale
         )
         return dq.view(qg.shape), dk, dv
-    acc = _accumulation_dtype(qg.dtype)
-    p = ((qg @ kp.unsqueeze(2).transpose(-1, -2)).to(acc) * scale - lse[..., None]).exp_()
+    p = (_scores(qg, kp, scale) - lse[..., None]).exp_()
     return _softmax_backward(p, go, qg, kp, vp, out, scale)
 
 
@@ -183,15 +194,7 @@ class _ChunkedAttention(torch.autograd.Function):
                 parts.append(_prefix_forward(qg, k_root[:, :, ps], v_root[:, :, ps], scale))
             if chunk.band.numel():
                 kb, vb = k.index_select(2, chunk.band), v.index_select(2, chunk.band)
-                scores = _band_scores(plan, chunk, qg, kb, scale)
-                top = scores.amax(-1, keepdim=True)
-                top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-                p = (scores - top).exp_()
-                total = p.sum(-1, keepdim=True)
-                seen = total > 0
-                p /= torch.where(seen, total, torch.ones_like(total))
-                band_lse = torch.where(seen, top + total.log(), -math.inf).squeeze(-1)
-                parts.append(((p.to(v.dtype) @ vb.unsqueeze(2)), band_lse))
+                parts.append(_softmax_forward(_band_scores(plan, chunk, qg, kb, scale), vb))
             if not parts:
                 continue
             merged = parts[0][1]
@@ -214,7 +217,7 @@ class _ChunkedAttention(torch.autograd.Function):
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         k_root, v_root = k.index_select(2, plan.root), v.index_select(2, plan.root)
         dk_root, dv_root = torch.zeros_like(k_root), torch.zeros_like(v_root)
-        dqg, grad_out = _group(dq, kv), grad_out.contiguous()
+        dqg = _group(dq, kv)
         for chunk in plan.chunks:
             sl = slice(chunk.start, chunk.stop)
             qg, go, og = (_group(t[:, :, sl], kv) for t in (q, grad_out, out))
