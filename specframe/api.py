@@ -184,7 +184,10 @@ class Partitioner(Component, ABC):
 
     @abstractmethod
     def partition(self, elements: ElementSet, num_segments: int) -> list[Segment]:
-        """Cut ``elements`` into at most ``num_segments`` segments (the loss is normalised by the core, not here)."""
+        """Cut ``elements`` into at most ``num_segments`` segments (the loss is normalised by the core, not here).
+
+        A segment may be empty (say, more segments asked for than the sequence has positions); the engine skips it.
+        """
 
 
 # --------------------------------------------------------------------------------------------------------- verifiers

@@ -63,6 +63,41 @@ def test_partitions_give_the_same_weights(assets, tmp_path):
         assert torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4), k
 
 
+def test_an_empty_segment_from_a_partitioner_is_skipped(assets, tmp_path, monkeypatch):
+    from specframe import plugins
+    from tests.plugin_fixtures import FakeSite
+
+    for var in ("SPECFRAME_LOAD_PLUGINS", "SPECFRAME_DISABLE_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "site").mkdir()
+    site = FakeSite(tmp_path / "site", monkeypatch)
+    site.add(
+        "specframe-padded",
+        "padded",
+        """
+        import torch
+        from specframe import api
+        class Padded(api.Partitioner):
+            name = "padded"
+            def partition(self, elements, num_segments):
+                n = len(elements)
+                empty = api.Segment(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool))
+                return [empty, api.Segment(torch.arange(n), torch.ones(n, dtype=torch.bool)), empty]
+        @api.hookimpl
+        def register_partitioners(register):
+            register(Padded)
+        """,
+    )
+    try:
+        one = train(config(assets, tmp_path / "s1", max_steps=2), progress=False)
+        padded = train(config(assets, tmp_path / "sp", max_steps=2, partitioner="padded", partitions=3), progress=False)
+    finally:
+        plugins.reset()
+    a, b = weights(one.checkpoint), weights(padded.checkpoint)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
