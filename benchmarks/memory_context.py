@@ -106,7 +106,15 @@ def main() -> None:
         sources = [read_results(f) for f in [args.json, *(args.merge or [])]]
         # rows measured by other invocations keep the commands that measured them
         args.measured_by = [c for d in sources for c in d["config"].get("measured_by", [d["provenance"]["command"]])]
-        rows = [r for d in sources for r in d["per_prompt"]]
+        # a configuration measured again replaces its older row: the later file on the command line wins
+        latest = {}
+        for d in sources:
+            commands = d["config"].get("measured_by", [d["provenance"]["command"]])
+            for r in d["per_prompt"]:
+                if len(commands) == 1:  # rows of one invocation name it: which rows were measured side by side
+                    r.setdefault("measured_by", commands[0])
+                latest[(r["path"], r["seq_len"], r.get("partitions"), r.get("torch_threads"))] = r
+        rows = list(latest.values())
         rows.sort(key=lambda r: (list(PATHS).index(r["path"]), r["seq_len"]))
         for row in rows:
             est = _estimate(_spec(row["path"], row["seq_len"], row.get("partitions", args.partitions)))
