@@ -179,15 +179,22 @@ def _training(d: dict[str, Any]) -> list[str]:
 
 
 def _longest_context(d: dict[str, Any]) -> list[str]:
-    longest: dict[str, tuple[int, str, bool]] = {}
+    # Per drafter, the combination reaching the longest context; among ties (several at the search cap) the one that
+    # needed the least memory there, since that is the one with room left.
+    best: dict[str, dict[str, Any]] = {}
     for m in d["metrics"]["methods"].values():
-        length = m.get("longest_seq_len") or 0
-        if length > longest.get(m["drafter"], (-1, "", False))[0]:
-            longest[m["drafter"]] = (length, f"{m['mask_builder']} + {m['partitioner']}", bool(m.get("at_cap")))
-    rows = [[name, (f">= {n} (search cap)" if cap else str(n)) if n else "none", how]
-            for name, (n, how, cap) in longest.items()]
+        key = (m.get("longest_seq_len") or 0, -(m.get("peak_bytes") or 0))
+        if m["drafter"] not in best or key > best[m["drafter"]]["key"]:
+            best[m["drafter"]] = {"key": key, "m": m}
+    rows = []
+    for name, entry in best.items():
+        m = entry["m"]
+        n = m.get("longest_seq_len") or 0
+        rows.append([name, (f">= {n} (search cap)" if m.get("at_cap") else str(n)) if n else "none",
+                     f"{m['mask_builder']} + {m['partitioner']}",
+                     _fmt(m["peak_bytes"] / 2**20) if n and m.get("peak_bytes") else ""])
     return [f"Longest trainable context under {d['metrics'].get('memory_budget')} (measured):", ""] + _table(
-        ["drafter", "tokens", "mask builder + partitioner"], rows) + [""]
+        ["drafter", "tokens", "mask builder + partitioner", "peak MiB there"], rows) + [""]
 
 
 def _vllm_beside_reference(documents: list[dict[str, Any]]) -> list[str]:

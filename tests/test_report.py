@@ -103,11 +103,16 @@ def test_headline_answers_per_drafter_from_the_suites_files(tmp_path):
         "eagle3": {"refused": "error: memory budget ..."}}}, {})
     write(d, "memory.json", "bench.memory", {"memory_budget": "3GiB", "methods": {
         "a": {"drafter": "peagle", "mask_builder": "dense", "partitioner": "none", "longest_seq_len": 1024},
-        "b": {"drafter": "peagle", "mask_builder": "chunked", "partitioner": "peagle", "longest_seq_len": 4096,
-              "at_cap": True}}}, {})
+        "b": {"drafter": "peagle", "mask_builder": "dense", "partitioner": "peagle", "longest_seq_len": 4096,
+              "at_cap": True, "peak_bytes": 3 * 2**30},
+        "c": {"drafter": "peagle", "mask_builder": "chunked", "partitioner": "peagle", "longest_seq_len": 4096,
+              "at_cap": True, "peak_bytes": 2 * 2**30},
+        "d": {"drafter": "eagle3", "mask_builder": "dense", "partitioner": "none", "longest_seq_len": 0}}}, {})
     text = (d / "report.md").read_text() if CliRunner().invoke(main, ["report", str(d)]).exit_code == 0 else ""
     assert "| peagle | 2.10 (k5) | 1.60 (k5) | 900 |" in text
     assert "| eagle3 | 1.80 (tree) | 1.90 (tree) | 900 |" in text
     assert "| peagle/k5 | 2.00 | 1.31x [1.20, 1.40] | 0.01 | 900 |" in text
     assert "| peagle | 1.7 | 120 | 2048 | 900 |" in text and "| eagle3 | does not fit |" in text
-    assert "| peagle | >= 4096 (search cap) | chunked + peagle |" in text
+    # a tie at the cap goes to the combination that needed less memory there
+    assert "| peagle | >= 4096 (search cap) | chunked + peagle | 2048 |" in text
+    assert "| eagle3 | none | dense + none |  |" in text
