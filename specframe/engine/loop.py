@@ -234,7 +234,7 @@ class Trainer:
 
         segs = self.partitioner.partition(elems, self.cfg.partitions)
         check_partition(elems, segs, self.partitioner.name)
-        return segs
+        return [seg for seg in segs if seg.elements.numel()]  # an empty segment has nothing to forward
 
     def batch_indices(self, step: int) -> list[int]:
         n = len(self.train_ids)
@@ -272,8 +272,6 @@ class Trainer:
         if global_count > 0:
             for example, elems, segs, sup in work:
                 for seg in segs:
-                    if seg.elements.numel() == 0:  # nothing to forward; a partitioner may return one
-                        continue
                     terms = self._segment_loss(example, elems, seg, sup, training=True)
                     (terms.loss_sum / global_count).backward()
                     loss_sum += terms.loss_sum.detach().float()
@@ -340,8 +338,6 @@ class Trainer:
             example = self.source.example(idx)
             elems, sup = self.elements(example, None)
             for seg in self.segments(elems):
-                if seg.elements.numel() == 0:
-                    continue
                 terms = self._segment_loss(example, elems, seg, sup, training=False)
                 loss_sum += terms.loss_sum.float()
                 count += terms.count
