@@ -63,14 +63,7 @@ def test_partitions_give_the_same_weights(assets, tmp_path):
         assert torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4), k
 
 
-def test_an_empty_segment_from_a_partitioner_is_skipped(assets, tmp_path, monkeypatch):
-    from specframe import plugins
-    from tests.plugin_fixtures import FakeSite
-
-    for var in ("SPECFRAME_LOAD_PLUGINS", "SPECFRAME_DISABLE_PLUGINS"):
-        monkeypatch.delenv(var, raising=False)
-    (tmp_path / "site").mkdir()
-    site = FakeSite(tmp_path / "site", monkeypatch)
+def test_an_empty_segment_from_a_partitioner_is_skipped(assets, tmp_path, site):
     site.add(
         "specframe-padded",
         "padded",
@@ -88,11 +81,8 @@ def test_an_empty_segment_from_a_partitioner_is_skipped(assets, tmp_path, monkey
             register(Padded)
         """,
     )
-    try:
-        one = train(config(assets, tmp_path / "s1", max_steps=2), progress=False)
-        padded = train(config(assets, tmp_path / "sp", max_steps=2, partitioner="padded", partitions=3), progress=False)
-    finally:
-        plugins.reset()
+    one = train(config(assets, tmp_path / "s1", max_steps=2), progress=False)
+    padded = train(config(assets, tmp_path / "sp", max_steps=2, partitioner="padded", partitions=3), progress=False)
     a, b = weights(one.checkpoint), weights(padded.checkpoint)
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -12,22 +12,13 @@ from click.testing import CliRunner
 from specframe import api, hookspecs, plugins
 from specframe.cli import main
 from specframe.errors import PluginError, UnknownNameError
-from tests.plugin_fixtures import FakeSite, drafter_plugin
+from tests.plugin_fixtures import drafter_plugin
 
 BUILTINS = {
     "mask_builders": "dense",
     "partitioners": "none",
     "verifiers": "greedy",
 }
-
-
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    monkeypatch.delenv("SPECFRAME_LOAD_PLUGINS", raising=False)
-    monkeypatch.delenv("SPECFRAME_DISABLE_PLUGINS", raising=False)
-    monkeypatch.delenv("SPECFRAME_TRACE_PLUGINS", raising=False)
-    yield FakeSite(tmp_path, monkeypatch)
-    plugins.reset()
 
 
 def plugins_json(*args: str) -> dict:
