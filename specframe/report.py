@@ -179,16 +179,13 @@ def _training(d: dict[str, Any]) -> list[str]:
 
 
 def _longest_context(d: dict[str, Any]) -> list[str]:
-    # Per drafter, the combination reaching the longest context; among ties (several at the search cap) the one that
-    # needed the least memory there, since that is the one with room left.
-    best: dict[str, dict[str, Any]] = {}
+    by_drafter: dict[str, list[dict[str, Any]]] = {}
     for m in d["metrics"]["methods"].values():
-        key = (m.get("longest_seq_len") or 0, -(m.get("peak_bytes") or 0))
-        if m["drafter"] not in best or key > best[m["drafter"]]["key"]:
-            best[m["drafter"]] = {"key": key, "m": m}
+        by_drafter.setdefault(m["drafter"], []).append(m)
     rows = []
-    for name, entry in best.items():
-        m = entry["m"]
+    for name, methods in by_drafter.items():
+        # the longest context; among ties (several at the search cap) the one needing the least memory there
+        m = max(methods, key=lambda m: (m.get("longest_seq_len") or 0, -(m.get("peak_bytes") or 0)))
         n = m.get("longest_seq_len") or 0
         rows.append([name, (f">= {n} (search cap)" if m.get("at_cap") else str(n)) if n else "none",
                      f"{m['mask_builder']} + {m['partitioner']}",
