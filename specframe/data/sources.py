@@ -28,6 +28,8 @@ from specframe.errors import SpecframeError
 from specframe.targets import package_dir
 
 GSM8K_EVAL_SIZE = 200
+# GSM8K's train split ships with the package (with its MIT licence), so no data lives outside the installation
+GSM8K_PACKAGED = Path(__file__).resolve().parent / "gsm8k" / "train.jsonl.gz"
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 MTBENCH_FILE = "core/chat_dataset/chatbot_bench_datasets/mt-en.jsonl"
 HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
@@ -120,15 +122,9 @@ def load_sharegpt(path: str | os.PathLike | None = None, *, limit: int | None = 
 
 
 def default_gsm8k_path() -> Path:
-    """``$SPECFRAME_GSM8K``, else ``../shared/data/gsm8k/train.jsonl`` relative to the repository (or the cwd)."""
+    """``$SPECFRAME_GSM8K`` if set, else the copy shipped inside the package (``specframe/data/gsm8k``, MIT)."""
     env = os.environ.get("SPECFRAME_GSM8K")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    for cand in (repo.parent / "shared/data/gsm8k/train.jsonl", Path.cwd().parent / "shared/data/gsm8k/train.jsonl"):
-        if cand.exists():
-            return cand
-    raise SpecframeError("GSM8K train.jsonl not found: set $SPECFRAME_GSM8K or pass a path / hub id")
+    return Path(env).expanduser() if env else GSM8K_PACKAGED
 
 
 def _gsm8k_rows(path: str | os.PathLike | None) -> list[dict]:
