@@ -380,12 +380,19 @@ class LossTerms:
     ``loss_sum``: sum of (depth-weighted) losses over the elements the segment is charged with (the engine divides by
     the global supervised count). ``count``: number of those elements. ``correct`` / ``total`` [K]: per-depth top-1
     hits and element counts, for validation accuracy.
+
+    ``hit`` (optional, bool [count]): the top-1 verdict of each charged element, in the order of
+    ``elements.subset(segment.elements)`` restricted to the charged ones (the same elements ``correct`` counts). With
+    it the engine knows every verdict's (anchor, depth) and reports the validation AL as the mean accepted chain
+    (consecutive hits from depth 0, plus the bonus token) over anchors with a full chain, the figure greedy decoding
+    measures; without it only the per-depth product estimate is available.
     """
 
     loss_sum: torch.Tensor
     count: int
     correct: torch.Tensor
     total: torch.Tensor
+    hit: torch.Tensor | None = None
 
 
 class Drafter(Component, ABC):
@@ -399,6 +406,9 @@ class Drafter(Component, ABC):
 
     #: True when one forward drafts every depth (P-EAGLE, PARD, ParallelSpec); False for autoregressive drafting
     parallel: ClassVar[bool] = False
+    #: True when ``propose_tree`` builds a real tree (several candidates per level); False when it falls back to the
+    #: chain ``propose`` (benchmarks then report the drafter at chain K only, never as a tree)
+    builds_trees: ClassVar[bool] = False
 
     def __init__(self, target_config: Any, options: Any = None) -> None:
         super().__init__(options)
@@ -450,7 +460,7 @@ class Drafter(Component, ABC):
 
         Drafters that can score candidates build an EAGLE-2 dynamic tree with ``dynamic_tree`` (``top_k`` children
         per expanded node). Default: the chain ``propose(depth)``, a one-branch tree, so every drafter can be served
-        with a tree verifier.
+        with a tree verifier. A drafter that overrides this with a real tree sets ``builds_trees = True``.
         """
         return self.propose(depth, generator)
 

@@ -9,7 +9,12 @@
 - OTPS: tokens emitted by decode forwards / wall time of the decode phase (prefill excluded on both sides).
 - Speedup: OTPS(speculative) / OTPS(plain), same target, prompts and run.
 
-``expected_acceptance_length`` turns per-depth top-1 training accuracy into the AL it implies.
+Validation (training) side: ``chain_acceptance`` is the same AL measured teacher-forced on validation data: for each
+anchor with a full chain of K supervised depths, the number of consecutive top-1 hits from depth 0, plus the bonus
+token, averaged over those anchors. That is what greedy chain verification emits at that anchor when the validation
+sequence is the target's own greedy continuation. ``expected_acceptance_length`` (1 + sum_k prod_{i<=k} acc_i) is
+the older estimate from per-depth accuracies alone; it equals the chain mean only when a depth's hits are
+independent of the shallower depths', and the engine reports it beside the chain figure, never instead of it.
 """
 
 from __future__ import annotations
@@ -130,3 +135,48 @@ def expected_acceptance_length(per_depth_accuracy: Sequence[float]) -> float:
         running *= acc
         total += running
     return total
+
+
+@attrs.frozen
+class ChainAcceptance:
+    """Teacher-forced chain acceptance over anchors: ``anchors`` with a full chain, ``accepted_sum`` the sum of their
+    accepted depths (consecutive hits from depth 0), ``reached[d]`` / ``accepted[d]`` the anchors whose depths
+    0..d-1 were all hits and those of them that hit depth d too (EAGLE's conditional acceptance)."""
+
+    anchors: int
+    accepted_sum: int
+    reached: tuple[int, ...]
+    accepted: tuple[int, ...]
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean accepted chain length plus the bonus token; nan without a full chain."""
+        return 1.0 + self.accepted_sum / self.anchors if self.anchors else float("nan")
+
+    @property
+    def conditional(self) -> list[float]:
+        return [a / r if r else float("nan") for a, r in zip(self.accepted, self.reached)]
+
+
+def chain_acceptance(hits: Any) -> ChainAcceptance:
+    """Chain acceptance of a hit matrix [anchors, K] (bool, or int with -1 for an element that has no verdict).
+
+    A row with any -1 (a depth without supervision: the end of an answer, a document boundary) has no full chain and
+    is left out, as decoding never drafts past the end of what it verifies.
+    """
+    import torch
+
+    hits = torch.as_tensor(hits)
+    if hits.dim() != 2:
+        raise ValueError(f"hits must be a matrix [anchors, K], got shape {tuple(hits.shape)}")
+    k = int(hits.shape[1])
+    full = hits.ge(0).all(1) if hits.dtype != torch.bool else torch.ones(hits.shape[0], dtype=torch.bool)
+    rows = hits[full].bool() if hits.dtype != torch.bool else hits
+    prefix = rows.long().cumprod(1)  # prefix[:, d]: depths 0..d all hit
+    reached = [int(rows.shape[0])] + [int(prefix[:, d - 1].sum()) for d in range(1, k)]
+    return ChainAcceptance(
+        anchors=int(rows.shape[0]),
+        accepted_sum=int(prefix.sum()),
+        reached=tuple(reached),
+        accepted=tuple(int(prefix[:, d].sum()) for d in range(k)),
+    )

@@ -52,7 +52,8 @@ def test_loss_falls_when_overfitting_a_tiny_batch(assets, tmp_path):
     losses = [m["train_loss"] for m in r.metrics]
     assert losses[-1] < 0.6 * losses[0], losses
     lines = [json.loads(x) for x in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
-    assert lines[-1]["val_expected_al"] == expected_acceptance_length(lines[-1]["val_accuracy"])
+    assert lines[-1]["val_product_al"] == expected_acceptance_length(lines[-1]["val_accuracy"])
+    assert lines[-1]["val_expected_al_method"] == "chain" and 1.0 <= lines[-1]["val_expected_al"] <= 4.0
 
 
 def test_partitions_give_the_same_weights(assets, tmp_path):

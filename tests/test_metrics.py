@@ -79,3 +79,77 @@ def test_metrics_of_engine_runs():
                                     eos_token_id=()))
     assert 1 <= rnd.acceptance_length <= k + 1 and rnd.decode_seconds > 0
     assert aggregate([m], k=k, baseline=[plain]).speedup > 0
+
+
+def test_chain_acceptance_is_the_mean_accepted_chain_not_the_product_of_accuracies():
+    from specframe.metrics import chain_acceptance
+
+    # anchor 0 hits depth 0 only, anchor 1 depth 1 only: both depths are right half the time, so the product formula
+    # says 1 + 0.5 + 0.25 = 1.75, but greedy decoding accepts 1 token at anchor 0 and none at anchor 1: AL 1.5
+    hits = torch.tensor([[1, 0], [0, 1]], dtype=torch.bool)
+    c = chain_acceptance(hits)
+    assert expected_acceptance_length([0.5, 0.5]) == 1.75
+    assert c.acceptance_length == 1.5 and c.anchors == 2
+    assert c.reached == (2, 1) and c.accepted == (1, 0) and c.conditional == [0.5, 0.0]
+    # rows without a full chain (-1: a depth with no verdict) are left out; a chain stops at its first miss
+    partial = torch.tensor([[1, 1, 0], [1, -1, 1], [0, 1, 1], [-1, -1, -1]])
+    c = chain_acceptance(partial)
+    assert c.anchors == 2 and c.acceptance_length == 1 + (2 + 0) / 2
+    assert math.isnan(chain_acceptance(torch.full((3, 2), -1)).acceptance_length)
+
+
+@pytest.mark.parametrize("name", ["peagle", "eagle3"])
+def test_validation_chain_al_is_what_decoding_accepts_on_the_targets_own_continuation(tmp_path_factory, name):
+    """Teacher-forced validation on the target's own greedy continuation: at every round's anchor the chain the
+    engine's ``evaluate`` counts (consecutive depth-0.. hits) is exactly the number of draft tokens greedy decoding
+    accepts there, so the validation AL over those anchors equals the measured AL."""
+    from specframe import api
+    from specframe.elements import full_grid
+    from specframe.engine.loop import record_hits
+    from specframe.metrics import chain_acceptance
+    from tests.drafter_helpers import SMALL, features, overfit
+    from tests.drafter_helpers import tiny_target as sharp_target
+
+    torch.set_num_threads(1)
+    target = sharp_target(tmp_path_factory.mktemp("chain"))
+    greedy = plugins.get("verifier", "greedy")()
+    prompt = torch.randint(7, target.config.vocab_size, (6,), generator=torch.Generator().manual_seed(1))
+    new = 24
+    plain = generate(target.model, prompt, greedy, max_new_tokens=new, eos_token_id=())
+    ids = torch.cat([prompt, torch.tensor(plain.tokens)])
+    mask = torch.zeros(len(ids), dtype=torch.bool)
+    mask[len(prompt):] = True
+    doc = torch.zeros(len(ids), dtype=torch.long)
+    torch.manual_seed(0)
+    cls = plugins.get("drafter", name)
+    drafter = cls(target.config, cls.Options(**SMALL[name]))
+    drafter.prepare(target, [api.TrainingExample(ids, mask, doc)])
+    example = api.TrainingExample(ids, mask, doc, features(target, ids, drafter))
+    k = 4
+    overfit(drafter, example, k, steps=40, lr=1e-2)  # hits at some anchors, misses at others
+    drafter.module().eval()
+
+    sup = drafter.supervision(example)
+    elems = full_grid(sup.shape[0], k)
+    segment = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    builder = plugins.get("mask builder", "dense")()
+    with torch.no_grad():
+        terms = drafter.loss(example, elems, segment, api.SegmentAttention.build(builder, elems))
+        spec = generate(target.model, prompt, greedy, drafter, k=k, max_new_tokens=new, eos_token_id=())
+    assert spec.tokens == plain.tokens
+    hits = record_hits(torch.full((elems.seq_len, k), -1, dtype=torch.long), elems, segment, sup, terms.hit)
+    # drafter position a reads token a + 1 and its depth d predicts token a + d + 2 (DESIGN.md section 8): the round
+    # whose last committed token sits at index t drafts from anchor t - 1
+    last = len(prompt)  # the prefill's token
+    rounds = []
+    for r in spec.rounds:
+        row = hits[last - 1]
+        if r.drafted == k and bool((row >= 0).all()):
+            rounds.append((last - 1, r.accepted))
+        last += r.emitted
+    assert len(rounds) >= 4
+    chain = {a: int(hits[a].clamp(min=0).cumprod(0).sum()) for a, _ in rounds}
+    assert [chain[a] for a, _ in rounds] == [acc for _, acc in rounds]
+    assert any(acc > 0 for _, acc in rounds) and any(acc < k for _, acc in rounds)
+    visited = chain_acceptance(hits[[a for a, _ in rounds]])
+    assert visited.acceptance_length == pytest.approx(1 + sum(acc for _, acc in rounds) / len(rounds))

@@ -93,6 +93,7 @@ class Eagle3Drafter(api.Drafter):
     name = "eagle3"
     Options = Eagle3Options
     parallel = False
+    builds_trees = True  # propose_tree grows an EAGLE-2 dynamic tree
 
     def __init__(self, target_config: Any, options: Eagle3Options | None = None) -> None:
         super().__init__(target_config, options)
@@ -210,7 +211,7 @@ class Eagle3Drafter(api.Drafter):
                     hidden = hidden.index_copy(0, nxt, out[row[parent[nxt]]])
         d_ch = sub.depth[charged.cpu()]
         correct, total = eagle.per_depth(d_ch, hits[charged.cpu()], k)
-        return api.LossTerms(loss_sum, int(charged.sum()), correct, total)
+        return api.LossTerms(loss_sum, int(charged.sum()), correct, total, hit=hits[charged.cpu()])
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:

@@ -195,7 +195,7 @@ class ParallelSpecDrafter(api.Drafter):
             reference_top1=reference, chunk=self.options.loss_chunk,
         )
         correct, total = eagle.per_depth(sub.depth[charged.cpu()], result.correct, elements.max_depth)
-        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total)
+        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu())
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:

@@ -187,7 +187,7 @@ class PardDrafter(api.Drafter):
             hidden[charged], model.lm_head.weight, ids[pos[charged] + 1], self.options.loss_chunk
         )
         correct, total = api.eagle.per_depth(sub.depth[charged.cpu()], hits, elements.max_depth)
-        return api.LossTerms(loss_sum, int(charged.sum()), correct, total)
+        return api.LossTerms(loss_sum, int(charged.sum()), correct, total, hit=hits.cpu())
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:

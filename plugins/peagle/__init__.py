@@ -170,7 +170,7 @@ class PEagleDrafter(api.Drafter):
         d = depth[charged].cpu()
         total = torch.bincount(d, minlength=k)[:k]
         correct = torch.bincount(d[result.correct.cpu()], minlength=k)[:k]
-        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total)
+        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu())
 
     def _full_vocab_top1(self, target_head: torch.Tensor):
         # In evaluation a hit must match the target's argmax over its *whole* vocabulary (what greedy verification

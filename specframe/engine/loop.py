@@ -30,6 +30,7 @@ from specframe.engine import checkpoint, validate
 from specframe.engine.config import TrainConfig, structure_options, to_dict
 from specframe.engine.data import CacheSource, OnlineSource
 from specframe.errors import SpecframeError, UsageError
+from specframe.metrics import chain_acceptance
 
 
 @attrs.define
@@ -42,12 +43,27 @@ class TrainResult:
 
 
 def expected_acceptance_length(accuracy: list[float]) -> float:
-    """1 + sum_k prod_{i<=k} acc_i: the acceptance length per-depth top-1 accuracies imply for a chain draft."""
+    """1 + sum_k prod_{i<=k} acc_i: the per-depth product estimate of a chain draft's acceptance length.
+
+    Exact only when a depth's hits are independent of the shallower depths'; ``evaluate`` reports it as
+    ``val_product_al`` and, whenever the drafter returns per-element hits (``LossTerms.hit``), ``val_expected_al`` is
+    the measured chain mean instead (``specframe.metrics.chain_acceptance``)."""
     total, prod = 1.0, 1.0
     for acc in accuracy:
         prod *= acc
         total += prod
     return total
+
+
+def record_hits(
+    hits: torch.Tensor, elems: Any, segment: api.Segment, supervision: torch.Tensor, hit: torch.Tensor
+) -> torch.Tensor:
+    """Write a segment's per-element verdicts (``LossTerms.hit``, charged elements in segment order) into ``hits``
+    [anchors, K] at their (anchor, depth); ``specframe.metrics.chain_acceptance`` reads the result."""
+    sub = elems.subset(segment.elements)
+    charged = segment.loss_mask.to(torch.bool).cpu() & supervision.to(torch.bool).cpu()[sub.position.cpu()]
+    hits[sub.anchor.cpu()[charged], sub.depth.cpu()[charged]] = hit.detach().cpu().long()
+    return hits
 
 
 def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
@@ -332,28 +348,54 @@ class Trainer:
         count = torch.zeros(1)
         correct = torch.zeros(self.depth)
         total = torch.zeros(self.depth)
+        # chain acceptance: anchors with a full chain, their accepted depths, and per depth reached / accepted
+        chain = torch.zeros(2 + 2 * self.depth)
+        chained = True  # every segment returned per-element hits
         for j, idx in enumerate(self.val_ids):
             if j % self.dist.world != self.dist.rank:
                 continue
             example = self.source.example(idx)
             elems, sup = self.elements(example, None)
+            # verdict of element (anchor, depth): -1 none (not charged or not returned), else 0 / 1
+            hits = torch.full((elems.seq_len, self.depth), -1, dtype=torch.long)
             for seg in self.segments(elems):
                 terms = self._segment_loss(example, elems, seg, sup, training=False)
                 loss_sum += terms.loss_sum.float()
                 count += terms.count
                 correct += terms.correct.float()
                 total += terms.total.float()
-        for t in (loss_sum, count, correct, total):
+                if terms.hit is None:
+                    chained = False
+                    continue
+                record_hits(hits, elems, seg, sup, terms.hit)
+            if chained:
+                c = chain_acceptance(hits)
+                chain += torch.tensor([c.anchors, c.accepted_sum, *c.reached, *c.accepted], dtype=chain.dtype)
+        flag = torch.tensor([0.0 if chained else 1.0])
+        for t in (loss_sum, count, correct, total, chain, flag):
             self.dist.sum_(t)
         module.train()
         acc = [float(c / t) if t > 0 else 0.0 for c, t in zip(correct, total, strict=True)]
-        return {
+        product = expected_acceptance_length(acc)
+        out: dict[str, Any] = {
             "step": self.step,
             "val_loss": float(loss_sum.item() / max(count.item(), 1.0)),
             "val_elements": int(count.item()),
             "val_accuracy": acc,
-            "val_expected_al": expected_acceptance_length(acc),
+            "val_product_al": product,
         }
+        anchors = int(chain[0].item())
+        if flag.item() == 0 and anchors:
+            k = self.depth
+            reached, accepted = chain[2 : 2 + k], chain[2 + k :]
+            out["val_expected_al"] = 1.0 + float(chain[1].item()) / anchors
+            out["val_expected_al_method"] = "chain"
+            out["val_chain_anchors"] = anchors
+            out["val_conditional_accuracy"] = [float(a / r) if r > 0 else 0.0 for a, r in zip(accepted, reached)]
+        else:  # the drafter reports per-depth counts only
+            out["val_expected_al"] = product
+            out["val_expected_al_method"] = "per-depth product"
+        return out
 
     def save(self) -> Path:
         path = Path()

@@ -46,6 +46,10 @@ def check_loss_terms(
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (k,):
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise PluginError(f"{who}: loss() returned {field} {shape}, expected shape ({k},) (one per depth)")
+    hit = getattr(terms, "hit", None)
+    if hit is not None and (not isinstance(hit, torch.Tensor) or tuple(hit.shape) != (expected,)):
+        shape = tuple(hit.shape) if isinstance(hit, torch.Tensor) else type(hit).__name__
+        raise PluginError(f"{who}: loss() returned hit {shape}, expected shape ({expected},) (one per charged element)")
 
 
 class CheckedAttention:
