@@ -49,27 +49,36 @@ def _weights(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 @attrs.define
 class Eagle3Options:
-    """EAGLE-3 settings (``[drafter]`` table of ``--config``)."""
+    """EAGLE-3 settings (the ``[drafter_options]`` table of ``specframe train --config``)."""
 
-    #: decoder layers; the first reads cat(embedding, hidden). 1 as released.
-    layers: int = attrs.field(default=1, validator=_positive)
-    #: training-time-test passes (training depth); ``--depth`` overrides it. 7 as in the original code.
-    ttt_steps: int = attrs.field(default=7, validator=_positive)
-    #: tokens drafted per round at inference
-    k_infer: int = attrs.field(default=5, validator=_positive)
-    #: depth d's loss weight is depth_decay ** d (0.8 in the original) unless ``depth_weights`` lists them
-    depth_decay: float = attrs.field(default=0.8, validator=_unit)
-    depth_weights: list[float] | None = attrs.field(default=None, validator=_weights)
-    draft_vocab_size: int = attrs.field(default=32000, validator=_positive)
-    #: target aux layer ids (hidden state entering that layer); default vLLM's (2, L//2, L-3), clamped for tiny targets
-    aux_layer_ids: list[int] | None = None
-    #: train the token embedding (initialised from the target's) instead of keeping it frozen
-    train_embedding: bool = False
-    #: COD keep ratio (1: full grid, the EAGLE-3 recipe) and floor
-    cod_ratio: float = attrs.field(default=1.0, validator=_unit)
-    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit)
-    activation_checkpointing: bool = False
-    loss_chunk: int = attrs.field(default=256, validator=_positive)
+    layers: int = attrs.field(default=1, validator=_positive, metadata={
+        "help": "decoder layers; the first reads cat(embedding, hidden). 1 as released"})
+    ttt_steps: int = attrs.field(default=7, validator=_positive, metadata={
+        "help": "training-time-test passes = the default training depth (k_train); --depth overrides it. 7 as in "
+                "the original code, where peagle and pard train 8: pass --depth for an equal-depth comparison"})
+    k_infer: int = attrs.field(default=5, validator=_positive, metadata={
+        "help": "tokens drafted per round at inference"})
+    depth_decay: float = attrs.field(default=0.8, validator=_unit, metadata={
+        "help": "depth d's loss weight is depth_decay ** d (0.8 in the original) unless depth_weights lists them"})
+    depth_weights: list[float] | None = attrs.field(default=None, validator=_weights, metadata={
+        "help": "explicit loss weight per depth (overrides depth_decay); null: use depth_decay"})
+    draft_vocab_size: int = attrs.field(default=api.vocab.DEFAULT_DRAFT_VOCAB, validator=_positive, metadata={
+        "help": "reduced draft vocabulary (most frequent training tokens), clamped to the target's; the same default "
+                "as peagle and parallelspec (EAGLE-3 released 32000 for Llama 3's 128K vocabulary)"})
+    aux_layer_ids: list[int] | None = attrs.field(default=None, metadata={
+        "help": "target aux layer ids (hidden state entering that layer); null: vLLM's (2, L//2, L-3), clamped "
+                "for tiny targets"})
+    train_embedding: bool = attrs.field(default=False, metadata={
+        "help": "train the token embedding (initialised from the target's) instead of keeping it frozen"})
+    cod_ratio: float = attrs.field(default=1.0, validator=_unit, metadata={
+        "help": "COD keep ratio r: depth d keeps a share max(r**d, cod_min_ratio) of the positions (1: full grid, "
+                "the EAGLE-3 recipe)"})
+    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit, metadata={
+        "help": "COD floor r_min: the least share of positions any depth keeps"})
+    activation_checkpointing: bool = attrs.field(default=False, metadata={
+        "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
+    loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
+        "help": "rows per chunk of the draft-vocabulary loss (bounds the logits' memory)"})
 
     @property
     def k_train(self) -> int:

@@ -30,8 +30,9 @@ from specframe import api
 
 @attrs.define
 class ChunkedOptions:
-    #: queries per chunk: band score memory is heads x chunk_size x (band keys); the prefix never materialises scores
-    chunk_size: int = attrs.field(default=512, validator=attrs.validators.gt(0))
+    chunk_size: int = attrs.field(default=512, validator=attrs.validators.gt(0), metadata={
+        "help": "queries per chunk: band score memory is heads x chunk_size x band keys (the prefix never "
+                "materialises scores)"})
 
 
 @attrs.frozen

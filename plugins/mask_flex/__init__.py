@@ -16,8 +16,8 @@ from specframe import api
 
 @attrs.define
 class FlexOptions:
-    #: compile flex_attention on CUDA (eager FlexAttention materialises the scores; it is for debugging)
-    compile: bool = True
+    compile: bool = attrs.field(default=True, metadata={
+        "help": "compile flex_attention on CUDA (eager FlexAttention materialises the scores: for debugging only)"})
 
 
 def _mask_mod(query: api.ElementSet, key: api.ElementSet):

@@ -32,8 +32,8 @@ _BUILD_ROWS = 4096
 
 @attrs.define
 class PrecomputedOptions:
-    #: positions the cached mask covers at first; longer sequences grow it
-    max_len: int = attrs.field(default=512, validator=attrs.validators.gt(0))
+    max_len: int = attrs.field(default=512, validator=attrs.validators.gt(0), metadata={
+        "help": "positions the cached mask covers at first; longer sequences grow it"})
 
 
 class PrecomputedAttention:

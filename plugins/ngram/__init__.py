@@ -16,10 +16,10 @@ from specframe import api
 
 @attrs.define
 class NgramOptions:
-    #: longest suffix to look up
-    n_max: int = attrs.field(default=3, validator=attrs.validators.ge(1))
-    #: shortest suffix to look up
-    n_min: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    n_max: int = attrs.field(default=3, validator=attrs.validators.ge(1), metadata={
+        "help": "longest context suffix looked up in the earlier context"})
+    n_min: int = attrs.field(default=1, validator=attrs.validators.ge(1), metadata={
+        "help": "shortest context suffix looked up (at most n_max)"})
 
     def __attrs_post_init__(self) -> None:
         if self.n_min > self.n_max:

@@ -53,23 +53,37 @@ def _backbone(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 @attrs.define
 class ParallelSpecOptions:
-    """ParallelSpec settings (``[drafter]`` table of ``--config``)."""
+    """ParallelSpec settings (the ``[drafter_options]`` table of ``specframe train --config``)."""
 
-    backbone: str = attrs.field(default="eagle", validator=_backbone)
-    layers: int = attrs.field(default=1, validator=_positive)
-    #: group size k (the real token plus k-1 masks) trained; ``--depth`` overrides it up to ``num_masks`` + 1
-    k_train: int = attrs.field(default=5, validator=_positive)
-    k_infer: int = attrs.field(default=5, validator=_positive)
-    #: distinct mask tokens; default k_train - 1
-    num_masks: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
-    draft_vocab_size: int = attrs.field(default=32000, validator=_positive)
-    aux_layer_ids: list[int] | None = None
-    #: train the token embedding (always copied from the target); the mask embeddings always train
-    train_embedding: bool = False
-    cod_ratio: float = attrs.field(default=1.0, validator=_unit)
-    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit)
-    activation_checkpointing: bool = False
-    loss_chunk: int = attrs.field(default=256, validator=_positive)
+    backbone: str = attrs.field(default="eagle", validator=_backbone, metadata={
+        "help": "'eagle': read the target's fused hidden states (the paper's strongest setting); 'standalone': a "
+                "small causal LM that reads no target features"})
+    layers: int = attrs.field(default=1, validator=_positive, metadata={
+        "help": "decoder layers of the drafter"})
+    k_train: int = attrs.field(default=5, validator=_positive, metadata={
+        "help": "group size k (the real token plus k-1 masks) trained, the default training depth; --depth "
+                "overrides it up to num_masks + 1. Smaller than peagle's and pard's 8 because it sets the number "
+                "of learned masks: pass --depth 8 with num_masks 7 for an equal-depth comparison"})
+    k_infer: int = attrs.field(default=5, validator=_positive, metadata={
+        "help": "tokens drafted per round at inference (at most num_masks + 1)"})
+    num_masks: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive), metadata={
+        "help": "distinct learned mask tokens; null: k_train - 1"})
+    draft_vocab_size: int = attrs.field(default=api.vocab.DEFAULT_DRAFT_VOCAB, validator=_positive, metadata={
+        "help": "reduced draft vocabulary (most frequent training tokens), clamped to the target's; the same default "
+                "as peagle and eagle3"})
+    aux_layer_ids: list[int] | None = attrs.field(default=None, metadata={
+        "help": "target aux layer ids read by the eagle backbone; null: vLLM's (2, L//2, L-3)"})
+    train_embedding: bool = attrs.field(default=False, metadata={
+        "help": "train the token embedding (always copied from the target); the mask embeddings always train"})
+    cod_ratio: float = attrs.field(default=1.0, validator=_unit, metadata={
+        "help": "COD keep ratio r: depth d keeps a share max(r**d, cod_min_ratio) of the positions (1: every "
+                "position gets its full group, the paper's group-wise training)"})
+    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit, metadata={
+        "help": "COD floor r_min: the least share of positions any depth keeps"})
+    activation_checkpointing: bool = attrs.field(default=False, metadata={
+        "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
+    loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
+        "help": "rows per chunk of the draft-vocabulary loss (bounds the logits' memory)"})
 
     @property
     def masks(self) -> int:

@@ -40,19 +40,25 @@ _unit = api.unit_interval("pard")
 
 @attrs.define
 class PardOptions:
-    """PARD settings (``[drafter]`` table of ``--config``)."""
+    """PARD settings. PARD drafts over the full target vocabulary, so it has no ``draft_vocab_size``."""
 
-    #: decoder layers of the draft LM
-    layers: int = attrs.field(default=2, validator=_positive)
-    #: copy the target's embedding, first ``layers`` layers, final norm and lm_head (else random init)
-    init_from_target: bool = True
-    #: depths trained; ``--depth`` overrides it
-    k_train: int = attrs.field(default=8, validator=_positive)
-    k_infer: int = attrs.field(default=5, validator=_positive)
-    cod_ratio: float = attrs.field(default=0.7, validator=_unit)
-    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit)
-    activation_checkpointing: bool = False
-    loss_chunk: int = attrs.field(default=256, validator=_positive)
+    layers: int = attrs.field(default=2, validator=_positive, metadata={
+        "help": "decoder layers of the draft causal LM"})
+    init_from_target: bool = attrs.field(default=True, metadata={
+        "help": "copy the target's embedding, first `layers` layers, final norm and lm_head (else random init)"})
+    k_train: int = attrs.field(default=8, validator=_positive, metadata={
+        "help": "depths trained, the default training depth; --depth overrides it. Same as peagle's (eagle3 trains "
+                "7 TTT passes, parallelspec groups of 5: pass --depth for an equal-depth comparison)"})
+    k_infer: int = attrs.field(default=5, validator=_positive, metadata={
+        "help": "tokens drafted per round at inference"})
+    cod_ratio: float = attrs.field(default=0.7, validator=_unit, metadata={
+        "help": "COD keep ratio r: depth d keeps a share max(r**d, cod_min_ratio) of the positions (1: full grid)"})
+    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit, metadata={
+        "help": "COD floor r_min: the least share of positions any depth keeps"})
+    activation_checkpointing: bool = attrs.field(default=False, metadata={
+        "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
+    loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
+        "help": "rows per chunk of the full-vocabulary loss (bounds the logits' memory)"})
 
 
 class PardLM(nn.Module):

@@ -42,26 +42,28 @@ _ratio = api.unit_interval("peagle")
 
 @attrs.define
 class PEagleOptions:
-    """P-EAGLE settings (``[drafter]`` table of ``--config``)."""
+    """P-EAGLE settings (the ``[drafter_options]`` table of ``specframe train --config``)."""
 
-    #: decoder layers; the first is EAGLE-3's (embedding + fused hidden in). 4 as released.
-    layers: int = attrs.field(default=4, validator=_positive)
-    #: depths trained (K_train); ``--depth`` overrides it
-    k_train: int = attrs.field(default=8, validator=_positive)
-    #: tokens drafted per round at inference (K_infer)
-    k_infer: int = attrs.field(default=5, validator=_positive)
-    #: size of the reduced draft vocabulary (most frequent training tokens); clamped to the target vocabulary.
-    #: Default ``api.vocab.DEFAULT_DRAFT_VOCAB`` (8192, sized for SmolLM2's 49K vocabulary)
-    draft_vocab_size: int = attrs.field(default=api.vocab.DEFAULT_DRAFT_VOCAB, validator=_positive)
-    #: target aux layer ids (hidden state entering that decoder layer); default vLLM's (2, L//2, L-3)
-    aux_layer_ids: list[int] | None = None
-    #: COD keep ratio r and floor r_min (ratio 1 trains the full grid)
-    cod_ratio: float = attrs.field(default=0.7, validator=_ratio)
-    cod_min_ratio: float = attrs.field(default=0.2, validator=_ratio)
-    #: recompute each layer in backward (less activation memory, about one more forward of time)
-    activation_checkpointing: bool = False
-    #: rows per chunk of the draft-vocabulary loss
-    loss_chunk: int = attrs.field(default=256, validator=_positive)
+    layers: int = attrs.field(default=4, validator=_positive, metadata={
+        "help": "decoder layers; the first is EAGLE-3's (embedding + fused hidden in). 4 as released"})
+    k_train: int = attrs.field(default=8, validator=_positive, metadata={
+        "help": "depths trained (K_train), the default training depth; --depth overrides it. Same as pard's "
+                "(eagle3 trains 7 TTT passes, parallelspec groups of 5: pass --depth for an equal-depth comparison)"})
+    k_infer: int = attrs.field(default=5, validator=_positive, metadata={
+        "help": "tokens drafted per round at inference (K_infer)"})
+    draft_vocab_size: int = attrs.field(default=api.vocab.DEFAULT_DRAFT_VOCAB, validator=_positive, metadata={
+        "help": "reduced draft vocabulary (most frequent training tokens), clamped to the target's; the same default "
+                "as eagle3 and parallelspec (pard drafts over the full target vocabulary)"})
+    aux_layer_ids: list[int] | None = attrs.field(default=None, metadata={
+        "help": "target aux layer ids (hidden state entering that decoder layer); null: vLLM's (2, L//2, L-3)"})
+    cod_ratio: float = attrs.field(default=0.7, validator=_ratio, metadata={
+        "help": "COD keep ratio r: depth d keeps a share max(r**d, cod_min_ratio) of the positions (1: full grid)"})
+    cod_min_ratio: float = attrs.field(default=0.2, validator=_ratio, metadata={
+        "help": "COD floor r_min: the least share of positions any depth keeps"})
+    activation_checkpointing: bool = attrs.field(default=False, metadata={
+        "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
+    loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
+        "help": "rows per chunk of the draft-vocabulary loss (bounds the logits' memory)"})
 
 
 def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:

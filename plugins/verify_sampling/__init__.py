@@ -18,12 +18,11 @@ from specframe import api
 
 @attrs.define
 class SamplingOptions:
-    #: softmax temperature; 0 is greedy (p one-hot at the argmax)
-    temperature: float = 1.0
-    #: keep only the k most likely tokens (0: off)
-    top_k: int = 0
-    #: keep the smallest set of tokens whose mass reaches top_p (1: off)
-    top_p: float = 1.0
+    temperature: float = attrs.field(default=1.0, metadata={
+        "help": "softmax temperature; 0 is greedy (p one-hot at the argmax)"})
+    top_k: int = attrs.field(default=0, metadata={"help": "keep only the k most likely tokens (0: off)"})
+    top_p: float = attrs.field(default=1.0, metadata={
+        "help": "keep the smallest set of tokens whose mass reaches top_p (1: off)"})
 
 
 class SamplingVerifier(api.Verifier):

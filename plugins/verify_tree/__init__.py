@@ -20,12 +20,11 @@ from specframe import api
 
 @attrs.define
 class TreeOptions:
-    #: softmax temperature of the target; 0 means greedy acceptance
-    temperature: float = 0.0
-    #: keep only the k most likely target tokens (0: off)
-    top_k: int = 0
-    #: keep the smallest set of target tokens whose mass reaches top_p (1: off)
-    top_p: float = 1.0
+    temperature: float = attrs.field(default=0.0, metadata={
+        "help": "softmax temperature of the target; 0 means greedy acceptance"})
+    top_k: int = attrs.field(default=0, metadata={"help": "keep only the k most likely target tokens (0: off)"})
+    top_p: float = attrs.field(default=1.0, metadata={
+        "help": "keep the smallest set of target tokens whose mass reaches top_p (1: off)"})
 
 
 class TreeVerifier(api.Verifier):

@@ -16,8 +16,11 @@ from specframe import api
 
 @attrs.define
 class SkipgramOptions:
-    dim: int = 64
-    max_depth: int = 8
+    """Skipgram settings (the ``[drafter_options]`` table of ``specframe train --config``)."""
+
+    dim: int = attrs.field(default=64, metadata={"help": "width of the token embedding and the depth tables"})
+    max_depth: int = attrs.field(default=8, metadata={
+        "help": "depth tables: the deepest training depth and tokens per draft it supports"})
 
 
 class SkipgramModel(torch.nn.Module):
