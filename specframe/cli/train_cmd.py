@@ -10,44 +10,20 @@ import click
 
 from specframe.errors import UsageError
 
-CONFIG_SECTIONS = {"drafter": "drafter_options", "mask_builder": "mask_builder_options", "partitioner": "partitioner_options"}
-
 
 def read_config(path: Path) -> dict[str, dict[str, Any]]:
-    """Plugin options from a TOML or YAML file with tables ``[drafter]``, ``[mask_builder]``, ``[partitioner]``."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix.lower() == ".toml":
-            import tomllib
+    """The plugin option tables of a run file (``specframe memory --config``): ``drafter_options``,
+    ``mask_builder_options``, ``partitioner_options`` (older tables ``[drafter]``, ... included); the file's other
+    keys are checked but not returned."""
+    from specframe import run_config
 
-            data = tomllib.loads(text)
-        elif path.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            raise UsageError(f"--config {path}: use a .toml, .yaml or .yml file")
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - tomllib and yaml raise their own error types
-        raise UsageError(f"--config {path} is not valid: {exc}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"--config {path} must hold tables, got {type(data).__name__}")
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in data.items():
-        section = key.replace("-", "_")
-        if section not in CONFIG_SECTIONS:
-            raise UsageError(
-                f"--config {path}: unknown table '{key}' (known: {', '.join(sorted(CONFIG_SECTIONS))})"
-            )
-        if not isinstance(value, dict):
-            raise UsageError(f"--config {path}: '{key}' must be a table of options")
-        out[CONFIG_SECTIONS[section]] = value
-    return out
+    values = run_config.check_plugin_tables(run_config.load(path))
+    return {table: values[table] for table in run_config.PLUGIN_TABLES if table in values}
 
 
 @click.command("train")
-@click.option("--drafter", required=True, help="Drafter plugin to train (see `specframe plugins`), e.g. peagle.")
+@click.option("--drafter", default=None, help="Drafter plugin to train (see `specframe plugins`), e.g. peagle. "
+              "Required, here or as `drafter` in --config.")
 @click.option("--target", default="default", show_default=True,
               help="Target model: 'default' (embedded SmolLM2-135M-Instruct), a local folder or a hub id.")
 @click.option("--data", default=None,
@@ -59,7 +35,8 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
 @click.option("--seq-len", type=int, default=256, show_default=True, help="Tokens per training sequence (longer "
               "conversations are truncated).")
 @click.option("--depth", type=int, default=None, help="Training depth K (elements per anchor). Default: the "
-              "drafter's own (peagle: k_train = 8).")
+              "drafter's own k_train (`specframe plugins --options DRAFTER`; peagle and pard 8, eagle3 7, "
+              "parallelspec 5).")
 @click.option("--mask-builder", default=None, help="Mask builder plugin. Default: the fastest that trains on the "
               "device (chunked on CPU, flex on CUDA, else dense).")
 @click.option("--partitioner", default="none", show_default=True, help="Sequence partitioner plugin (none, peagle).")
@@ -73,7 +50,12 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
 @click.option("--batch-size", type=int, default=2, show_default=True,
               help="Sequences per optimizer step, over all ranks.")
 @click.option("--lr", type=float, default=3e-4, show_default=True, help="Peak AdamW learning rate (linear warmup "
-              "over 10% of the steps, then cosine decay to 0).")
+              "over --warmup-steps, then cosine decay to 0).")
+@click.option("--warmup-steps", type=int, default=None,
+              help="Steps of linear learning-rate warmup. Default: 10% of the steps (at least 1).")
+@click.option("--weight-decay", type=float, default=0.0, show_default=True, help="AdamW weight decay.")
+@click.option("--grad-clip", type=float, default=1.0, show_default=True,
+              help="Clip the gradient's global norm to this value before each step.")
 @click.option("--max-examples", type=int, default=200, show_default=True,
               help="Conversations read from --data (the last --val-examples are held out for validation).")
 @click.option("--val-examples", type=int, default=4, show_default=True, help="Held-out validation sequences.")
@@ -83,36 +65,58 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
 @click.option("--eval-every", type=int, default=0, show_default=True,
               help="Validate every N steps (0: only at the end): loss, per-depth top-1 accuracy, expected AL.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of initialisation, data order and COD.")
-@click.option("--output", "-o", required=True, type=click.Path(file_okay=False),
-              help="Output directory (locked while a run writes it; a finished run refuses to be overwritten).")
+@click.option("--output", "-o", default=None, type=click.Path(file_okay=False),
+              help="Output directory (locked while a run writes it; a finished run refuses to be overwritten). "
+                   "Required, here or as `output` in --config.")
 @click.option("--resume", default=None, type=click.Path(exists=True, file_okay=False),
               help="Continue exactly from a checkpoint or an output directory (its latest checkpoint).")
 @click.option("--config", "config_file", default=None, type=click.Path(exists=True, dir_okay=False),
-              help="TOML or YAML with plugin option tables [drafter], [mask_builder], [partitioner].")
+              help="A whole run in one TOML, YAML or JSON file: every option above by its name (seq_len or "
+                   "seq-len), plus the plugin option tables drafter_options, mask_builder_options and "
+                   "partitioner_options (older names: [drafter], [mask_builder], [partitioner]). Flags you type "
+                   "override the file. A run's OUTPUT/config.json and --print-config's output load back as is.")
+@click.option("--print-config", is_flag=True,
+              help="Print the resolved configuration (YAML; JSON with --json) and exit without training or writing "
+                   "anything. Resolved without loading the target: the depth, mask builder and every plugin option; "
+                   "null values (warmup_steps, target-dependent plugin options such as aux_layer_ids) are decided "
+                   "when the run starts.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device (cpu, cuda).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (and no progress bar).")
-def train(
-    drafter: str, target: str, data: str | None, cache: str | None, seq_len: int, depth: int | None,
-    mask_builder: str | None, partitioner: str, partitions: int, memory_budget: str | None, max_steps: int,
-    batch_size: int, lr: float, max_examples: int, val_examples: int, save_every: int, eval_every: int, seed: int,
-    output: str, resume: str | None, config_file: str | None, device: str, as_json: bool,
-) -> None:
+@click.pass_context
+def train(ctx: click.Context, resume: str | None, config_file: str | None, print_config: bool, as_json: bool,
+          **flags: Any) -> None:
     """Train a drafter on the shared long-context engine.
 
     Every run writes OUTPUT/config.json (the resolved config), OUTPUT/metrics.jsonl and checkpoints
     OUTPUT/step-N (drafter weights in safetensors + JSON, optimizer/scheduler/RNG state, data position).
     """
-    from specframe.engine import TrainConfig, train as run_training
+    from click.core import ParameterSource
 
-    options = read_config(Path(config_file)) if config_file else {}
-    if data is None and cache is None:
-        data = "default"
-    cfg = TrainConfig(
-        drafter=drafter, output=output, target=target, data=data, cache=cache, seq_len=seq_len, depth=depth,
-        mask_builder=mask_builder, partitioner=partitioner, partitions=partitions, memory_budget=memory_budget,
-        max_steps=max_steps, batch_size=batch_size, lr=lr, max_examples=max_examples, val_examples=val_examples,
-        save_every=save_every, eval_every=eval_every, seed=seed, device=device, **options,
-    )
+    from specframe import run_config
+
+    known = run_config.fields()
+    unknown = sorted(name for name in flags if name not in known)
+    if unknown:  # every flag other than --resume / --config / --print-config / --json is a TrainConfig field
+        raise UsageError(f"internal: train flags without a TrainConfig field: {', '.join(unknown)}")
+    typed = {name: value for name, value in flags.items()
+             if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+    file_values = run_config.load(config_file) if config_file else {}
+    values = run_config.merge(file_values, typed)
+    where = f"--config {config_file}" if config_file else "train options"
+    placeholder = print_config and values.get("output") is None
+    if placeholder:  # --print-config needs no output directory; the printed file then has none
+        values["output"] = ""
+    cfg = run_config.resolve(run_config.build(values, where), f"--config {config_file}" if config_file else None)
+    if print_config:
+        data = run_config.as_dict(cfg)
+        if placeholder:
+            del data["output"]
+        click.echo(run_config.dump(data, "json" if as_json else "yaml"), nl=False)
+        if as_json:
+            click.echo()
+        return
+    from specframe.engine import train as run_training
+
     result = run_training(cfg, resume=resume, progress=not as_json)
     summary = {
         "steps": result.steps,

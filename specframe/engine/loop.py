@@ -165,8 +165,11 @@ class Trainer:
         part_cls = plugins.get("partitioner", cfg.partitioner)
         self.partitioner = part_cls(structure_options(cfg.partitioner_options, part_cls.Options, "partitioner"))
         self.drafter.check_training(self.depth, builder_name, cfg.partitioner)
+        # the full resolved config (every plugin option, defaults included) is what OUTPUT/config.json records
         self.resolved = attrs.evolve(
-            cfg, depth=self.depth, mask_builder=builder_name, drafter_options=_unstructure(options)
+            cfg, depth=self.depth, mask_builder=builder_name, drafter_options=_unstructure(options),
+            mask_builder_options=_unstructure(self.builder.options),
+            partitioner_options=_unstructure(self.partitioner.options),
         )
         from specframe.memory import engine_guard
 

@@ -1,0 +1,251 @@
+"""One file holds a whole training run: ``specframe train --config run.yaml`` (or ``.toml``, or a run's ``config.json``).
+
+Top-level keys are ``TrainConfig`` fields (``seq-len`` or ``seq_len``), read generically from ``attrs.fields``, so a
+field added to ``TrainConfig`` is a config key at once. The plugin option tables are ``drafter_options``,
+``mask_builder_options`` and ``partitioner_options``; the older tables ``[drafter]``, ``[mask_builder]`` and
+``[partitioner]`` still work as their aliases (a *string* under those keys is the plugin's name). Flags the user typed
+override the file; the file overrides ``TrainConfig``'s defaults.
+
+``resolve`` fills what the plugin classes decide without loading the target: the training depth (the drafter's
+``k_train``), the mask builder for the device, and every plugin option's default. What only the target or the data
+can decide stays ``null`` (``warmup_steps``: 10% of the steps; a drafter's ``aux_layer_ids``: from the target's layer
+count; ``draft_vocab_size`` is clamped to the target's vocabulary when the run starts).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+
+from specframe.engine.config import TrainConfig
+from specframe.errors import UsageError, did_you_mean
+
+#: option tables of the three trained plugin kinds: field name -> (older table alias, plugin kind, name field)
+PLUGIN_TABLES = {
+    "drafter_options": ("drafter", "drafter", "drafter"),
+    "mask_builder_options": ("mask_builder", "mask builder", "mask_builder"),
+    "partitioner_options": ("partitioner", "partitioner", "partitioner"),
+}
+#: keys the engine adds to OUTPUT/config.json as a record of the run; a config.json read back skips them
+RECORD_KEYS = frozenset({
+    "memory_budget_enforced", "world_size", "target_id", "target_weights_hash", "train_sequences", "val_sequences",
+    "conversations", "steps",
+})
+#: filled only when the run starts (documented in ``--print-config``'s help and the YAML header)
+UNRESOLVED_NOTE = (
+    "null values are decided when the run starts: warmup_steps (10% of the steps), the run length\n"
+    "when max_steps (and epochs) is null, plugin options that depend on the target (aux_layer_ids);\n"
+    "draft_vocab_size is clamped to the target's vocabulary. data is null when a cache gives the features."
+)
+
+
+def fields() -> dict[str, attrs.Attribute]:
+    return {a.name: a for a in attrs.fields(attrs.resolve_types(TrainConfig))}
+
+
+# -------------------------------------------------------------------------------------------- strict structuring
+class _WrongType(TypeError):
+    pass
+
+
+def _strict(kind: type, accepts: tuple[type, ...], name: str):
+    def hook(value: Any, _: Any) -> Any:
+        if kind is float and isinstance(value, str):
+            # PyYAML reads 3e-4 (no dot) as a string: take a number written that way, nothing else
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accepts):
+            raise _WrongType(f"must be {name}, got {value!r} ({type(value).__name__})")
+        return kind(value)
+
+    return hook
+
+
+def _converter() -> cattrs.Converter:
+    # cattrs' own int / float / str hooks convert (int("7"), int(2.5), str(3)); a config file gets no such guessing
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    converter.register_structure_hook(int, _strict(int, (int,), "an integer"))
+    converter.register_structure_hook(float, _strict(float, (int, float), "a number"))
+    converter.register_structure_hook(str, _strict(str, (str,), "a string"))
+    converter.register_structure_hook(bool, _strict(bool, (bool,), "true or false"))
+    return converter
+
+
+_CONVERTER = _converter()
+
+
+def _format(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, _WrongType | UsageError):
+        return str(exc)
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        return f"unknown keys {', '.join(sorted(exc.extra_fields))}"
+    if isinstance(exc, KeyError):
+        return "is required"
+    name = getattr(type_, "__name__", None) or str(type_).replace("typing.", "")
+    return f"must be {name}, got an invalid value ({exc})"
+
+
+def structure(data: dict[str, Any], cls: type, where: str, known: str = "known keys") -> Any:
+    """``cls`` (an attrs class) from ``data``; an unknown key or a value of the wrong type is one ``UsageError``
+    naming the key, e.g. ``run.yaml: seq_len must be an integer, got 'long' (str)``."""
+    names = [a.name for a in attrs.fields(cls)]
+    extra = [k for k in data if k not in names]
+    if extra:
+        raise UsageError(
+            f"{where}: unknown key '{extra[0]}'{did_you_mean(extra[0], names)} ({known}: {', '.join(names) or 'none'})"
+        )
+    try:
+        return _CONVERTER.structure(dict(data), cls)
+    except UsageError:  # a validator's message already names its option
+        raise
+    except cattrs.BaseValidationError as exc:
+        messages = []
+        for line in cattrs.transform_error(exc, path="", format_exception=_format):
+            message, _, path = line.rpartition(" @ ")
+            key = path.lstrip("$.").lstrip(".")
+            messages.append(f"{key} {message}" if key else message)
+        raise UsageError(f"{where}: {'; '.join(messages)}") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
+# -------------------------------------------------------------------------------------------- reading a file
+def read_file(path: Path) -> dict[str, Any]:
+    """The mapping in a TOML, YAML or JSON file (parse errors are one ``UsageError``)."""
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_text(encoding="utf-8")
+        if suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+            data = {} if data is None else data
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise UsageError(f"--config {path}: use a .toml, .yaml, .yml or .json file")
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - tomllib, yaml and json raise their own error types
+        message = " ".join(str(exc).split())
+        if suffix == ".toml" and "Cannot overwrite" in message:
+            message += " (a plugin name such as drafter = \"peagle\" and a [drafter] table clash: name the table " \
+                       "[drafter_options], [mask_builder_options] or [partitioner_options])"
+        raise UsageError(f"--config {path} is not valid: {message}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path} must hold keys and tables, got {type(data).__name__}")
+    return data
+
+
+def normalize(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """File keys as ``TrainConfig`` field names: ``-`` becomes ``_``, the older plugin tables become the
+    ``*_options`` fields, record keys of a run's ``config.json`` are dropped; an unknown key is a ``UsageError``."""
+    known = fields()
+    aliases = {alias: table for table, (alias, _, _) in PLUGIN_TABLES.items()}
+    out: dict[str, Any] = {}
+    for raw, value in data.items():
+        key = str(raw).replace("-", "_")
+        if key in aliases and isinstance(value, dict):  # [drafter] table: the drafter's options
+            key = aliases[key]
+        elif key in RECORD_KEYS:
+            continue
+        if key not in known:
+            raise UsageError(
+                f"{where}: unknown key '{raw}'{did_you_mean(key, [*known, *aliases])} (known: {', '.join(known)})"
+            )
+        if key in out:
+            raise UsageError(f"{where}: '{raw}' is given twice (as '{key}' and an alias)")
+        out[key] = value
+    return out
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """The run settings in ``path`` as ``TrainConfig`` field names (values not yet checked: see ``build``)."""
+    path = Path(path)
+    return normalize(read_file(path), f"--config {path}")
+
+
+def check_plugin_tables(values: dict[str, Any]) -> dict[str, Any]:
+    """The older layout ``drafter_options`` / ``[drafter]`` must be tables: clear errors before structuring."""
+    for table in PLUGIN_TABLES:
+        if table in values and not isinstance(values[table], dict):
+            raise UsageError(f"'{table}' must be a table of plugin options, got {values[table]!r}")
+    return values
+
+
+# -------------------------------------------------------------------------------------------- merging and building
+def merge(file_values: dict[str, Any], flag_values: dict[str, Any]) -> dict[str, Any]:
+    """Typed flags over the file. ``data`` and ``cache`` are alternatives: one typed as a flag displaces the other
+    from the file, and a cache without data (in either) means ``data = null``."""
+    values = dict(file_values)
+    for a, b in (("data", "cache"), ("cache", "data")):
+        if flag_values.get(a) is not None and b not in flag_values:
+            values.pop(b, None)
+    values.update(flag_values)
+    if values.get("cache") is not None and "data" not in values:
+        values["data"] = None
+    return values
+
+
+def build(values: dict[str, Any], where: str = "--config") -> TrainConfig:
+    """A ``TrainConfig`` from merged settings, with one clear error for a missing, unknown or mistyped key."""
+    check_plugin_tables(values)
+    for required in ("drafter", "output"):
+        if values.get(required) is None:
+            flag = f"--{required}"
+            raise UsageError(f"missing {flag}: give the flag or the key '{required}' in --config")
+    return structure(values, TrainConfig, where)
+
+
+def resolve(cfg: TrainConfig, where: str | None = None) -> TrainConfig:
+    """What the plugin classes decide, filled in without loading the target: every plugin option (checked: an
+    unknown option or a bad value is a ``UsageError``, prefixed with ``where``), the training depth and the mask
+    builder for the device."""
+    from specframe import plugins
+
+    prefix = f"{where}: " if where else ""
+
+    drafter_cls = plugins.get("drafter", cfg.drafter)
+    drafter_options = structure(cfg.drafter_options, drafter_cls.Options, f"{prefix}drafter '{cfg.drafter}' options", "known options")
+    mask_builder = cfg.mask_builder
+    if mask_builder is None:
+        from specframe.masks import default_mask_builder
+
+        mask_builder = default_mask_builder(cfg.device)
+    builder_cls = plugins.get("mask builder", mask_builder)
+    builder_options = structure(cfg.mask_builder_options, builder_cls.Options, f"{prefix}mask builder '{mask_builder}' options", "known options")
+    part_cls = plugins.get("partitioner", cfg.partitioner)
+    part_options = structure(cfg.partitioner_options, part_cls.Options, f"{prefix}partitioner '{cfg.partitioner}' options", "known options")
+    depth = cfg.depth or getattr(drafter_options, "k_train", None)
+    return attrs.evolve(
+        cfg, depth=depth, mask_builder=mask_builder,
+        drafter_options=_CONVERTER.unstructure(drafter_options),
+        mask_builder_options=_CONVERTER.unstructure(builder_options),
+        partitioner_options=_CONVERTER.unstructure(part_options),
+    )
+
+
+def as_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return _CONVERTER.unstructure(cfg)
+
+
+def dump(cfg: TrainConfig | dict[str, Any], fmt: str = "yaml") -> str:
+    """The configuration as YAML (with a header comment) or JSON; ``--config`` reads either back unchanged."""
+    data = as_dict(cfg) if isinstance(cfg, TrainConfig) else cfg
+    if fmt == "json":
+        return json.dumps(data, indent=1)
+    import yaml
+
+    header = "# specframe train --config FILE (flags typed with it override these values)\n"
+    header += "".join(f"# {line}\n" for line in UNRESOLVED_NOTE.splitlines())
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
