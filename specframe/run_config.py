@@ -184,13 +184,18 @@ def check_plugin_tables(values: dict[str, Any]) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- merging and building
+#: pairs of settings of which a run takes one: a flag typed for one displaces the other from the file
+ALTERNATIVES = (("data", "cache"), ("max_steps", "epochs"))
+
+
 def merge(file_values: dict[str, Any], flag_values: dict[str, Any]) -> dict[str, Any]:
-    """Typed flags over the file. ``data`` and ``cache`` are alternatives: one typed as a flag displaces the other
-    from the file, and a cache without data (in either) means ``data = null``."""
+    """Typed flags over the file. Alternatives (``data`` / ``cache``, ``max_steps`` / ``epochs``): one typed as a
+    flag displaces the other from the file; a cache without data (in either) means ``data = null``."""
     values = dict(file_values)
-    for a, b in (("data", "cache"), ("cache", "data")):
-        if flag_values.get(a) is not None and b not in flag_values:
-            values.pop(b, None)
+    for pair in ALTERNATIVES:
+        for a, b in (pair, pair[::-1]):
+            if flag_values.get(a) is not None and b not in flag_values:
+                values.pop(b, None)
     values.update(flag_values)
     if values.get("cache") is not None and "data" not in values:
         values["data"] = None

@@ -114,6 +114,10 @@ def test_cache_flag_displaces_the_files_data(tmp_path):
     cfg = printed("--config", path, "--cache", tmp_path)
     assert cfg["cache"] == str(tmp_path) and cfg["data"] is None
     assert printed("--config", path)["data"] == "gsm8k"
+    if "epochs" in attrs.fields_dict(TrainConfig):  # the run length's alternatives behave the same way
+        path.write_text("drafter: peagle\nmax_steps: 9\n")
+        cfg = printed("--config", path, "--epochs", 2)
+        assert cfg["epochs"] == 2 and cfg["max_steps"] is None
 
 
 @pytest.mark.parametrize("text,needles", [
