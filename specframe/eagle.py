@@ -221,12 +221,14 @@ class PendingInputs:
 def shifted_supervision(loss_mask: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
     """Which of an EAGLE-family drafter's L - 1 positions carry a loss (DESIGN.md section 8 indexing).
 
-    Position i reads x_{i+1} and is charged with x_{i+2}: its bit is x_{i+2}'s loss-mask bit, and x_{i+2} must lie in
-    the same document as its input x_{i+1}. The last position has nothing to predict.
+    Position i reads x_{i+1} with feature g_i and is charged with x_{i+2}: its bit is x_{i+2}'s loss-mask bit, and
+    x_i, x_{i+1} and x_{i+2} must lie in one document (a packed sequence's first position of a document reads the
+    previous document's last feature: it is never charged, see ``specframe.elements.position_docs``). The last
+    position has nothing to predict.
     """
     lm = loss_mask.to(torch.bool)
     n = lm.shape[0] - 1
     sup = torch.zeros(max(n, 0), dtype=torch.bool)
     if n >= 2:
-        sup[: n - 1] = lm[2:] & (doc[2:] == doc[1:-1])
+        sup[: n - 1] = lm[2:] & (doc[2:] == doc[1:-1]) & (doc[1:-1] == doc[:-2])
     return sup

@@ -68,6 +68,29 @@ def full_grid(seq_len: int, max_depth: int, doc: torch.Tensor | None = None) -> 
     return ElementSet(anchor[keep], depth[keep], doc[anchor[keep]], seq_len, max_depth)
 
 
+def position_docs(doc: torch.Tensor, n: int) -> torch.Tensor:
+    """Document ids of a drafter's ``n`` own positions over ``L = len(doc)`` data tokens (packed sequences).
+
+    A drafter with shift ``s = L - n`` (EAGLE's is 1) reads data tokens i .. i + s at its position i (token x_{i+1}
+    with feature g_i). A position whose reads straddle a document boundary mixes two conversations, which training
+    on each conversation alone never does, so it gets a document of its own: nothing attends to it and it attends to
+    nothing else (``shifted_supervision`` never charges it). Ids are renumbered 0, 1, ... in order, so they stay
+    non-decreasing along the sequence.
+    """
+    length = int(doc.shape[0])
+    shift = length - n
+    if n < 0 or shift < 0:
+        raise ValueError(f"a drafter cannot have {n} positions over {length} data tokens")
+    if n == 0:
+        return doc[:0].long()
+    own = doc[shift:].long()
+    straddle = doc[:n] != own
+    label = own * 2 + straddle.long()
+    changed = torch.ones(n, dtype=torch.long)
+    changed[1:] = (label[1:] != label[:-1]).long()
+    return torch.cumsum(changed, 0) - 1
+
+
 def visible(query: ElementSet, key: ElementSet) -> torch.Tensor:
     """The reference visibility rule as a dense bool matrix [len(query), len(key)].
 

@@ -548,16 +548,18 @@ def skip_precheck() -> bool:
     return os.environ.get("SPECFRAME_SKIP_MEMORY_CHECK", "") not in ("", "0")
 
 
-def engine_guard(cfg: Any, target_config: Any) -> MemoryGuard | None:
+def engine_guard(cfg: Any, target_config: Any, sequences: int | None = None) -> MemoryGuard | None:
     """The training engine's memory budget: refuse a resolved ``TrainConfig`` whose estimate cannot fit
-    ``cfg.memory_budget`` (unless ``SPECFRAME_SKIP_MEMORY_CHECK`` is set), and return the in-run guard."""
+    ``cfg.memory_budget`` (unless ``SPECFRAME_SKIP_MEMORY_CHECK`` is set), and return the in-run guard.
+    ``sequences``: how many sequences' online features the run keeps in memory (default: from the config)."""
     if cfg.memory_budget is None:
         return None
     budget = parse_size(cfg.memory_budget)
     if not skip_precheck():
-        sequences = cfg.max_steps * cfg.batch_size
-        if cfg.max_examples is not None:
-            sequences = min(sequences, cfg.max_examples)
+        if sequences is None:
+            sequences = (cfg.max_steps or 1) * cfg.batch_size
+            if cfg.max_examples is not None:
+                sequences = min(sequences, cfg.max_examples)
         check_budget(MemoryConfig(
             drafter=cfg.drafter, target_config=target_config, seq_len=cfg.seq_len, depth=cfg.depth,
             mask_builder=cfg.mask_builder, partitioner=cfg.partitioner, partitions=cfg.partitions,

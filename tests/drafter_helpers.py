@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from specframe import api, plugins
-from specframe.elements import cod_sample, full_grid
+from specframe.elements import cod_sample, full_grid, position_docs
 from specframe.targets import load_target
 from tests.train_fixtures import build
 
@@ -68,13 +68,12 @@ def depth_of(drafter: api.Drafter) -> int:
 def elements(drafter: api.Drafter, example: api.TrainingExample, depth: int, seed: int = 0):
     """The engine's element rule: COD when the drafter's ``cod_ratio`` < 1, else the full grid."""
     sup = drafter.supervision(example)
-    n = sup.shape[0]
-    doc = example.doc[example.doc.shape[0] - n :]
+    doc = position_docs(example.doc, sup.shape[0])
     ratio = getattr(drafter.options, "cod_ratio", 1.0)
     if ratio < 1.0:
         g = torch.Generator().manual_seed(seed)
         return cod_sample(sup, depth, ratio, drafter.options.cod_min_ratio, generator=g, doc=doc), sup
-    return full_grid(n, depth, doc), sup
+    return full_grid(sup.shape[0], depth, doc), sup
 
 
 def accumulate(drafter, example, elems, sup, builder: str = "dense", partitioner: str = "none", parts: int = 1):

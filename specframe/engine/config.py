@@ -38,7 +38,10 @@ class TrainConfig:
     partitions: int = attrs.field(default=1, validator=_positive)
     #: peak-memory budget (a size string such as 8GiB): checked by the estimator before training, guarded after every step
     memory_budget: str | None = None
-    max_steps: int = attrs.field(default=30, validator=_positive)
+    #: run length: at most one of max_steps and epochs (neither: one epoch); epochs gives
+    #: ceil(epochs * train sequences / batch_size) steps
+    max_steps: int | None = attrs.field(default=None, validator=_positive)
+    epochs: float | None = attrs.field(default=None, validator=_positive)
     batch_size: int = attrs.field(default=2, validator=_positive)
     lr: float = attrs.field(default=3e-4, validator=_positive)
     warmup_steps: int | None = attrs.field(default=None, validator=attrs.validators.optional(_non_negative))
@@ -47,7 +50,14 @@ class TrainConfig:
     save_every: int = attrs.field(default=0, validator=_non_negative)
     eval_every: int = attrs.field(default=0, validator=_non_negative)
     val_examples: int = attrs.field(default=4, validator=_non_negative)
-    max_examples: int | None = attrs.field(default=200, validator=_positive)
+    #: conversations read from the data (None: all)
+    max_examples: int | None = attrs.field(default=None, validator=_positive)
+    #: pack short conversations into seq_len sequences (documents kept apart by the visibility rule)
+    pack: bool = True
+    #: a progress line every N steps when there is no progress bar (None: about 20 lines per run)
+    log_every: int | None = attrs.field(default=None, validator=_positive)
+    #: experiment trackers, a comma list of none / tensorboard / wandb (see specframe.engine.tracking)
+    report_to: str = attrs.field(default="none", validator=lambda i, a, v: _check_report_to(v))
     seed: int = attrs.field(default=0, validator=_non_negative)
     device: str = "cpu"
     drafter_options: dict[str, Any] = attrs.field(factory=dict)
@@ -57,6 +67,14 @@ class TrainConfig:
     def __attrs_post_init__(self) -> None:
         if (self.data is None) == (self.cache is None):
             raise UsageError("give exactly one of --data and --cache")
+        if self.max_steps is not None and self.epochs is not None:
+            raise UsageError("give at most one of --max-steps and --epochs (one of them decides the run's length)")
+
+
+def _check_report_to(value: Any) -> None:
+    from specframe.engine.tracking import parse_report_to
+
+    parse_report_to(value)
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)

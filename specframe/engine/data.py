@@ -2,16 +2,28 @@
 
 Both sources give the same thing: ``len(source)`` sequences, ``source.tokens(i)`` (a ``TrainingExample`` without
 features, for vocabulary and mask-token choices) and ``source.example(i)`` (with the features the drafter declared:
-``aux_hidden`` [L, n_aux * H], ``final_hidden`` [L, H], float32). Sequences longer than ``--seq-len`` are truncated.
+``aux_hidden`` [L, n_aux * H], ``final_hidden`` [L, H], float32). A conversation longer than ``--seq-len`` is
+truncated to it.
+
+Packing (the default; ``--no-pack`` gives one conversation per sequence): conversations are packed greedily in data
+order, each joining the current sequence while it fits in ``--seq-len`` and starting the next one otherwise, so the
+result is deterministic and keeps every token of every (truncated) conversation exactly once. ``doc`` numbers the
+conversations of a sequence 0, 1, ...: the visibility rule never lets one attend to another, and the target computes
+each conversation's features on that conversation alone (they are concatenated afterwards), so a packed sequence
+trains exactly as its conversations would alone.
 
 Online: conversations come from ``specframe.data`` (``--data``: a built-in name, a file or a hub id), are rendered
 through the target's chat template with assistant-only loss masks, and the target computes features on first use
-(``specframe.features.capture_features``); they are kept in memory, so each sequence costs one target forward per run.
-Cache: ``specframe.cache.FeatureCache`` written by ``specframe prepare`` for the same target and aux layers.
+(``specframe.features.capture_features``). They are kept in memory for the sequences ``keep_features`` names (all
+by default: the engine names every sequence when the run visits them more than once, else only the validation
+ones), so each kept sequence costs one target forward per run.
+Cache: ``specframe.cache.FeatureCache`` written by ``specframe prepare`` for the same target and aux layers; a packed
+sequence concatenates its conversations' cached features.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -25,22 +37,39 @@ def _usable(ids: torch.Tensor, mask: torch.Tensor) -> bool:
     return ids.numel() >= 3 and bool(mask[2:].any())
 
 
-class OnlineSource:
-    def __init__(self, spec: str, target: Any, feature_spec: Any, seq_len: int, limit: int | None) -> None:
-        from specframe.data.chat import EncodeStats, encode_dataset
-        from specframe.data.sources import load_data
+def pack(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
+    """Greedy packing in data order: the indices of ``lengths`` (each at most ``seq_len``) grouped into sequences,
+    each item joining the current group while the group's total stays within ``seq_len``."""
+    groups: list[list[int]] = []
+    used = seq_len + 1
+    for i, n in enumerate(lengths):
+        if n > seq_len:
+            raise ValueError(f"item {i} has {n} tokens, more than seq_len {seq_len}")
+        if used + n > seq_len:
+            groups.append([])
+            used = 0
+        groups[-1].append(i)
+        used += n
+    return groups
 
-        self.target = target
-        self.feature_spec = feature_spec
-        self.stats = EncodeStats()
+
+class _Sequences:
+    """Conversations (already truncated and usable) grouped into training sequences, features concatenated."""
+
+    def __init__(self, conversations: list[api.TrainingExample], seq_len: int, packed: bool,
+                 features: Callable[[int], dict[str, torch.Tensor]]) -> None:
+        self.conversations = conversations
+        lengths = [int(c.input_ids.shape[0]) for c in conversations]
+        self.groups = pack(lengths, seq_len) if packed else [[i] for i in range(len(conversations))]
+        self._features = features
         self._tokens: list[api.TrainingExample] = []
-        for enc in encode_dataset(target.tokenizer, load_data(spec, limit=limit), stats=self.stats):
-            ids = torch.tensor(enc.input_ids[:seq_len], dtype=torch.long)
-            mask = torch.tensor(enc.loss_mask[:seq_len], dtype=torch.bool)
-            if _usable(ids, mask):
-                self._tokens.append(api.TrainingExample(ids, mask, torch.zeros_like(ids)))
-        if not self._tokens:
-            raise SpecframeError(f"data '{spec}' has no conversation with assistant tokens within --seq-len {seq_len}")
+        for group in self.groups:
+            parts = [conversations[j] for j in group]
+            doc = torch.repeat_interleave(torch.arange(len(parts)), torch.tensor([lengths[j] for j in group]))
+            self._tokens.append(api.TrainingExample(
+                torch.cat([p.input_ids for p in parts]), torch.cat([p.loss_mask for p in parts]), doc,
+            ))
+        self._keep: set[int] | None = None
         self._memo: dict[int, dict[str, torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -49,23 +78,58 @@ class OnlineSource:
     def tokens(self, i: int) -> api.TrainingExample:
         return self._tokens[i]
 
+    def keep_features(self, ids: Iterable[int] | None) -> None:
+        """Keep the features of these sequences in memory once computed (None: all of them)."""
+        self._keep = None if ids is None else set(ids)
+        self._memo = {i: f for i, f in self._memo.items() if self._keep is None or i in self._keep}
+
     def example(self, i: int) -> api.TrainingExample:
+        ex = self._tokens[i]
+        feats = self._memo.get(i)
+        if feats is None:
+            per = [self._features(j) for j in self.groups[i]]
+            feats = {key: torch.cat([f[key] for f in per]) for key in per[0]} if len(per) > 1 else per[0]
+            if self._keep is None or i in self._keep:
+                self._memo[i] = feats
+        return api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc, feats)
+
+
+class OnlineSource(_Sequences):
+    def __init__(self, spec: str, target: Any, feature_spec: Any, seq_len: int, limit: int | None,
+                 pack: bool = True) -> None:
+        from specframe.data.chat import EncodeStats, encode_dataset
+        from specframe.data.sources import load_data
+
+        self.target = target
+        self.feature_spec = feature_spec
+        self.stats = EncodeStats()
+        conversations: list[api.TrainingExample] = []
+        for enc in encode_dataset(target.tokenizer, load_data(spec, limit=limit), stats=self.stats):
+            ids = torch.tensor(enc.input_ids[:seq_len], dtype=torch.long)
+            mask = torch.tensor(enc.loss_mask[:seq_len], dtype=torch.bool)
+            if _usable(ids, mask):
+                conversations.append(api.TrainingExample(ids, mask, torch.zeros_like(ids)))
+        if not conversations:
+            raise SpecframeError(f"data '{spec}' has no conversation with assistant tokens within --seq-len {seq_len}")
+        super().__init__(conversations, seq_len, pack, self._conversation_features)
+
+    def _conversation_features(self, j: int) -> dict[str, torch.Tensor]:
         from specframe.features import capture_features
 
-        ex = self._tokens[i]
-        if i not in self._memo:
-            f = capture_features(self.target, ex.input_ids[None], self.feature_spec, dtype=torch.float32)
-            feats = {}
-            if f.aux is not None:
-                feats["aux_hidden"] = f.aux[0]
-            if f.final is not None:
-                feats["final_hidden"] = f.final[0]
-            self._memo[i] = feats
-        return api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc, self._memo[i])
+        # one conversation per forward: the target never attends across the documents of a packed sequence
+        f = capture_features(self.target, self.conversations[j].input_ids[None], self.feature_spec,
+                             dtype=torch.float32)
+        feats = {}
+        if f.aux is not None:
+            feats["aux_hidden"] = f.aux[0]
+        if f.final is not None:
+            feats["final_hidden"] = f.final[0]
+        return feats
 
 
-class CacheSource:
-    def __init__(self, path: str, target: Any, feature_spec: Any, seq_len: int, limit: int | None) -> None:
+class CacheSource(_Sequences):
+    def __init__(self, path: str, target: Any, feature_spec: Any, seq_len: int, limit: int | None,
+                 pack: bool = True) -> None:
         from specframe.cache import FeatureCache
 
         self.cache = FeatureCache(path, target=target)
@@ -78,28 +142,23 @@ class CacheSource:
         self.seq_len = seq_len
         n = len(self.cache) if limit is None else min(limit, len(self.cache))
         self._index = []
-        self._tokens: list[api.TrainingExample] = []
+        conversations: list[api.TrainingExample] = []
         for i in range(n):
             e = self.cache[i]
             ids, mask = e.tokens[:seq_len].long(), e.loss_mask[:seq_len].bool()
             if _usable(ids, mask):
                 self._index.append(i)
-                self._tokens.append(api.TrainingExample(ids, mask, torch.zeros_like(ids)))
-        if not self._tokens:
+                conversations.append(api.TrainingExample(ids, mask, torch.zeros_like(ids)))
+        if not conversations:
             raise SpecframeError(f"feature cache {path} has no sequence with assistant tokens within --seq-len")
+        super().__init__(conversations, seq_len, pack, self._conversation_features)
+        self.keep_features(())  # the cache is the store: nothing is kept in memory
 
-    def __len__(self) -> int:
-        return len(self._tokens)
-
-    def tokens(self, i: int) -> api.TrainingExample:
-        return self._tokens[i]
-
-    def example(self, i: int) -> api.TrainingExample:
-        e = self.cache[self._index[i]]
-        ex = self._tokens[i]
+    def _conversation_features(self, j: int) -> dict[str, torch.Tensor]:
+        e = self.cache[self._index[j]]
         feats = {}
         if e.aux_hidden is not None:
             feats["aux_hidden"] = e.aux_hidden[: self.seq_len].float()
         if e.final_hidden is not None:
             feats["final_hidden"] = e.final_hidden[: self.seq_len].float()
-        return api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc, feats)
+        return feats

@@ -8,6 +8,10 @@ once; gradients are then summed across ranks. One rank and two, S = 1 and S = 4 
 
 Data order is a seeded permutation per epoch and COD draws from a generator seeded by (seed, step, slot), so a resumed
 run sees exactly the sequences and elements the uninterrupted run would have.
+
+Run length: ``--max-steps`` steps, or with ``--epochs E`` ceil(E * train sequences / batch size) steps (one epoch
+when neither is given); the train sequences are counted after packing, so the same data, ``--seq-len`` and
+``--pack`` give the same length (and learning-rate schedule) to a resumed run.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import attrs
 import torch
 
 from specframe import api, memory, plugins
-from specframe.elements import full_grid
-from specframe.engine import checkpoint, validate
+from specframe.elements import full_grid, position_docs
+from specframe.engine import checkpoint, tracking, validate
 from specframe.engine.config import TrainConfig, structure_options, to_dict
 from specframe.engine.data import CacheSource, OnlineSource
 from specframe.errors import SpecframeError, UsageError
@@ -107,6 +111,10 @@ class Trainer:
         memory.pin_mmap_threshold()
         self.dist = _Dist()
         self.out = Path(cfg.output)
+        # a tracker whose library is missing is refused before anything is written
+        self.report_to = tracking.parse_report_to(cfg.report_to)
+        tracking.check_available(self.report_to)
+        self.trackers: tracking.Tracker | None = None
         self.resume_from = self._check_output(resume)
         created = not self.out.exists()
         self.lock = checkpoint.OutputLock(self.out) if self.dist.rank == 0 else None
@@ -171,28 +179,34 @@ class Trainer:
             mask_builder_options=_unstructure(self.builder.options),
             partitioner_options=_unstructure(self.partitioner.options),
         )
-        from specframe.memory import engine_guard
-
-        # refuse a configuration that cannot fit --memory-budget before any data is read or file written
-        self.memory_guard = engine_guard(self.resolved, target.config)
-
         spec = self.drafter.feature_spec()
         if cfg.cache is not None:
-            self.source: Any = CacheSource(cfg.cache, target, spec, cfg.seq_len, cfg.max_examples)
+            self.source: Any = CacheSource(cfg.cache, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack)
         else:
-            self.source = OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples)
+            self.source = OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack)
         n = len(self.source)
         n_val = min(cfg.val_examples, n - 1)
         self.train_ids = list(range(n - n_val))
         self.val_ids = list(range(n - n_val, n))
+        self.total_steps = resolve_steps(cfg, len(self.train_ids))
+        # online features stay in memory only when a training sequence is visited more than once (validation ones
+        # are visited at every evaluation); one epoch or less computes each on use and lets it go
+        repeated = self.total_steps * cfg.batch_size > len(self.train_ids)
+        if cfg.cache is None:
+            self.source.keep_features(None if repeated else self.val_ids)
+        kept = (len(self.train_ids) if repeated else min(cfg.batch_size, len(self.train_ids))) + len(self.val_ids)
+        from specframe.memory import engine_guard
+
+        # refuse a configuration that cannot fit --memory-budget before any feature is computed or file written
+        self.memory_guard = engine_guard(self.resolved, target.config, sequences=kept)
         self.drafter.prepare(target, [self.source.tokens(i) for i in self.train_ids])
         module = self.drafter.module().to(cfg.device)
         self.params = [p for p in module.parameters() if p.requires_grad]
         if not self.params:
             raise UsageError(f"drafter '{cfg.drafter}' has no trainable parameters: there is nothing to train")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.max_steps // 10)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, cfg.max_steps))
+        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, self.total_steps // 10)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, self.total_steps))
         self.step = 0
         self.tokens_seen = 0  # training tokens (all ranks) so far: the drafter's token budget, kept across resumes
         if self.resume_from is not None:
@@ -204,7 +218,8 @@ class Trainer:
         if self.dist.rank == 0:
             self._trim_metrics()
             checkpoint.atomic_write_text(self.out / "config.json", json.dumps(self.config_dict(), indent=1))
-        self.tb = _tensorboard(self.out) if self.dist.rank == 0 else None
+        if self.dist.rank == 0 and self.report_to:
+            self.trackers = tracking.open_trackers(self.report_to, self.out, self.config_dict(), self.step)
 
     def config_dict(self) -> dict[str, Any]:
         d = to_dict(self.resolved)
@@ -214,6 +229,8 @@ class Trainer:
         d["target_weights_hash"] = getattr(self.target, "weights_hash", None)
         d["train_sequences"] = len(self.train_ids)
         d["val_sequences"] = len(self.val_ids)
+        d["conversations"] = len(self.source.conversations)
+        d["steps"] = self.total_steps
         return d
 
     def _trim_metrics(self) -> None:
@@ -227,8 +244,9 @@ class Trainer:
         checkpoint.atomic_write_text(self.metrics_path, "".join(k + "\n" for k in keep))
 
     def close(self) -> None:
-        if getattr(self, "tb", None) is not None:
-            self.tb.close()
+        if getattr(self, "trackers", None) is not None:
+            self.trackers.close()
+            self.trackers = None
         if self.lock is not None:
             self.lock.release()
 
@@ -236,8 +254,9 @@ class Trainer:
     def elements(self, example: api.TrainingExample, generator: torch.Generator | None) -> tuple[Any, torch.Tensor]:
         sup = self.drafter.supervision(example).to(torch.bool)
         n = sup.shape[0]
-        # the drafter's positions are the last n data positions (EAGLE's shift drops the first)
-        doc = example.doc[example.doc.shape[0] - n :]
+        # the drafter's positions are the last n data positions (EAGLE's shift drops the first); in a packed
+        # sequence a position that straddles two documents gets one of its own
+        doc = position_docs(example.doc, n)
         ratio = getattr(self.drafter.options, "cod_ratio", None)
         if ratio is not None and ratio < 1.0 and generator is not None:
             from specframe.elements import cod_sample
@@ -286,14 +305,17 @@ class Trainer:
             work.append((example, elems, segs, sup))
         count = self.dist.sum_(torch.tensor([float(local_count), float(local_tokens)]))
         global_count, global_tokens = float(count[0].item()), int(count[1].item())
-        loss_sum = torch.zeros(1)
+        # one all-reduce for the loss and the per-depth top-1 hits / counts: [loss, correct x K, total x K]
+        stats = torch.zeros(1 + 2 * self.depth)
         self.optimizer.zero_grad(set_to_none=True)
         if global_count > 0:
             for example, elems, segs, sup in work:
                 for seg in segs:
                     terms = self._segment_loss(example, elems, seg, sup, training=True)
                     (terms.loss_sum / global_count).backward()
-                    loss_sum += terms.loss_sum.detach().float()
+                    stats[0] += terms.loss_sum.detach().float().reshape(())
+                    stats[1 : 1 + self.depth] += terms.correct.float().cpu()
+                    stats[1 + self.depth :] += terms.total.float().cpu()
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -303,7 +325,9 @@ class Trainer:
             for p in self.params:
                 p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
                 offset += p.numel()
-        self.dist.sum_(loss_sum)
+        self.dist.sum_(stats)
+        loss_sum = stats[:1]
+        correct, total = stats[1 : 1 + self.depth], stats[1 + self.depth :]
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         lr = self.scheduler.get_last_lr()[0]
         if global_count > 0:
@@ -314,15 +338,21 @@ class Trainer:
         self.step += 1
         self.tokens_seen += global_tokens
         loss = float(loss_sum.item() / global_count) if global_count > 0 else None
-        # tokens and seconds per step let a benchmark compute training throughput without eval or checkpoint time
+        seconds = time.perf_counter() - started
+        # tokens and seconds per step let a benchmark compute training throughput without eval or checkpoint time;
+        # train_accuracy: per-depth top-1 agreement with the target over the draft vocabulary (training mode)
         return {"step": self.step, "train_loss": loss, "elements": int(global_count), "tokens": global_tokens,
-                "lr": lr, "grad_norm": float(grad_norm), "step_seconds": time.perf_counter() - started}
+                "lr": lr, "grad_norm": float(grad_norm), "step_seconds": seconds,
+                "tokens_per_second": global_tokens / seconds if seconds > 0 else None,
+                "train_accuracy": [float(c / t) if t > 0 else 0.0 for c, t in zip(correct, total, strict=True)]}
 
     def guarded_step(self) -> dict[str, Any]:
         """``train_step`` under the memory budget: the hard ceiling during the step, the measured peak after it
         (``MemoryBudgetExceeded`` either way, before anything is saved, so the last checkpoint stays)."""
         if self.memory_guard is None:
-            return self.train_step()
+            entry = self.train_step()
+            entry["peak_memory_bytes"] = memory.peak_bytes(self.cfg.device)
+            return entry
         with self.memory_guard.ceiling(self.step + 1):
             entry = self.train_step()
         entry["peak_memory_bytes"] = self.memory_guard.check(self.step, self.dist.sum_)
@@ -416,38 +446,39 @@ class Trainer:
         entry = {"time": time.time(), **entry}
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
-        if self.tb is not None:
-            for key, value in entry.items():
-                if key in ("step", "time") or value is None:
-                    continue
-                if isinstance(value, list):
-                    for d, v in enumerate(value):
-                        self.tb.add_scalar(f"{key}/depth{d}", v, entry["step"])
-                else:
-                    self.tb.add_scalar(key, value, entry["step"])
+        if self.trackers is not None:
+            self.trackers.log(entry, entry["step"])
 
-    def run(self, progress: bool = True) -> TrainResult:
-        cfg = self.cfg
+    def run(self, progress: bool = True, log_lines: Callable[[str], None] | None = None) -> TrainResult:
+        """Train to the end. ``progress``: a rich progress bar; ``log_lines``: where to send a plain progress line
+        every ``--log-every`` steps (for logs and pipes; the CLI uses it when stdout is not a terminal)."""
+        cfg, total = self.cfg, self.total_steps
         history: list[dict[str, Any]] = []
         last_eval = None
         last_ckpt = checkpoint.resolve(self.out) if checkpoint.has_checkpoint(self.out) else None
         bar = _progress(progress and self.dist.rank == 0)
+        lines = ProgressLines(log_lines if self.dist.rank == 0 else None, total, self.step,
+                              cfg.log_every or max(1, math.ceil(total / 20)))
+        lines.start(self)
         with bar:
-            task = bar.add_task("training", total=cfg.max_steps, completed=self.step)
-            while self.step < cfg.max_steps:
+            task = bar.add_task("training", total=total, completed=self.step)
+            while self.step < total:
                 entry = self.guarded_step()
                 self.record(entry)
                 history.append(entry)
                 bar.update(task, completed=self.step, description=f"loss {entry['train_loss'] or 0:.4f}")
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
+                lines.step(entry)
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < total:
                     last_eval = self.evaluate()
                     if last_eval:
                         self.record(last_eval)
-                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.max_steps:
+                        lines.evaluation(last_eval)
+                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < total:
                     last_ckpt = self.save()
         final_eval = self.evaluate()
         if final_eval:
             self.record(final_eval)
+            lines.evaluation(final_eval)
             last_eval = final_eval
         if last_ckpt is None or last_ckpt.name != checkpoint.step_name(self.step):
             last_ckpt = self.save()
@@ -461,12 +492,67 @@ def _unstructure(options: Any) -> dict[str, Any]:
     return cattrs.unstructure(options)
 
 
-def _tensorboard(out: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional: metrics.jsonl always has everything
-        return None
-    return SummaryWriter(str(out / "tensorboard"))
+def resolve_steps(cfg: TrainConfig, train_sequences: int) -> int:
+    """The run's optimizer steps: ``max_steps``, else ceil(epochs * train sequences / batch size), epochs 1 when
+    neither is set (``TrainConfig`` refuses both)."""
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    epochs = cfg.epochs if cfg.epochs is not None else 1.0
+    # the epsilon keeps a float product such as 0.1 * 30 = 3.0000000000000004 from adding a step
+    return max(1, math.ceil(epochs * train_sequences / cfg.batch_size - 1e-9))
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+class ProgressLines:
+    """Plain progress lines (no terminal needed): one every ``every`` steps and at the last step, with the loss,
+    the training throughput since the previous line and the time left at the run's average pace so far."""
+
+    def __init__(self, emit: Callable[[str], None] | None, total: int, first_step: int, every: int) -> None:
+        self.emit, self.total, self.every = emit, total, every
+        self.first_step = first_step
+        self.started = self.last_time = time.perf_counter()
+        self.tokens = 0
+
+    def start(self, trainer: Trainer) -> None:
+        if self.emit is None:
+            return
+        packed = "packed into" if trainer.cfg.pack else "as"
+        resumed = f", resuming at step {self.first_step}" if self.first_step else ""
+        self.emit(
+            f"training {self.total} steps of {trainer.cfg.batch_size} sequences: {len(trainer.source.conversations)} "
+            f"conversations {packed} {len(trainer.train_ids)} training + {len(trainer.val_ids)} validation "
+            f"sequences of at most {trainer.cfg.seq_len} tokens{resumed}"
+        )
+
+    def step(self, entry: dict[str, Any]) -> None:
+        if self.emit is None:
+            return
+        self.tokens += int(entry.get("tokens") or 0)
+        step = int(entry["step"])
+        if step % self.every and step != self.total:
+            return
+        now = time.perf_counter()
+        rate = self.tokens / max(now - self.last_time, 1e-9)
+        done = step - self.first_step
+        eta = (now - self.started) / max(done, 1) * (self.total - step)
+        loss = entry.get("train_loss")
+        self.emit(
+            f"step {step}/{self.total}  loss {'n/a' if loss is None else f'{loss:.4f}'}  {rate:,.0f} tokens/s  "
+            f"elapsed {_duration(now - self.started)}  ETA {_duration(eta)}"
+        )
+        self.last_time, self.tokens = now, 0
+
+    def evaluation(self, ev: dict[str, Any]) -> None:
+        if self.emit is None:
+            return
+        accs = " ".join(f"{a:.3f}" for a in ev["val_accuracy"])
+        self.emit(f"eval step {ev['step']}  val loss {ev['val_loss']:.4f}  top-1 by depth {accs}  "
+                  f"expected AL {ev['val_expected_al']:.3f}")
 
 
 def _progress(enabled: bool) -> Any:
@@ -477,10 +563,14 @@ def _progress(enabled: bool) -> Any:
     )
 
 
-def train(cfg: TrainConfig, *, resume: str | None = None, target: Any = None, progress: bool = True) -> TrainResult:
-    """Train (or, with ``resume``, continue) a drafter as ``cfg`` says; returns where the last checkpoint is."""
+def train(
+    cfg: TrainConfig, *, resume: str | None = None, target: Any = None, progress: bool = True,
+    log_lines: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Train (or, with ``resume``, continue) a drafter as ``cfg`` says; returns where the last checkpoint is.
+    ``log_lines`` receives a plain progress line every ``cfg.log_every`` steps (see ``Trainer.run``)."""
     trainer = Trainer(cfg, resume=resume, target=target)
     try:
-        return trainer.run(progress=progress)
+        return trainer.run(progress=progress, log_lines=log_lines)
     finally:
         trainer.close()
