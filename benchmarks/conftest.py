@@ -43,3 +43,10 @@ def workspace(request) -> Workspace:
 def trained(workspace):
     """Every drafter of the preset trained (or reused) under the same budget: name -> record (``harness.trained``)."""
     return {name: workspace.trained(name) for name in workspace.preset.drafters}
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """pytest-benchmark's own JSON names files relative to the repository, as results files do (portable)."""
+    from specframe.results import portable
+
+    output_json.update(portable(dict(output_json), ROOT))

@@ -151,17 +151,26 @@ class Workspace:
 
 
 def training_figures(out: Path) -> dict[str, Any]:
-    """Throughput from the per-step log (eval and checkpoint time excluded) and the final evaluation."""
+    """Throughput from the per-step log (eval and checkpoint time excluded), the final evaluation, and the learning
+    curve: validation AL at every evaluation against the training tokens seen by then."""
     steps: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
     final_eval = None
     for line in (out / "metrics.jsonl").read_text().splitlines():
         entry = json.loads(line)
         if "val_loss" in entry:
             final_eval = entry
+            evals[int(entry["step"])] = entry
         elif "train_loss" in entry:
             steps[int(entry["step"])] = entry  # a resumed run rewrites the steps after its checkpoint
     entries = [steps[k] for k in sorted(steps)]
     tokens = sum(int(e.get("tokens", 0)) for e in entries)
+    seen, curve = 0, []
+    by_step = {k: int(steps[k].get("tokens", 0)) for k in steps}
+    for step in sorted(evals):
+        seen = sum(t for k, t in by_step.items() if k <= step)
+        curve.append({"step": step, "train_tokens": seen, "val_expected_al": evals[step].get("val_expected_al"),
+                      "val_loss": evals[step].get("val_loss")})
     seconds = sum(float(e.get("step_seconds", 0.0)) for e in entries)
     return {
         "steps": len(entries),
@@ -174,6 +183,10 @@ def training_figures(out: Path) -> dict[str, Any]:
         "val_loss": final_eval and final_eval["val_loss"],
         "val_accuracy": final_eval and final_eval["val_accuracy"],
         "val_expected_al": final_eval and final_eval["val_expected_al"],
+        # how val_expected_al was measured: "chain" (mean accepted chain) or "per-depth product" (older estimate)
+        "val_expected_al_method": (final_eval or {}).get("val_expected_al_method", "per-depth product"),
+        "val_product_al": (final_eval or {}).get("val_product_al"),
+        "learning_curve": curve,
     }
 
 

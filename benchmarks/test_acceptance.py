@@ -37,11 +37,15 @@ def setup(workspace, trained):
 
 
 def _methods(target, runs, ks, tree: TreeShape | None):
+    """n-gram at K 5, every drafter at each chain K, and the tree only for drafters that build trees
+    (``Drafter.builds_trees``): the others' ``propose_tree`` is their chain, which the K rows already measure."""
+    from specframe import plugins
+
     methods = [bench.plugin_method("ngram", target.config, k=5, label="ngram/k5")]
     for name, run in runs.items():
         for k in ks:
             methods.append(bench.checkpoint_method(run, target.config, k=k, label=f"{name}/k{k}"))
-        if tree is not None:
+        if tree is not None and plugins.get("drafter", name).builds_trees:
             methods.append(bench.checkpoint_method(run, target.config, tree=tree, label=f"{name}/tree"))
     return methods
 
@@ -116,6 +120,8 @@ def test_speed_ratios(benchmark, workspace, setup):
         "acceptance_length": {k: v["acceptance_length"] for k, v in summary["methods"].items()},
         "draft_seconds_per_round": {k: v["draft_seconds_per_round"] for k, v in summary["methods"].items()},
         "target_seconds_per_forward": summary["target_seconds_per_forward"],
+        "round_cost_ratio": {k: v.get("round_cost_ratio") for k, v in summary["methods"].items() if k != "plain"},
+        "speed_flags": {k: v.get("speed_flags") for k, v in summary["methods"].items() if v.get("speed_flags")},
         "ratios": summary["ratios"],
     })
     print("\nspeedup over plain: " + ", ".join(

@@ -8,7 +8,13 @@ per repeat), so a machine slowing down mid-run slows every method alike. From th
   drafter's own cost per round (wall time inside ``propose`` / ``propose_tree`` / ``accept``, measured separately);
 - speedup over plain decoding and ratios between methods: one ratio per repeat (OTPS pooled over the prompts of
   that repeat), summarised by the geometric mean with a 95% Student-t interval on the log ratios;
-- ``lossless``: under a greedy verifier every method must emit plain decoding's tokens, prompt for prompt.
+- ``lossless``: under a greedy verifier every method must emit plain decoding's tokens, prompt for prompt;
+- what the speed is made of: R, a speculative round's wall time over one plain decoding step (``round_cost_ratio``),
+  and the break-even AL (``break_even_al``, = R: speedup ~ AL / R, so a drafter wins only where its AL exceeds R);
+- plausibility: a repeat whose speedup exceeds the physical bound (AL x 1.05: a round costs at least one target
+  forward) or lies more than 2x off the repeats' median is flagged and that repeat is measured again, at most
+  ``MAX_REMEASURE`` times; a ratio still flagged after that is left out of the reported speedup and listed in
+  ``speed_flags`` (never reported as a result).
 
 Evaluation protocol (DESIGN.md section 8): prompts through the target's chat template; every user turn is a prompt,
 a later turn asked after the target's own (plain-decoded) answer to the earlier ones, so MT-Bench gives two prompts
@@ -45,6 +51,44 @@ _T975 = {
 
 def t975(df: int) -> float:
     return _T975.get(df, 1.96)
+
+
+#: a speculative round costs at least one target forward, so speedup <= AL; measured ratios above AL x this are noise
+PHYSICAL_SLACK = 1.05
+#: a repeat whose ratio is more than this factor off the median of the repeats is an outlier
+OUTLIER_FACTOR = 2.0
+#: how many times flagged repeats are measured again before the flags are reported instead
+MAX_REMEASURE = 2
+
+
+def speed_flags(ratios: Sequence[float], acceptance_lengths: Sequence[float], *, slack: float = PHYSICAL_SLACK,
+                outlier: float = OUTLIER_FACTOR) -> list[dict[str, Any]]:
+    """The repeats whose speedup cannot be trusted: above the physical bound (ratio > AL x ``slack``, AL of that
+    repeat) or more than ``outlier`` x off the median ratio. One entry per flagged repeat: repeat, ratio, reasons."""
+    finite = [r for r in ratios if isinstance(r, int | float) and math.isfinite(r) and r > 0]
+    median = statistics.median(finite) if finite else float("nan")
+    flags = []
+    for i, (ratio, al) in enumerate(zip(ratios, acceptance_lengths, strict=True)):
+        reasons = []
+        if not (isinstance(ratio, int | float) and math.isfinite(ratio) and ratio > 0):
+            reasons.append("not a positive finite ratio")
+        else:
+            if isinstance(al, int | float) and math.isfinite(al) and ratio > al * slack:
+                reasons.append(f"above the physical bound (speedup {ratio:.3f} > AL {al:.3f} x {slack})")
+            if median > 0 and not 1 / outlier <= ratio / median <= outlier:
+                reasons.append(f"more than {outlier:g}x off the median ({ratio:.3f} against {median:.3f})")
+        if reasons:
+            flags.append({"repeat": i, "ratio": ratio, "reasons": reasons})
+    return flags
+
+
+def round_cost(spec: AggregateMetrics, plain: AggregateMetrics) -> dict[str, float | None]:
+    """R = a speculative round's decode time over a plain step's (both per target forward), and the break-even AL
+    it implies (R itself: speedup ~ AL / R)."""
+    if not (spec.forwards and plain.forwards and spec.decode_seconds > 0 and plain.decode_seconds > 0):
+        return {"round_cost_ratio": None, "break_even_al": None}
+    r = (spec.decode_seconds / spec.forwards) / (plain.decode_seconds / plain.forwards)
+    return {"round_cost_ratio": r, "break_even_al": r}
 
 
 # ------------------------------------------------------------------------------------------------------- prompts
@@ -142,6 +186,19 @@ class Method:
         return self.tree.depth if self.tree is not None else self.k
 
 
+def builds_trees(drafter: api.Drafter | None) -> bool:
+    """Whether the drafter's ``propose_tree`` builds a real tree (``Drafter.builds_trees``)."""
+    return bool(getattr(drafter, "builds_trees", False))
+
+
+def _shape(drafter: api.Drafter, k: int, tree: TreeShape | None) -> tuple[int, TreeShape | None]:
+    """(k, tree) a method really decodes with: a drafter that does not build trees drafts its chain of the tree's
+    depth (what its ``propose_tree`` falls back to), so it is measured and labelled as that chain, never as a tree."""
+    if tree is not None and not builds_trees(drafter):
+        return tree.depth, None
+    return k, tree
+
+
 def default_k(drafter: api.Drafter, fallback: int = 5) -> int:
     """The drafter's own inference depth (``k_infer`` where it has one)."""
     return int(getattr(drafter.options, "k_infer", fallback) or fallback)
@@ -178,6 +235,7 @@ def checkpoint_method(path: str | Path, target_config: Any, *, k: int | None = N
     k = default_k(drafter) if k is None else k
     if k < 1:
         raise UsageError(f"--k must be positive, got {k}")
+    k, tree = _shape(drafter, k, tree)
     return Method(
         label=label or drafter.name, drafter=drafter, k=k, tree=tree, checkpoint=str(directory),
         checkpoint_hash=file_hash(directory), token_budget=token_budget(directory),
@@ -192,6 +250,7 @@ def plugin_method(name: str, target_config: Any, *, k: int = 5, tree: TreeShape 
     if k < 1:
         raise UsageError(f"--k must be positive, got {k}")
     drafter = plugins.get("drafter", name)(target_config)
+    k, tree = _shape(drafter, k, tree)
     return Method(label=label or name, drafter=drafter, k=k, tree=tree)
 
 
@@ -305,12 +364,14 @@ class Record:
 
 @attrs.define
 class Comparison:
-    """Everything one interleaved run measured; ``methods[0]`` is plain decoding."""
+    """Everything one interleaved run measured; ``methods[0]`` is plain decoding. ``remeasured``: how many repeats
+    were measured again because a ratio was flagged (``speed_flags``)."""
 
     methods: list[Method]
     records: dict[str, list[Record]]
     repeats: int
     greedy: bool
+    remeasured: int = 0
 
     def by_repeat(self, label: str, repeat: int) -> list[Record]:
         return [r for r in self.records[label] if r.repeat == repeat]
@@ -326,9 +387,21 @@ class Comparison:
     def otps_by_repeat(self, label: str) -> list[float]:
         return [aggregate([r.metrics for r in self.by_repeat(label, i)], 0).otps for i in range(self.repeats)]
 
-    def ratio(self, label: str, over: str = PLAIN) -> Interval:
-        """OTPS(label) / OTPS(over), one ratio per repeat."""
-        return Interval.of([a / b for a, b in zip(self.otps_by_repeat(label), self.otps_by_repeat(over))])
+    def ratio(self, label: str, over: str = PLAIN, exclude: Sequence[int] = ()) -> Interval:
+        """OTPS(label) / OTPS(over), one ratio per repeat (``exclude``: repeats left out)."""
+        pairs = zip(self.otps_by_repeat(label), self.otps_by_repeat(over))
+        return Interval.of([a / b for i, (a, b) in enumerate(pairs) if i not in exclude])
+
+    def al_by_repeat(self, label: str) -> list[float]:
+        return [aggregate([r.metrics for r in self.by_repeat(label, i)], 0).acceptance_length
+                for i in range(self.repeats)]
+
+    def flags(self, label: str) -> list[dict[str, Any]]:
+        """``speed_flags`` of ``label``'s speedup over plain decoding, repeat by repeat."""
+        return speed_flags(self.ratio(label).values, self.al_by_repeat(label))
+
+    def flagged_repeats(self) -> list[int]:
+        return sorted({f["repeat"] for m in self.methods if m.label != PLAIN for f in self.flags(m.label)})
 
     def draft_seconds_per_round(self, label: str) -> float | None:
         """The drafter's decode-phase time per drafting round (None for plain decoding)."""
@@ -358,12 +431,21 @@ class Comparison:
                 "k": m.k if m.drafter is not None else 0,
                 "tree": attrs.asdict(m.tree) if m.tree is not None else None,
                 "drafter": getattr(m.drafter, "name", None),
+                "builds_trees": builds_trees(m.drafter) if m.drafter is not None else None,
                 "checkpoint": m.checkpoint,
                 "draft_seconds_per_round": self.draft_seconds_per_round(m.label),
                 "otps_by_repeat": self.otps_by_repeat(m.label),
             }
             if m.label != PLAIN:
-                entry["speedup_interval"] = self.ratio(m.label).as_dict()
+                entry.update(round_cost(agg, self.aggregate(PLAIN)))
+                flags = self.flags(m.label)
+                excluded = sorted({f["repeat"] for f in flags})
+                entry["speed_flags"] = flags
+                if excluded:  # a flagged ratio is never reported as a result
+                    entry["speedup_excluded_repeats"] = excluded
+                    kept = [i for i in range(self.repeats) if i not in excluded]
+                    entry["speedup"] = _pooled_speedup(self, m.label, kept)
+                entry["speedup_interval"] = self.ratio(m.label, exclude=excluded).as_dict()
                 if self.greedy:
                     entry["lossless"] = not self.mismatches(m.label)
             methods[m.label] = entry
@@ -381,6 +463,7 @@ class Comparison:
             "ratios": ratios,
             "target_seconds_per_forward": self.target_seconds_per_forward(),
             "repeats": self.repeats,
+            "remeasured_repeats": self.remeasured,
             "prompt_turns": len(self.by_repeat(PLAIN, 0)),
             "greedy": self.greedy,
         }
@@ -409,6 +492,12 @@ class Comparison:
         return rows
 
 
+def _pooled_speedup(comparison: Comparison, label: str, repeats: Sequence[int]) -> float | None:
+    spec = [r.metrics for r in comparison.records[label] if r.repeat in repeats]
+    plain = [r.metrics for r in comparison.records[PLAIN] if r.repeat in repeats]
+    return aggregate(spec, 0, plain).speedup if spec else None
+
+
 def compare(
     model: Any,
     tokenizer: Any,
@@ -420,11 +509,13 @@ def compare(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    max_remeasure: int = MAX_REMEASURE,
 ) -> Comparison:
     """Decode every prompt turn with plain decoding and every method, interleaved, ``repeats`` times.
 
     A later turn is asked after plain decoding's answer to the earlier turns in the first repeat (the target's own
-    answer, the same context for every method). Each prompt turn gets one seed, shared by all methods.
+    answer, the same context for every method). Each prompt turn gets one seed, shared by all methods. Repeats whose
+    speedup ratio is flagged (``speed_flags``) are measured again, up to ``max_remeasure`` rounds.
     """
     if repeats < 1:
         raise UsageError(f"--repeats must be positive, got {repeats}")
@@ -435,7 +526,9 @@ def compare(
     records: dict[str, list[Record]] = {m.label: [] for m in every}
     contexts: dict[tuple[str, int], torch.Tensor] = {}
     answers: dict[str, list[dict[str, str]]] = {}
-    for repeat in range(repeats):
+    answered: set[tuple[str, int]] = set()
+
+    def run_repeat(repeat: int) -> None:
         shift = repeat % len(every)
         order = every[shift:] + every[:shift]
         for p_index, prompt in enumerate(prompts):
@@ -453,7 +546,8 @@ def compare(
                         Record(prompt.id, turn, repeat, len(ids), tuple(gen.tokens), PromptMetrics.of(gen),
                                trial.draft_seconds)
                     )
-                    if method.label == PLAIN and repeat == 0:
+                    if method.label == PLAIN and key not in answered:
+                        answered.add(key)
                         answer = tokenizer.decode(gen.tokens, skip_special_tokens=True).strip()
                         answers[prompt.id] = [
                             *answers.get(prompt.id, []),
@@ -462,7 +556,30 @@ def compare(
                         ]
                 if progress is not None:
                     progress(f"repeat {repeat + 1}/{repeats} prompt {prompt.id} turn {turn + 1}")
-    return Comparison(list(every), records, repeats, is_greedy(verifier))
+
+    for repeat in range(repeats):
+        run_repeat(repeat)
+    comparison = Comparison(list(every), records, repeats, is_greedy(verifier))
+    remeasure(comparison, run_repeat, max_remeasure, progress)
+    return comparison
+
+
+def remeasure(comparison: Comparison, run_repeat: Callable[[int], None], max_rounds: int = MAX_REMEASURE,
+              progress: Callable[[str], None] | None = None) -> Comparison:
+    """Measure flagged repeats again (``run_repeat(i)`` appends repeat i's records anew; the old ones are dropped
+    first), at most ``max_rounds`` times; what is still flagged after that stays in the summary's ``speed_flags``."""
+    for _ in range(max_rounds):
+        bad = comparison.flagged_repeats()
+        if not bad:
+            break
+        for repeat in bad:
+            if progress is not None:
+                progress(f"repeat {repeat + 1}: speedup flagged, measuring it again")
+            for label in comparison.records:
+                comparison.records[label] = [r for r in comparison.records[label] if r.repeat != repeat]
+            run_repeat(repeat)
+            comparison.remeasured += 1
+    return comparison
 
 
 # ---------------------------------------------------------------------------------------------------- vLLM engine
@@ -476,10 +593,12 @@ def compare_vllm(
     k: int,
     repeats: int = 1,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    max_remeasure: int = MAX_REMEASURE,
 ) -> dict[str, Any]:
     """Plain and speculative vLLM (``specframe.vllm.engine.compare``, greedy) on the same chat-templated prompts,
     ``repeats`` times. Later turns follow vLLM plain decoding's answer in the first repeat. Returns the summary
-    (same keys per method as ``Comparison.summary``) and per-prompt rows."""
+    (same keys per method as ``Comparison.summary``: R, break-even AL and ``speed_flags`` included; flagged repeats
+    are measured again as ``compare`` does) and per-prompt rows."""
     import tempfile
 
     from specframe.vllm import vllm_available
@@ -506,9 +625,11 @@ def compare_vllm(
         export_checkpoint(checkpoint, export, target)
         config = speculative_config(export, k)
         histories: dict[str, list[dict[str, str]]] = {p.id: [] for p in prompts}
+        turn_ids: list[list[torch.Tensor]] = []
         for turn in range(max(len(p.turns) for p in prompts)):
             asked = [p for p in prompts if turn < len(p.turns)]
             ids = [chat_ids(tokenizer, [*histories[p.id], {"role": "user", "content": p.turns[turn]}]) for p in asked]
+            turn_ids.append(ids)
             for repeat in range(repeats):
                 result = vllm_compare(source, [i.tolist() for i in ids], config, max_new_tokens=max_new_tokens)
                 equal = equal and result.outputs_equal
@@ -526,17 +647,44 @@ def compare_vllm(
                                      "forwards": m.forwards, "accepted": sum(m.accepted),
                                      "plain_decode_seconds": g_plain.decode_seconds,
                                      "decode_seconds": g_spec.decode_seconds})
-    ratios = [aggregate(s, k).otps / aggregate(p, 0).otps for s, p in zip(spec, plain)]
-    pooled_plain = [m for r in plain for m in r]
-    agg = aggregate([m for r in spec for m in r], k, pooled_plain)
+
+        def ratios() -> list[float]:
+            return [aggregate(s, k).otps / aggregate(p, 0).otps for s, p in zip(spec, plain)]
+
+        remeasured = 0
+        for _ in range(max_remeasure):
+            bad = sorted({f["repeat"] for f in speed_flags(ratios(), [aggregate(s, k).acceptance_length
+                                                                       for s in spec])})
+            if not bad:
+                break
+            for repeat in bad:  # measure the whole repeat again, every turn, same prompts
+                plain[repeat], spec[repeat] = [], []
+                for ids in turn_ids:
+                    result = vllm_compare(source, [i.tolist() for i in ids], config, max_new_tokens=max_new_tokens)
+                    equal = equal and result.outputs_equal
+                    plain[repeat] += [g.prompt_metrics() for g in result.plain.generations]
+                    spec[repeat] += [g.prompt_metrics() for g in result.speculative.generations]
+                remeasured += 1
+    values = ratios()
+    flags = speed_flags(values, [aggregate(s, k).acceptance_length for s in spec])
+    excluded = sorted({f["repeat"] for f in flags})
+    kept = [i for i in range(repeats) if i not in excluded]
+    pooled_plain = [m for i in kept for m in plain[i]]
+    agg = aggregate([m for i in kept for m in spec[i]], k, pooled_plain)
+    every_plain = [m for r in plain for m in r]
+    vllm_entry = {**agg.as_dict(), "k": k, "checkpoint": str(checkpoint), "lossless": equal,
+                  "speedup_interval": Interval.of([values[i] for i in kept]).as_dict(), "speed_flags": flags,
+                  **round_cost(aggregate([m for r in spec for m in r], k), aggregate(every_plain, 0))}
+    if excluded:
+        vllm_entry["speedup_excluded_repeats"] = excluded
     return {
         "methods": {
-            PLAIN: {**aggregate(pooled_plain, 0, pooled_plain).as_dict(), "k": 0},
-            "vllm": {**agg.as_dict(), "k": k, "checkpoint": str(checkpoint), "lossless": equal,
-                     "speedup_interval": Interval.of(ratios).as_dict()},
+            PLAIN: {**aggregate(every_plain, 0, every_plain).as_dict(), "k": 0},
+            "vllm": vllm_entry,
         },
         "ratios": {},
         "repeats": repeats,
+        "remeasured_repeats": remeasured,
         "prompt_turns": len(rows),
         "greedy": True,
         "engine": "vllm",

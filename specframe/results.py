@@ -2,7 +2,12 @@
 
 One JSON document: the figures (``metrics``, ``per_prompt``) plus the provenance a reader needs to trust and
 reproduce them: command line, specframe version and git commit, target id and weights hash, drafter checkpoint hash,
-training token budget, machine description and date. ``specframe report`` refuses a file without provenance.
+training token budget, machine description (thread pinning included) and date. ``specframe report`` refuses a file
+without provenance.
+
+Results files are portable: ``write_results`` names every path inside the repository that holds the file (or, outside
+one, the repository of the working directory) relative to that repository's root, in commands too, so a committed
+file says ``runs/bench/cpu/train/peagle``, never the checkout it was measured in.
 """
 
 from __future__ import annotations
@@ -43,8 +48,42 @@ def git_commit(path: Path | None = None) -> str | None:
     return commit + ("+dirty" if dirty else "")
 
 
+#: environment variables that pin or size the threads a measurement ran on (recorded in ``machine()["threads"]``)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+                    "SPECFRAME_THREADS")
+
+
+def threads() -> dict[str, Any]:
+    """How many threads the measurement used and where they were pinned: torch's intra-op threads, the CPUs this
+    process may run on, and the thread variables that were set (``--threads`` sets torch's count)."""
+    import torch
+
+    try:
+        affinity: list[int] | None = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return {
+        "torch": torch.get_num_threads(),
+        "affinity": _ranges(affinity) if affinity is not None else None,
+        "environment": {name: os.environ[name] for name in THREAD_VARIABLES if name in os.environ},
+    }
+
+
+def _ranges(cpus: list[int]) -> str:
+    """0,1,2,5 -> '0-2,5'."""
+    out: list[str] = []
+    for cpu in cpus:
+        if out and "-" in out[-1] and int(out[-1].split("-")[1]) == cpu - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{cpu}"
+        elif out and "-" not in out[-1] and int(out[-1]) == cpu - 1:
+            out[-1] = f"{out[-1]}-{cpu}"
+        else:
+            out.append(str(cpu))
+    return ",".join(out)
+
+
 def machine() -> dict[str, Any]:
-    """What the figures were measured on: CPU, core count, memory, accelerator, library versions."""
+    """What the figures were measured on: CPU, core count, memory, accelerator, library versions, threads."""
     import torch
 
     info: dict[str, Any] = {
@@ -52,6 +91,7 @@ def machine() -> dict[str, Any]:
         "processor": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "threads": threads(),
         "memory_bytes": _total_memory(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -132,6 +172,9 @@ def write_results(
     }
     check_results(document, source=str(path), strict=False)
     path.parent.mkdir(parents=True, exist_ok=True)
+    root = repository_root(path.parent) or repository_root(Path.cwd())
+    if root is not None:
+        document = portable(document, root)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
@@ -144,6 +187,54 @@ def write_results(
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def repository_root(where: Path) -> Path | None:
+    """The root of the git checkout holding ``where`` (the nearest existing folder), or None outside one."""
+    where = Path(where).resolve()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    for folder in (where, *where.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def portable(value: Any, root: Path) -> Any:
+    """``value`` (a results document or any part of it) with every absolute path under ``root`` written relative to
+    it: a path on its own becomes ``runs/...``, and inside a command line ``--output /checkout/runs/x`` becomes
+    ``--output runs/x``. Paths outside ``root`` are left as they are."""
+    prefixes = {str(Path(root)), str(Path(root).resolve())}
+    if isinstance(value, str):
+        for prefix in sorted(prefixes, key=len, reverse=True):
+            if value == prefix:
+                return "."
+            value = value.replace(prefix + os.sep, "")
+        return value
+    if isinstance(value, dict):
+        return {k: portable(v, root) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v, root) for v in value]
+    return value
+
+
+def absolute_paths(value: Any) -> list[str]:
+    """Every string in ``value`` (a results document) that holds an absolute path, as a word of its own or after
+    ``=``: what a portable results file must not contain."""
+    import re
+
+    found: list[str] = []
+    if isinstance(value, str):
+        for word in re.split(r"[\s=,;'\"]+", value):
+            if re.match(r"^/[\w.~-]+/", word) or re.match(r"^[A-Za-z]:[\\/]", word) or word.startswith("~/"):
+                found.append(word)
+    elif isinstance(value, dict):
+        for v in value.values():
+            found += absolute_paths(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            found += absolute_paths(v)
+    return found
 
 
 def check_results(document: Any, source: str, strict: bool = True) -> None:

@@ -100,7 +100,8 @@ def test_bench_acceptance_writes_a_results_file(assets, checkpoint, tmp_path):
         assert set(m) >= {"acceptance_length", "per_slot", "conditional", "otps", "speedup", "speedup_interval",
                           "draft_seconds_per_round", "otps_by_repeat"}
         assert len(m["per_slot"]) == len(m["conditional"]) == m["k"]
-        assert m["speedup_interval"]["repeats"] == 2 and len(m["otps_by_repeat"]) == 2
+        assert m["speedup_interval"]["repeats"] + len(m.get("speedup_excluded_repeats", [])) == 2
+        assert len(m["otps_by_repeat"]) == 2 and m["round_cost_ratio"] > 0 and "speed_flags" in m
     assert "peagle/k3 / ngram/k5" in summary["ratios"]
 
     document = read_results(out)
@@ -111,6 +112,7 @@ def test_bench_acceptance_writes_a_results_file(assets, checkpoint, tmp_path):
     assert prov["token_budget"] == 3 * config["batch_size"] * config["seq_len"]
     assert prov["target"]["id"] and prov["target"]["weights_hash"]
     assert "bench acceptance" in prov["command"] and prov["machine"]["cpu_count"]
+    assert prov["machine"]["threads"]["torch"] >= 1 and "environment" in prov["machine"]["threads"]
     assert len(document["per_prompt"]) == 3 * 3
     assert document["config"]["prompts"] == ["a", "b"]
 

@@ -50,3 +50,38 @@ def test_file_hash_of_directory_depends_on_names_and_contents(tmp_path):
     (tmp_path / "a" / "w.bin").write_bytes(b"124")
     assert results.file_hash(tmp_path / "a") != first
     assert first.startswith("sha256:")
+
+
+def test_writer_names_paths_inside_the_repository_relative_to_it(tmp_path, monkeypatch):
+    repo = tmp_path / "checkout"
+    (repo / ".git").mkdir(parents=True)
+    run = repo / "runs" / "bench" / "train" / "peagle" / "step-00000150"
+    prov = results.provenance(target=TARGET, command=["specframe", "train", "--output", str(run.parent),
+                                                      f"--cache={repo}/runs/cache"])
+    prov["git_commit"] = "abc"
+    metrics = {"methods": {"peagle/k3": {"checkpoint": str(run)}}, "elsewhere": "/opt/x/y"}
+    path = results.write_results(repo / "benchmarks" / "results" / "r.json", kind="bench.acceptance",
+                                 metrics=metrics, per_prompt=[], provenance=prov)
+    document = json.loads(path.read_text())
+    assert document["metrics"]["methods"]["peagle/k3"]["checkpoint"] == "runs/bench/train/peagle/step-00000150"
+    assert document["provenance"]["command"] == ("specframe train --output runs/bench/train/peagle "
+                                                 "--cache=runs/cache")
+    assert document["metrics"]["elsewhere"] == "/opt/x/y"  # outside the repository: left as it is
+    assert results.absolute_paths(document) == ["/opt/x/y"]
+    # threads the figures ran on are part of the machine record
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    threads = results.machine()["threads"]
+    assert threads["torch"] >= 1 and threads["environment"]["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert results._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_no_committed_results_file_holds_an_absolute_path():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    files = sorted(root.rglob("*.json")) + sorted(root.rglob("*.md"))
+    assert files, root
+    for path in files:
+        text = path.read_text()
+        document = json.loads(text) if path.suffix == ".json" else text
+        assert results.absolute_paths(document) == [], path

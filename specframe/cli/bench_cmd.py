@@ -99,7 +99,7 @@ def acceptance(
             "engine": engine, "verifier": verifier, "verifier_options": _options(verify), "k": k,
             "tree": None if tree is None else {"depth": tree.depth, "top_k": tree.top_k,
                                                "total_tokens": tree.total_tokens},
-            "max_new_tokens": max_new_tokens, "seed": seed, "checkpoints": list(checkpoints),
+            "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads, "checkpoints": list(checkpoints),
             "drafters": list(drafters), "baselines": list(baselines),
             "token_budget_rule": "recorded tokens, else steps x batch_size x seq_len (an upper bound)",
         }
@@ -183,8 +183,8 @@ def _table(summary: dict[str, Any]) -> None:
 
     table = Table(title=f"{summary['dataset']}: {summary['prompt_turns']} prompt turns, {summary['repeats']} "
                         f"repeat(s), verifier {summary['verifier']}, engine {summary['engine']}")
-    for column in ("method", "AL", "per-slot acc.", "conditional acc.", "OTPS", "speedup [95%]", "draft ms/round",
-                   "lossless"):
+    for column in ("method", "AL", "per-slot acc.", "conditional acc.", "OTPS", "speedup [95%]", "R (break-even AL)",
+                   "draft ms/round", "lossless"):
         table.add_column(column, justify="left" if column == "method" else "right", no_wrap=column == "method")
     for label, m in summary["methods"].items():
         interval = m.get("speedup_interval")
@@ -201,12 +201,18 @@ def _table(summary: dict[str, Any]) -> None:
             " ".join(_fmt(x) for x in m["per_slot"]) or "-",
             " ".join(_fmt(x) for x in m["conditional"]) or "-",
             _fmt(m["otps"], ".1f"),
-            speedup,
+            speedup + (" (flagged)" if m.get("speed_flags") else ""),
+            _fmt(m.get("round_cost_ratio")),
             _fmt(draft * 1000 if draft is not None else None, ".1f"),
             {True: "yes", False: "NO", None: "-"}[m.get("lossless")],
         )
     console = Console(width=max(Console().width, 150))
     console.print(table)
+    console.print("R: a speculative round's time over a plain step's; speedup ~ AL / R, so a drafter wins where AL > R.")
+    for label, m in summary["methods"].items():
+        for flag in m.get("speed_flags") or []:
+            console.print(f"{label}: repeat {flag['repeat'] + 1} left out of the speedup after re-measuring: "
+                          f"{'; '.join(flag['reasons'])}")
     for name, ratio in summary.get("ratios", {}).items():
         otps = ratio["otps"]
         band = "" if otps.get("low") is None else f" [{_fmt(otps['low'], '.3f')}, {_fmt(otps['high'], '.3f')}]"
