@@ -555,6 +555,16 @@ class Drafter(Component, ABC):
             f"(layouts vLLM loads: {', '.join(vllm_layouts.LAYOUTS)})"
         )
 
+    def import_weights(self, imported: Any) -> None:
+        """Load a foreign drafter folder read by ``specframe.vllm.imports.read`` (speculators EAGLE-3 / P-EAGLE,
+        SafeAILab / SpecForge EAGLE-3, a PARD causal LM) into this drafter, after checking it against the target and
+        this drafter's shape (one ``SpecframeError`` naming the field otherwise). ``specframe train --init-from``,
+        ``generate`` / ``bench --checkpoint FOLDER`` and ``export`` call it. Default: refuse."""
+        raise SpecframeError(
+            f"drafter '{self.name}' cannot import {getattr(imported, 'layout', '?')} folders: it does not implement "
+            "Drafter.import_weights"
+        )
+
 
 def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     """Repeat grouped-query k / v heads [B, kv_heads, N, D] up to ``heads``."""

@@ -29,6 +29,7 @@ def eagle_kwargs(target, layers=1):
         aux_layer_ids=AUX,
         target_hidden_size=target.config.hidden_size,
         target_num_layers=target.config.num_hidden_layers,
+        verifier=export.verifier_name(target.path),
     )
 
 
@@ -39,9 +40,20 @@ def test_peagle_layout_round_trips(target, tmp_path):
     manifest = export.write_peagle(out, w, mask_token_id=mask_token(target.tok), tokenizer=target.tok, **eagle_kwargs(target, 4))
     assert manifest["method"] == "eagle3" and manifest["parallel_drafting"] is True
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert cfg["num_hidden_layers"] == 4 and cfg["draft_vocab_size"] == v // 2 and cfg["vocab_size"] == v
+    # the speculators format: what vLLM's SpeculatorsConfig reads to serve the folder alone
+    assert cfg["speculators_model_type"] == "peagle" and cfg["architectures"] == ["PEagleDraftModel"]
+    spec = cfg["speculators_config"]
+    assert spec["proposal_methods"][0]["speculative_tokens"] == 5
+    assert spec["verifier"]["name_or_path"] == str(target.path.resolve())
+    layer = cfg["transformer_layer_config"]
+    assert layer["num_hidden_layers"] == 4 and layer["vocab_size"] == v and layer["model_type"] == "llama"
+    assert layer["rope_parameters"] == target.config.rope_parameters and "rope_parameters" not in cfg
+    assert cfg["draft_vocab_size"] == v // 2 and cfg["target_hidden_size"] == target.config.hidden_size
     assert cfg["eagle_aux_hidden_state_layer_ids"] == AUX and cfg["mask_token_id"] == mask_token(target.tok)
+    assert cfg["norm_before_residual"] is False and cfg["specframe"]["drafter"] == "peagle"
+    assert not (out / "specframe_vllm.json").exists()
+    m = export.read_manifest(out)
+    assert (m.layout, m.verifier, m.speculative_tokens) == ("peagle", str(target.path.resolve()), 5)
     saved = load_file(str(out / "model.safetensors"))
     assert saved["mask_hidden"].shape == (1, 1, 3 * target.config.hidden_size)
     draft_ids = torch.arange(v // 2) + saved["d2t"]
@@ -114,7 +126,7 @@ def test_check_export_reads_back_every_layout_and_names_what_vllm_would_choke_on
     with pytest.raises(SpecframeError, match=r"pe cannot be served by vLLM: a P-EAGLE export needs 'mask_hidden'"):
         export.check_export(tmp_path / "pe")
     (tmp_path / "e3" / "config.json").write_text("{")
-    with pytest.raises(SpecframeError, match="e3 cannot be served by vLLM: config.json is not valid JSON"):
+    with pytest.raises(SpecframeError, match="e3 cannot be served by vLLM: .*config.json is not valid JSON"):
         export.check_export(tmp_path / "e3")
     smaller = SimpleNamespace(vocab_size=v - 1, hidden_size=target.config.hidden_size, num_hidden_layers=2)
     with pytest.raises(SpecframeError, match=f"exported for a {v}-token vocabulary, the target has {v - 1}"):
@@ -151,9 +163,63 @@ def test_overwrite_is_atomic_and_refuses_foreign_folders(target, tmp_path):
     assert (foreign / "keep.txt").read_text() == "mine"
 
 
-def test_manifest_is_required(tmp_path):
-    with pytest.raises(SpecframeError, match="not a specframe vLLM export"):
+def test_config_is_required(tmp_path):
+    with pytest.raises(SpecframeError, match="not a vLLM drafter export"):
         export.speculative_config(tmp_path, 3)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(SpecframeError, match="neither speculators_config nor pard_token"):
+        export.read_manifest(tmp_path)
+
+
+def test_speculators_config_reads_back_and_matches_what_vllm_extracts(target, tmp_path):
+    """The writer's config and vLLM's own reader agree (method, tokens, layer config), without starting vLLM."""
+    flat = {**export.llama_config(target.config, 2), "draft_vocab_size": 160, "target_hidden_size": 64,
+            "eagle_aux_hidden_state_layer_ids": AUX, "mask_token_id": 3}
+    cfg = export.speculators_config(flat, "peagle", verifier="/models/t", speculative_tokens=4, drafter="peagle")
+    assert export.flat_config(cfg) == {**flat, "torch_dtype": "float32"}
+    assert export.layout_of(cfg) == "peagle"
+    try:
+        from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+    except ImportError:
+        return
+    assert SpeculatorsConfig.extract_vllm_speculative_config(cfg) == {
+        "method": "eagle3", "num_speculative_tokens": 4, "parallel_drafting": True
+    }
+    pre = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(cfg)))
+    assert pre["architectures"] == ["PeagleLlamaForCausalLM"] and pre["pard_token"] == 3
+    assert pre["norm_before_residual"] is False and pre["num_hidden_layers"] == 2
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.update(norm_before_residual=True), "norm_before_residual is true"),
+        (lambda c: c.pop("norm_before_residual"), "norm_before_residual is true"),  # vLLM's eagle3 default
+        (lambda c: c.update(fc_norm=True), "fc_norm is true"),
+        (lambda c: c.pop("transformer_layer_config"), "lacks transformer_layer_config"),
+        (lambda c: c["transformer_layer_config"].update(model_type="qwen3"), "model_type is 'qwen3'"),
+    ],
+)
+def test_speculators_variants_specframe_cannot_compute_are_named(target, edit, message):
+    flat = {**export.llama_config(target.config, 1), "draft_vocab_size": 160, "target_hidden_size": 64,
+            "eagle_aux_hidden_state_layer_ids": AUX}
+    cfg = export.speculators_config(flat, "eagle3", verifier="t")
+    edit(cfg)
+    with pytest.raises(SpecframeError, match=message):
+        export.flat_config(cfg)
+
+
+def test_set_serving_rewrites_verifier_and_tokens(target, tmp_path):
+    v = target.config.vocab_size
+    export.write_eagle3(tmp_path / "e", eagle3_weights(target.config, 1, v // 2), **eagle_kwargs(target))
+    before = (tmp_path / "e" / "model.safetensors").read_bytes()
+    m = export.set_serving(tmp_path / "e", verifier="org/model", speculative_tokens=7)
+    assert (m.verifier, m.speculative_tokens, m.layout, m.drafter) == ("org/model", 7, "eagle3", "eagle3")
+    assert (tmp_path / "e" / "model.safetensors").read_bytes() == before
+    w, cfg = pard_weights(target.config, 1)
+    export.write_pard(tmp_path / "p", w, config=cfg, pard_token=3)
+    with pytest.raises(SpecframeError, match="names no verifier"):
+        export.set_serving(tmp_path / "p", verifier="x")
 
 
 def test_default_drafter_export_refuses(tmp_path):

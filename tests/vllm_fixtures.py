@@ -99,8 +99,11 @@ def mask_token(tokenizer) -> int:
     return int(tokenizer.convert_tokens_to_ids("<|reserved_0|>"))
 
 
-def build_drafter(kind: str, target: Path, out: Path, *, degenerate: bool = False, layers: int | None = None) -> Path:
-    """Export a random drafter of ``kind`` (eagle3, peagle, pard) for the target at ``target`` into ``out``."""
+def build_drafter(
+    kind: str, target: Path, out: Path, *, degenerate: bool = False, layers: int | None = None, k: int = 3
+) -> Path:
+    """Export a random drafter of ``kind`` (eagle3, peagle, pard) for the target at ``target`` into ``out``
+    (EAGLE-3 / P-EAGLE in the speculators format, naming ``target`` as the verifier and drafting ``k`` tokens)."""
     config, tok = target_parts(target)
     if kind == "pard":
         weights, cfg = pard_weights(config, layers or 1, degenerate=degenerate)
@@ -114,6 +117,8 @@ def build_drafter(kind: str, target: Path, out: Path, *, degenerate: bool = Fals
         target_hidden_size=config.hidden_size,
         target_num_layers=config.num_hidden_layers,
         tokenizer=tok,
+        verifier=export.verifier_name(target),
+        speculative_tokens=k,
     )
     if kind == "peagle":
         export.write_peagle(out, weights, mask_token_id=mask_token(tok), **common)

@@ -328,14 +328,30 @@ class Eagle3Drafter(api.Drafter):
             )
 
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
-        """vLLM's ``{"method": "eagle3"}`` layout: the module's tensors already carry its names."""
+        """The speculators ``eagle3`` layout vLLM serves from the folder alone (``LLM(model=EXPORT)``, the verifier
+        being this target); the module's tensors already carry its names."""
         layouts = api.vllm_layouts
         weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
         config = layouts.llama_config(self.target_config, self.options.layers)
         return layouts.write_eagle3(
             directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
+            verifier=layouts.verifier_of(self.target_config), speculative_tokens=self.options.k_infer,
         )
+
+    def import_weights(self, imported: Any) -> None:
+        """Load an EAGLE-3 folder (speculators, SafeAILab or SpecForge layout; ``specframe.vllm.imports``) of this
+        drafter's shape; without ``embed_tokens`` the target's embedding is used, as vLLM does."""
+        from specframe.vllm import imports
+
+        if imported.layout != "eagle3":
+            raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not eagle3")
+        imports.check_target(imported, self.target_config)
+        imports.check_shape(imported, self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
+                            draft_vocab_size=self.draft_vocab_size)
+        state = imports.eagle_state(imported, self.model.state_dict(), self.target_config,
+                                    own_embedding_is_target=self._target_head is not None)
+        self.model.load_state_dict(state)
 
 
 def _cat_kv(a: list[modeling.KV], b: list[modeling.KV]) -> list[modeling.KV]:

@@ -282,6 +282,33 @@ class PardDrafter(api.Drafter):
             directory, weights, config=config, pard_token=self.mask_token_id, tokenizer=tokenizer, drafter=self.name
         )
 
+    def import_weights(self, imported: Any) -> None:
+        """Load a PARD causal LM of the target's tokenizer (config with ``pard_token``; ``specframe.vllm.imports``)
+        with this drafter's depth; its ``pard_token`` becomes the mask token."""
+        from specframe.vllm import imports
+
+        if imported.layout != "pard":
+            raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not pard")
+        imports.check_target(imported, self.target_config)
+        imports.check_shape(imported, self.name, layers=self.options.layers)
+        state = dict(imported.tensors)
+        embed = state.get("model.embed_tokens.weight")
+        head = state.get("lm_head.weight")
+        if self.tie and head is not None and embed is not None and not torch.equal(head, embed):
+            raise api.SpecframeError(
+                f"cannot import {imported.directory}: tie_word_embeddings: the target ties lm_head to the embedding, "
+                "the folder's lm_head.weight differs from its embedding"
+            )
+        if embed is not None and (self.tie or head is None):
+            state["lm_head.weight"] = embed
+        own = self.model.state_dict()
+        extra, missing = sorted(set(state) - set(own)), sorted(set(own) - set(state))
+        if extra or missing:
+            what = f"tensor {extra[0]!r} has no place in the drafter" if extra else f"missing tensor {missing[0]!r}"
+            raise api.SpecframeError(f"cannot import {imported.directory}: {what}")
+        self.model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+        self.mask_token_id = imported.mask_token_id
+
 
 @api.hookimpl
 def register_drafters(register):

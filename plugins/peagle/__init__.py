@@ -258,8 +258,9 @@ class PEagleDrafter(api.Drafter):
         self.mask_token_id = info["mask_token_id"]
 
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
-        """vLLM's ``{"method": "eagle3", "parallel_drafting": true}`` layout: the module's tensors already carry its
-        names (``mask_hidden`` [1, 1, 3H] included); the trained embedding is exported so the mask row is used."""
+        """The speculators ``peagle`` layout (vLLM's eagle3 method with ``parallel_drafting``), served from the
+        folder alone: the module's tensors already carry its names (``mask_hidden`` [1, 1, 3H] included); the
+        trained embedding is exported so the mask row is used."""
         if self.mask_token_id is None:
             raise api.SpecframeError("peagle: no mask token chosen (train the drafter or load a checkpoint first)")
         layouts = api.vllm_layouts
@@ -269,7 +270,23 @@ class PEagleDrafter(api.Drafter):
             directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
             mask_token_id=self.mask_token_id, target_num_layers=int(self.target_config.num_hidden_layers),
             tokenizer=tokenizer, drafter=self.name,
+            verifier=layouts.verifier_of(self.target_config), speculative_tokens=self.options.k_infer,
         )
+
+    def import_weights(self, imported: Any) -> None:
+        """Load a P-EAGLE folder (speculators ``peagle``; ``specframe.vllm.imports``) of this drafter's shape, with
+        its mask token; without ``embed_tokens`` the target's embedding is used."""
+        from specframe.vllm import imports
+
+        if imported.layout != "peagle":
+            raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not peagle")
+        imports.check_target(imported, self.target_config)
+        imports.check_shape(imported, self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
+                            draft_vocab_size=self.draft_vocab_size)
+        state = imports.eagle_state(imported, self.model.state_dict(), self.target_config,
+                                    own_embedding_is_target=self._target_head is not None)
+        self.model.load_state_dict(state)
+        self.mask_token_id = imported.mask_token_id
 
 
 @api.hookimpl

@@ -1,4 +1,8 @@
-"""``specframe serve``: vLLM's OpenAI-compatible server on a target, with an exported drafter's speculative config."""
+"""``specframe serve``: vLLM's OpenAI-compatible server on a target, with an exported drafter.
+
+A speculators export (EAGLE-3, P-EAGLE) without ``--target`` is served as vLLM serves it, ``vllm serve EXPORT``: vLLM
+starts the verifier the folder names with the folder's method (``--k`` overrides its number of draft tokens). With
+``--target``, or for a PARD export, the target is served with an explicit ``--speculative-config``."""
 
 from __future__ import annotations
 
@@ -12,9 +16,9 @@ import click
 
 
 def serve_command(
-    target: str,
+    target: str | None,
     drafter: str | Path | None = None,
-    k: int = 5,
+    k: int | None = None,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -25,14 +29,28 @@ def serve_command(
     extra: tuple[str, ...] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment additions that start vLLM's OpenAI server for ``target`` with the export at
-    ``drafter`` (``specframe export`` output) drafting ``k`` tokens per step."""
+    ``drafter`` (``specframe export`` output) drafting ``k`` tokens per step (None: the export's own number). A
+    speculators export with ``target`` None is vLLM's ``model`` itself."""
+    from specframe.errors import SpecframeError
     from specframe.vllm.engine import DEFAULT_ENV
-    from specframe.vllm.export import speculative_config
+    from specframe.vllm.export import DEFAULT_SPECULATIVE_TOKENS, read_manifest, speculative_config
 
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", target,
+    manifest = read_manifest(drafter) if drafter is not None else None
+    folder_alone = manifest is not None and manifest.speculators and target is None
+    if folder_alone:
+        model = str(Path(drafter).resolve())
+    elif target is None:
+        raise SpecframeError(f"{drafter} is a {manifest.layout} export: give --target (vLLM serves it beside the target)")
+    else:
+        model = target
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--host", host, "--port", str(port), "--dtype", dtype]
-    if drafter is not None:
-        argv += ["--speculative-config", json.dumps(speculative_config(drafter, k))]
+    if folder_alone:
+        if k is not None:
+            argv += ["--speculative-config", json.dumps({"num_speculative_tokens": int(k)})]
+    elif drafter is not None:
+        tokens = k or manifest.speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
+        argv += ["--speculative-config", json.dumps(speculative_config(drafter, tokens))]
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
     if enforce_eager:
@@ -44,10 +62,14 @@ def serve_command(
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": True})
-@click.option("--target", default="default", show_default=True, help="Target model: folder, hub id or 'default'.")
+@click.option("--target", default=None,
+              help="Target model: folder, hub id or 'default'. Default: the verifier a speculators export names "
+                   "(vLLM serves the export folder itself), else 'default'.")
 @click.option("--drafter", default=None, type=click.Path(exists=True, file_okay=False),
-              help="A `specframe export --format vllm` folder. Without it the target is served plainly.")
-@click.option("--k", "k", type=int, default=5, show_default=True, help="Draft tokens per step.")
+              help="A `specframe export --format vllm` folder (or any speculators-format drafter). Without it the "
+                   "target is served plainly.")
+@click.option("--k", "k", type=int, default=None,
+              help="Draft tokens per step. Default: the export's own (speculators), else 5.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--dtype", default="auto", show_default=True, help="vLLM dtype (float32 for exact CPU comparisons).")
@@ -59,7 +81,7 @@ def serve_command(
 @click.option("--json", "as_json", is_flag=True, help="With --print-command: print argv and environment as JSON.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(
-    target: str, drafter: str | None, k: int, host: str, port: int, dtype: str, max_model_len: int | None,
+    target: str | None, drafter: str | None, k: int | None, host: str, port: int, dtype: str, max_model_len: int | None,
     kv_cache_gib: float, eager: bool, print_command: bool, as_json: bool, vllm_args: tuple[str, ...],
 ) -> None:
     """Serve TARGET with vLLM's OpenAI-compatible API, speculating with an exported drafter.
@@ -70,13 +92,21 @@ def serve(
     from specframe.errors import SpecframeError
     from specframe.vllm import vllm_available
 
-    if k < 1:
+    if k is not None and k < 1:
         raise SpecframeError(f"--k must be positive, got {k}")
-    source = target_source(target)
+    source = None
+    if drafter is None or target is not None:
+        source = target_source(target or "default")
     if drafter is not None:
-        from specframe.vllm.export import check_export
+        from specframe.vllm.export import check_export, read_manifest
 
-        check_export(drafter, _local_config(source))
+        manifest = read_manifest(drafter)
+        if source is None and not manifest.speculators:
+            source = target_source("default")
+        if source is None:
+            check_export(drafter, _local_config(_verifier(drafter, manifest.verifier)))
+        else:
+            check_export(drafter, _local_config(source))
     argv, env = serve_command(
         source, drafter, k, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
         kv_cache_gib=kv_cache_gib, enforce_eager=eager, extra=vllm_args,
@@ -91,6 +121,20 @@ def serve(
         raise SpecframeError("vLLM is not installed; run `make setup VLLM=cpu` (CPU) or `VLLM=gpu`")
     merged: dict[str, Any] = {**env, **os.environ}  # the caller's environment wins
     os.execve(argv[0], argv, merged)
+
+
+def _verifier(drafter: str, verifier: str | None) -> str:
+    """The verifier a speculators export names, refused when missing or a local folder that is gone."""
+    from specframe.errors import SpecframeError
+
+    if not verifier:
+        raise SpecframeError(f"{drafter} names no verifier (speculators_config.verifier.name_or_path); pass --target")
+    if (os.path.isabs(verifier) or verifier.startswith((".", "~"))) and not Path(verifier).expanduser().is_dir():
+        raise SpecframeError(
+            f"{drafter} names the verifier {verifier}, which is not a folder here; pass --target or re-export with "
+            "--verifier"
+        )
+    return verifier
 
 
 def _local_config(source: str) -> Any:

@@ -191,7 +191,11 @@ class SpecCounters:
 
 class VllmEngine:
     """vLLM in this process on ``target`` (a local folder or hub id), with an optional ``speculative_config``
-    (``specframe.vllm.export.speculative_config`` builds one for an exported drafter)."""
+    (``specframe.vllm.export.speculative_config`` builds one for an exported drafter).
+
+    ``target`` may also be a speculators-format export (EAGLE-3, P-EAGLE): vLLM then starts the verifier the folder
+    names, with the folder's method and number of draft tokens; ``speculative_config`` may override fields of it
+    (``{"num_speculative_tokens": k}``; ``drafter_job`` builds such jobs)."""
 
     def __init__(
         self,
@@ -205,7 +209,9 @@ class VllmEngine:
         kwargs: dict[str, Any] = {}
         if self.speculative_config:
             kwargs["speculative_config"] = self.speculative_config
+        if self.speculative_config or _speculators_export(target):
             kwargs["per_request_spec_decode_metrics"] = "detailed"
+            self.speculative_config = self.speculative_config or {}
         self.llm = LLM(
             model=str(target),
             dtype=options.dtype,
@@ -250,7 +256,7 @@ class VllmEngine:
             stats = completion.spec_decode_metrics
             accepted = list(stats.per_step_accepted) if stats is not None else []
             drafted = list(stats.per_step_drafted) if stats is not None else []
-            if self.speculative_config and stats is None and len(tokens) > 1:
+            if self.speculative_config is not None and stats is None and len(tokens) > 1:
                 raise SpecframeError("vLLM returned no per-request spec-decode metrics; is this vLLM older than 0.32?")
             results.append(
                 VllmGeneration(
@@ -261,6 +267,18 @@ class VllmEngine:
                 )
             )
         return results
+
+
+def _speculators_export(target: str | os.PathLike) -> bool:
+    from specframe.vllm.export import SPECULATORS, layout_of
+
+    path = Path(target) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        return layout_of(json.loads(path.read_text())) in SPECULATORS
+    except ValueError:
+        return False
 
 
 def _decode_seconds(out: Any, total: float) -> float:
@@ -281,6 +299,20 @@ class Job:
 
     target: str
     speculative_config: dict[str, Any] | None = None
+
+
+def drafter_job(export_dir: str | os.PathLike, k: int, target: str | os.PathLike | None = None) -> Job:
+    """The engine job serving the export at ``export_dir`` with ``k`` draft tokens: a speculators export (EAGLE-3,
+    P-EAGLE) without ``target`` is started from the folder alone (vLLM reads verifier and method from it); otherwise
+    ``target`` is started with an explicit ``speculative_config``."""
+    from specframe.vllm.export import read_manifest, speculative_config
+
+    manifest = read_manifest(export_dir)
+    if target is None:
+        if not manifest.speculators:
+            raise SpecframeError(f"{export_dir} is a {manifest.layout} export: vLLM needs the target beside it")
+        return Job(str(Path(export_dir).resolve()), {"num_speculative_tokens": int(k)})
+    return Job(str(target), speculative_config(export_dir, k))
 
 
 @attrs.frozen

@@ -1,28 +1,35 @@
-"""Writers for the drafter checkpoint layouts vLLM (0.32 and later) loads.
+"""Writers (and the matching reader) for the drafter checkpoint layouts vLLM (0.32 and later) loads.
 
 A drafter plugin's ``export_vllm`` gathers its tensors under the layout's names plus a few config values, and calls
 one of ``write_eagle3``, ``write_peagle`` or ``write_pard``. Each writer validates shapes and ids (raising
-``SpecframeError`` with the offending name), then writes ``config.json``, ``model.safetensors``, the tokenizer files
-(when given a tokenizer) and ``specframe_vllm.json`` (the manifest ``speculative_config`` reads) into a temporary
-folder beside ``directory`` and moves it into place, so a reader never sees half an export.
+``SpecframeError`` with the offending name), then writes ``config.json``, ``model.safetensors`` and the tokenizer
+files (when given a tokenizer) into a temporary folder beside ``directory`` and moves it into place, so a reader
+never sees half an export. ``config.json`` alone says what the folder is (``read_manifest``); a ``specframe`` entry in
+it records which drafter plugin and specframe version wrote it.
 
-Layouts (names as vLLM's ``llama_eagle3`` / ``llama`` models load them):
+EAGLE-3 and P-EAGLE are written in the speculators format (vllm-project/speculators; vLLM's
+``transformers_utils/configs/speculators``): ``speculators_model_type`` ``eagle3`` / ``peagle``,
+``speculators_config`` with ``proposal_methods[0].speculative_tokens`` and ``verifier.name_or_path`` (the target),
+``transformer_layer_config`` (the drafter's Llama layer config: sizes, RoPE, ``num_hidden_layers`` = drafter depth,
+``vocab_size`` = the target's), and at the top ``draft_vocab_size``, ``target_hidden_size``,
+``eagle_aux_hidden_state_layer_ids``, ``norm_before_residual`` (false: the residual stream starts from the raw fused
+hidden state, as specframe's layer computes it; vLLM's eagle3 default when the key is absent is true) and, for
+P-EAGLE, ``mask_token_id``. vLLM 0.32 then serves the folder alone, ``LLM(model=EXPORT)`` / ``vllm serve EXPORT``: it
+starts the verifier named in the folder (a local folder path works) with method ``eagle3`` (P-EAGLE:
+``parallel_drafting``) and ``speculative_tokens`` tokens per step; an explicit ``speculative_config`` naming the
+folder as ``model`` works as well.
 
-EAGLE-3 (``{"method": "eagle3"}``): a Llama config whose ``num_hidden_layers`` is the drafter's depth, plus
-``draft_vocab_size``, ``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids`` and ``num_aux_hidden_states``;
-weights ``fc.weight`` [H, n_aux * H_target], ``layers.{i}.*`` (layer 0's q/k/v read cat(embedding, hidden), 2H wide,
-and it has ``hidden_norm``; later layers are plain Llama layers, H wide), ``norm.weight``, ``lm_head.weight``
-[draft_vocab, H], ``d2t`` (offsets: target id = draft id + d2t[draft id]) and ``t2d`` (bool [vocab]) when the draft
-vocabulary is smaller than the target's, and optionally ``embed_tokens.weight`` [vocab, H] (without it vLLM shares
-the target's). vLLM feeds layer i > 0 the previous layer's output through a pre-norm residual stream, and the next
-autoregressive step reads the final *pre-norm* hidden state.
+Weights (names as vLLM's ``llama_eagle3`` model loads them): ``fc.weight`` [H, n_aux * H_target], ``layers.{i}.*``
+(layer 0's q/k/v read cat(embedding, hidden), 2H wide, and it has ``hidden_norm``; later layers are plain Llama
+layers, H wide), ``norm.weight``, ``lm_head.weight`` [draft_vocab, H], ``d2t`` (offsets: target id = draft id +
+d2t[draft id]) and ``t2d`` (bool [vocab]) when the draft vocabulary is smaller than the target's, and optionally
+``embed_tokens.weight`` [vocab, H] (without it vLLM shares the target's). vLLM feeds layer i > 0 the previous layer's
+output through a pre-norm residual stream, and the next autoregressive step reads the final *pre-norm* hidden state.
+P-EAGLE adds ``mask_hidden`` [1, 1, n_aux * H_target] (projected by ``fc`` like real aux states).
 
-P-EAGLE (``{"method": "eagle3", "parallel_drafting": true}``): EAGLE-3 plus ``mask_hidden`` [1, 1, n_aux * H_target]
-(projected by ``fc`` like real aux states) and ``mask_token_id`` in the config (the token every mask slot embeds).
-
-PARD (``{"method": "draft_model", "parallel_drafting": true}``): a plain causal LM (``LlamaForCausalLM`` names:
-``model.embed_tokens.weight``, ``model.layers.{i}.*``, ``model.norm.weight``, ``lm_head.weight``) whose config has
-``pard_token``.
+PARD (``{"method": "draft_model", "parallel_drafting": true}``; vLLM 0.32 has no speculators type for it): a plain
+causal LM (``LlamaForCausalLM`` names: ``model.embed_tokens.weight``, ``model.layers.{i}.*``, ``model.norm.weight``,
+``lm_head.weight``) whose config has ``pard_token``. vLLM needs the target and an explicit ``speculative_config``.
 """
 
 from __future__ import annotations
@@ -42,13 +49,17 @@ import torch
 from specframe import __version__
 from specframe.errors import SpecframeError
 
-MANIFEST = "specframe_vllm.json"
 WEIGHTS = "model.safetensors"
 LAYOUTS = ("eagle3", "peagle", "pard")
-
-# vLLM names these Eagle-3 architectures after the original EAGLE-3 checkpoints; for method "eagle3" it keeps any
-# architecture ending in "Eagle3" as is (a plain "LlamaForCausalLM" would also be renamed to Eagle3LlamaForCausalLM).
-EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+#: the speculators layouts (``speculators_model_type``) and the architecture name the speculators library gives them
+SPECULATORS = {"eagle3": "Eagle3DraftModel", "peagle": "PEagleDraftModel"}
+DEFAULT_SPECULATIVE_TOKENS = 5
+#: the config.json entry recording which drafter plugin and specframe version wrote an export
+PROVENANCE = "specframe"
+# the speculators fields specframe's EAGLE-3 layers cannot compute otherwise than as written (value they must have)
+_FIXED_FLAGS = {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
+# top-level speculators fields that belong to the drafter, not to its transformer layer config
+_EAGLE_FIELDS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "mask_token_id")
 
 _LLAMA_KEYS = (
     "hidden_size",
@@ -73,16 +84,25 @@ _LLAMA_KEYS = (
 
 @attrs.frozen
 class Manifest:
-    """What ``specframe_vllm.json`` records: the layout, the vLLM method and whether it drafts in parallel."""
+    """What an export's ``config.json`` says: the layout, the vLLM method, whether it drafts in parallel, the drafter
+    plugin that wrote it, and (speculators layouts) the verifier and default number of draft tokens."""
 
     layout: str
     method: str
     parallel_drafting: bool
     drafter: str | None = None
+    verifier: str | None = None
+    speculative_tokens: int | None = None
     specframe_version: str = __version__
 
+    @property
+    def speculators(self) -> bool:
+        """Whether vLLM serves the folder alone (``LLM(model=EXPORT)``)."""
+        return self.layout in SPECULATORS
+
     def speculative_config(self, directory: str | os.PathLike, num_speculative_tokens: int) -> dict[str, Any]:
-        """vLLM's ``speculative_config`` for this export at ``directory`` drafting ``num_speculative_tokens``."""
+        """vLLM's explicit ``speculative_config`` for this export at ``directory`` drafting ``num_speculative_tokens``
+        (the target is then vLLM's ``model``)."""
         if num_speculative_tokens < 1:
             raise SpecframeError(f"num_speculative_tokens must be positive, got {num_speculative_tokens}")
         config: dict[str, Any] = {
@@ -95,27 +115,73 @@ class Manifest:
         return config
 
 
-_MANIFESTS = {
-    "eagle3": Manifest(layout="eagle3", method="eagle3", parallel_drafting=False),
-    "peagle": Manifest(layout="peagle", method="eagle3", parallel_drafting=True),
-    "pard": Manifest(layout="pard", method="draft_model", parallel_drafting=True),
-}
+_METHODS = {"eagle3": ("eagle3", False), "peagle": ("eagle3", True), "pard": ("draft_model", True)}
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise SpecframeError(f"{directory} is not a vLLM drafter export (no config.json); run `specframe export` first")
+    try:
+        cfg = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SpecframeError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise SpecframeError(f"{path} is not a JSON object")
+    return cfg
+
+
+def layout_of(cfg: Mapping[str, Any]) -> str | None:
+    """The layout a drafter ``config.json`` is in (``eagle3``, ``peagle``, ``pard``), or None."""
+    kind = cfg.get("speculators_model_type")
+    if kind is not None:
+        return kind if kind in SPECULATORS else None
+    return "pard" if "pard_token" in cfg else None
 
 
 def read_manifest(directory: str | os.PathLike) -> Manifest:
-    """The manifest of an export written by this module (``SpecframeError`` if ``directory`` is not one)."""
-    path = Path(directory) / MANIFEST
-    if not path.is_file():
-        raise SpecframeError(f"{directory} is not a specframe vLLM export (no {MANIFEST}); run `specframe export` first")
-    data = json.loads(path.read_text())
-    if data.get("layout") not in LAYOUTS:
-        raise SpecframeError(f"{path}: unknown layout {data.get('layout')!r}; known: {', '.join(LAYOUTS)}")
-    return Manifest(**{f.name: data[f.name] for f in attrs.fields(Manifest) if f.name in data})
+    """The manifest of a drafter export (``SpecframeError`` if ``directory`` is not one vLLM and specframe know)."""
+    directory = Path(directory)
+    cfg = _read_config(directory)
+    layout = layout_of(cfg)
+    if layout is None:
+        kind = cfg.get("speculators_model_type")
+        what = f"speculators_model_type {kind!r}" if kind is not None else "neither speculators_config nor pard_token"
+        raise SpecframeError(
+            f"{directory} is not a vLLM drafter export specframe knows ({what}; known layouts: {', '.join(LAYOUTS)})"
+        )
+    method, parallel = _METHODS[layout]
+    provenance = cfg.get(PROVENANCE) if isinstance(cfg.get(PROVENANCE), dict) else {}
+    verifier = tokens = None
+    if layout in SPECULATORS:
+        spec = cfg.get("speculators_config") if isinstance(cfg.get("speculators_config"), dict) else {}
+        verifier = (spec.get("verifier") or {}).get("name_or_path") if isinstance(spec.get("verifier"), dict) else None
+        methods = spec.get("proposal_methods")
+        if isinstance(methods, list) and methods and isinstance(methods[0], dict):
+            tokens = methods[0].get("speculative_tokens")
+    return Manifest(
+        layout=layout, method=method, parallel_drafting=parallel, drafter=provenance.get("drafter"),
+        verifier=verifier, speculative_tokens=tokens,
+        specframe_version=provenance.get("version", "unknown"),
+    )
 
 
 def speculative_config(directory: str | os.PathLike, num_speculative_tokens: int) -> dict[str, Any]:
-    """vLLM's ``speculative_config`` for the export at ``directory``."""
+    """vLLM's explicit ``speculative_config`` for the export at ``directory``."""
     return read_manifest(directory).speculative_config(directory, num_speculative_tokens)
+
+
+def verifier_name(target: str | os.PathLike) -> str:
+    """How a speculators config names ``target``: an existing local folder as its absolute path, else as given (a
+    hub id)."""
+    path = Path(target)
+    return str(path.resolve()) if path.is_dir() else str(target)
+
+
+def verifier_of(target_config: Any) -> str | None:
+    """The verifier name of the target a transformers config was loaded from (its ``_name_or_path``), or None."""
+    source = getattr(target_config, "_name_or_path", None) or getattr(target_config, "name_or_path", None)
+    return verifier_name(source) if source else None
 
 
 def llama_config(target_config: Any, num_hidden_layers: int, **overrides: Any) -> dict[str, Any]:
@@ -125,6 +191,92 @@ def llama_config(target_config: Any, num_hidden_layers: int, **overrides: Any) -
     config = {k: source[k] for k in _LLAMA_KEYS if source.get(k) is not None}
     config.update(num_hidden_layers=int(num_hidden_layers), **overrides)
     return config
+
+
+# ------------------------------------------------------------------------------------------ speculators config
+
+
+def speculators_config(
+    flat: Mapping[str, Any],
+    layout: str,
+    *,
+    verifier: str | None,
+    speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+    drafter: str | None = None,
+) -> dict[str, Any]:
+    """The speculators ``config.json`` of an EAGLE-3 / P-EAGLE drafter from its flat config (Llama layer fields plus
+    ``draft_vocab_size``, ``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids`` and, P-EAGLE,
+    ``mask_token_id``), naming ``verifier`` (the target: a local folder path or hub id) and drafting
+    ``speculative_tokens`` tokens per step by default. ``flat_config`` reads it back."""
+    if layout not in SPECULATORS:
+        raise SpecframeError(f"layout {layout!r} has no speculators format (speculators layouts: {', '.join(SPECULATORS)})")
+    if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 1:
+        raise SpecframeError(f"speculative_tokens must be a positive integer, got {speculative_tokens!r}")
+    layer = {k: v for k, v in flat.items() if k not in _EAGLE_FIELDS and k not in _FIXED_FLAGS}
+    layer.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False)
+    layer.setdefault("torch_dtype", "float32")
+    config: dict[str, Any] = {
+        "architectures": [SPECULATORS[layout]],
+        "speculators_model_type": layout,
+        "speculators_config": {
+            "algorithm": layout,
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+        "transformer_layer_config": layer,
+        **{k: flat[k] for k in _EAGLE_FIELDS if k in flat},
+        **_FIXED_FLAGS,
+        "torch_dtype": layer["torch_dtype"],
+        PROVENANCE: {"drafter": drafter, "version": __version__},
+    }
+    return config
+
+
+def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat drafter config (``transformer_layer_config`` plus the EAGLE fields) of a speculators ``config.json``;
+    refuses variants specframe's layers do not compute (``norm_before_residual`` true, ``fc_norm``, ...), naming the
+    field."""
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise SpecframeError("config.json lacks transformer_layer_config (the drafter's layer config)")
+    model_type = layer.get("model_type", "llama")
+    if model_type != "llama":
+        raise SpecframeError(f"transformer_layer_config.model_type is {model_type!r}; specframe's EAGLE layers are Llama")
+    for key, expected in _FIXED_FLAGS.items():
+        # vLLM reads a missing norm_before_residual of an eagle3 speculator as true
+        value = config.get(key, key == "norm_before_residual" and config.get("speculators_model_type") == "eagle3")
+        if bool(value) != expected:
+            raise SpecframeError(
+                f"{key} is {str(bool(value)).lower()}: specframe's EAGLE-3 layer computes only {key} = {str(expected).lower()}"
+            )
+    flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
+    flat.update({k: config[k] for k in _EAGLE_FIELDS if config.get(k) is not None})
+    return flat
+
+
+def set_serving(
+    directory: str | os.PathLike, *, verifier: str | None = None, speculative_tokens: int | None = None
+) -> Manifest:
+    """Rewrite the verifier and / or default number of draft tokens of the speculators export at ``directory``
+    (``config.json`` replaced atomically); returns the new manifest."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if verifier is None and speculative_tokens is None:
+        return manifest
+    if not manifest.speculators:
+        raise SpecframeError(f"{directory} is a {manifest.layout} export, which names no verifier (not speculators format)")
+    cfg = _read_config(directory)
+    flat = flat_config(cfg)
+    new = speculators_config(
+        flat, manifest.layout, verifier=verifier if verifier is not None else manifest.verifier,
+        speculative_tokens=speculative_tokens if speculative_tokens is not None else manifest.speculative_tokens,
+        drafter=manifest.drafter,
+    )
+    tmp = directory / "config.json.tmp"
+    tmp.write_text(json.dumps(new, indent=1, sort_keys=True))
+    os.replace(tmp, directory / "config.json")
+    return read_manifest(directory)
 
 
 # --------------------------------------------------------------------------------------------------------- writers
@@ -140,20 +292,25 @@ def write_eagle3(
     target_num_layers: int | None = None,
     tokenizer: Any = None,
     drafter: str | None = "eagle3",
+    verifier: str | None = None,
+    speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
 ) -> dict[str, Any]:
-    """Write an autoregressive EAGLE-3 drafter for ``{"method": "eagle3"}``.
+    """Write an autoregressive EAGLE-3 drafter (speculators ``eagle3``).
 
     ``weights`` uses the layout names above (``midlayer.*`` is accepted for ``layers.0.*``); ``config`` is the
     drafter's Llama config (``llama_config`` builds one) with ``num_hidden_layers`` = drafter layers and
     ``vocab_size`` = the target's; ``draft_vocab_size`` is read from ``lm_head.weight``. ``aux_layer_ids`` are the
     target hidden states the drafter reads (id i = the hidden state entering target layer i, 0 = the embeddings; a
     tiny target needs them explicitly, vLLM's default assumes many layers); ``target_num_layers`` bounds them.
-    Returns the manifest written (``layout``, ``method``, ``parallel_drafting``, ...) as a dict.
+    ``verifier`` names the target vLLM starts for ``LLM(model=EXPORT)`` (``verifier_name`` of its folder or hub id);
+    ``speculative_tokens`` is the default number of draft tokens per step.
+    Returns the manifest (``layout``, ``method``, ``parallel_drafting``, ...) as a dict.
     """
     tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
     if "mask_hidden" in tensors:
         raise SpecframeError("an autoregressive EAGLE-3 export has no mask_hidden; use write_peagle for P-EAGLE")
-    return _write(directory, tensors, cfg, tokenizer, attrs.evolve(_MANIFESTS["eagle3"], drafter=drafter))
+    full = speculators_config(cfg, "eagle3", verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter)
+    return _write(directory, tensors, full, tokenizer)
 
 
 def write_peagle(
@@ -167,13 +324,16 @@ def write_peagle(
     target_num_layers: int | None = None,
     tokenizer: Any = None,
     drafter: str | None = "peagle",
+    verifier: str | None = None,
+    speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
 ) -> dict[str, Any]:
-    """Write a P-EAGLE drafter for ``{"method": "eagle3", "parallel_drafting": true}``: ``write_eagle3``'s layout
-    plus ``mask_hidden`` [1, 1, n_aux * H_target] in ``weights`` and ``mask_token_id`` (a target-vocabulary id whose
-    embedding row the mask slots read) in the config."""
+    """Write a P-EAGLE drafter (speculators ``peagle``: vLLM's eagle3 method with ``parallel_drafting``):
+    ``write_eagle3``'s layout plus ``mask_hidden`` [1, 1, n_aux * H_target] in ``weights`` and ``mask_token_id`` (a
+    target-vocabulary id whose embedding row the mask slots read) in the config."""
     tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
     _peagle_parts(tensors, cfg, mask_token_id)
-    return _write(directory, tensors, cfg, tokenizer, attrs.evolve(_MANIFESTS["peagle"], drafter=drafter))
+    full = speculators_config(cfg, "peagle", verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter)
+    return _write(directory, tensors, full, tokenizer)
 
 
 def write_pard(
@@ -194,10 +354,47 @@ def write_pard(
     cfg.setdefault("torch_dtype", "float32")
     tensors = _tensors(weights)
     _pard_parts(tensors, cfg, pard_token)
-    return _write(directory, tensors, cfg, tokenizer, attrs.evolve(_MANIFESTS["pard"], drafter=drafter))
+    cfg[PROVENANCE] = {"drafter": drafter, "version": __version__}
+    return _write(directory, tensors, cfg, tokenizer)
 
 
 # ------------------------------------------------------------------------------------------------------ validation
+
+
+def check_layout(directory: str | os.PathLike, target_config: Any = None) -> tuple[Manifest, dict, dict]:
+    """Read and validate the export at ``directory`` (for a target with ``target_config``, when given): returns its
+    manifest, its tensors under the layout's names and its flat config; one ``SpecframeError`` (without the folder
+    prefix) names the problem otherwise. Reads weights through safetensors only."""
+    from safetensors.torch import load_file
+
+    from specframe.engine.checkpoint import check_safetensors
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    weights_path = directory / WEIGHTS
+    if not weights_path.is_file():
+        raise SpecframeError(f"{WEIGHTS} is missing (re-run `specframe export`)")
+    cfg = _read_config(directory)
+    check_safetensors(weights_path)
+    tensors = load_file(str(weights_path))
+    if manifest.speculators:
+        flat = flat_config(cfg)
+        aux = flat.get("eagle_aux_hidden_state_layer_ids")
+        if not isinstance(aux, list):
+            raise SpecframeError("config.json lacks eagle_aux_hidden_state_layer_ids")
+        h_t = _require_ints(flat, "target_hidden_size")[0]
+        layers = getattr(target_config, "num_hidden_layers", None)
+        tensors, flat = _eagle3_parts(tensors, flat, aux, h_t, layers)
+        if manifest.layout == "peagle":
+            _peagle_parts(tensors, flat, flat.get("mask_token_id"))
+        elif "mask_hidden" in tensors:
+            raise SpecframeError("an autoregressive EAGLE-3 export has no mask_hidden")
+    else:
+        flat = {k: v for k, v in cfg.items() if k != PROVENANCE}
+        _pard_parts(tensors, flat, flat.get("pard_token"))
+    if target_config is not None:
+        _check_target(flat, target_config)
+    return manifest, tensors, flat
 
 
 def check_export(directory: str | os.PathLike, target_config: Any = None) -> Manifest:
@@ -205,46 +402,11 @@ def check_export(directory: str | os.PathLike, target_config: Any = None) -> Man
     return its manifest; raise one ``SpecframeError`` naming the problem otherwise.
 
     vLLM meets a damaged or mismatched drafter folder with a long traceback from deep inside model loading, often
-    after minutes of start-up; this runs the writers' own shape and id checks on what is on disk instead, reading
-    weights through safetensors only."""
-    from safetensors.torch import load_file
-
-    from specframe.engine.checkpoint import check_safetensors
-
-    directory = Path(directory)
-    manifest = read_manifest(directory)
-    prefix = f"{directory} cannot be served by vLLM"
-    config_path, weights_path = directory / "config.json", directory / WEIGHTS
-    for path in (config_path, weights_path):
-        if not path.is_file():
-            raise SpecframeError(f"{prefix}: {path.name} is missing (re-run `specframe export`)")
+    after minutes of start-up; this runs the writers' own shape and id checks on what is on disk instead."""
     try:
-        cfg = json.loads(config_path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise SpecframeError(f"{prefix}: config.json is not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise SpecframeError(f"{prefix}: config.json is not a JSON object")
-    check_safetensors(weights_path)
-    tensors = load_file(str(weights_path))
-    try:
-        if manifest.layout in ("eagle3", "peagle"):
-            aux = cfg.get("eagle_aux_hidden_state_layer_ids")
-            if not isinstance(aux, list):
-                raise SpecframeError("config.json lacks eagle_aux_hidden_state_layer_ids")
-            h_t = _require_ints(cfg, "target_hidden_size")[0]
-            layers = getattr(target_config, "num_hidden_layers", None)
-            tensors, cfg = _eagle3_parts(tensors, cfg, aux, h_t, layers)
-            if manifest.layout == "peagle":
-                _peagle_parts(tensors, cfg, cfg.get("mask_token_id"))
-            elif "mask_hidden" in tensors:
-                raise SpecframeError("an autoregressive EAGLE-3 export has no mask_hidden")
-        else:
-            _pard_parts(tensors, cfg, cfg.get("pard_token"))
-        if target_config is not None:
-            _check_target(cfg, target_config)
+        return check_layout(directory, target_config)[0]
     except SpecframeError as e:
-        raise SpecframeError(f"{prefix}: {e}") from None
-    return manifest
+        raise SpecframeError(f"{directory} cannot be served by vLLM: {e}") from None
 
 
 def _check_target(cfg: Mapping[str, Any], target_config: Any) -> None:
@@ -253,12 +415,13 @@ def _check_target(cfg: Mapping[str, Any], target_config: Any) -> None:
         raise SpecframeError(f"it was exported for a {cfg['vocab_size']}-token vocabulary, the target has {vocab}")
     if "target_hidden_size" in cfg and int(cfg["target_hidden_size"]) != int(target_config.hidden_size):
         raise SpecframeError(
-            f"it reads target hidden states of width {cfg['target_hidden_size']}, the target's are {target_config.hidden_size}"
+            f"target_hidden_size: it reads target hidden states of width {cfg['target_hidden_size']}, the target's are "
+            f"{target_config.hidden_size}"
         )
 
 
 def _peagle_parts(tensors: dict[str, torch.Tensor], cfg: dict[str, Any], mask_token_id: Any) -> None:
-    width = int(cfg["num_aux_hidden_states"]) * int(cfg["target_hidden_size"])
+    width = len(cfg["eagle_aux_hidden_state_layer_ids"]) * int(cfg["target_hidden_size"])
     mask = tensors.get("mask_hidden")
     if mask is None:
         raise SpecframeError("a P-EAGLE export needs 'mask_hidden' (the learned hidden state of mask slots)")
@@ -335,15 +498,9 @@ def _eagle3_parts(
         raise SpecframeError(f"lm_head.weight has {draft_vocab} rows; the draft vocabulary must be 1..{vocab}")
     _check_draft_vocab(tensors, draft_vocab, vocab)
 
-    cfg.update(
-        architectures=[EAGLE3_ARCHITECTURE],
-        model_type="llama",
-        draft_vocab_size=draft_vocab,
-        target_hidden_size=h_t,
-        eagle_aux_hidden_state_layer_ids=aux,
-        num_aux_hidden_states=len(aux),
-        tie_word_embeddings=False,
-    )
+    for key in ("architectures", "model_type", "num_aux_hidden_states", "tie_word_embeddings"):
+        cfg.pop(key, None)
+    cfg.update(draft_vocab_size=draft_vocab, target_hidden_size=h_t, eagle_aux_hidden_state_layer_ids=aux)
     cfg.setdefault("torch_dtype", "float32")
     return tensors, cfg
 
@@ -424,7 +581,6 @@ def _write(
     tensors: dict[str, torch.Tensor],
     config: dict[str, Any],
     tokenizer: Any,
-    manifest: Manifest,
 ) -> dict[str, Any]:
     from safetensors.torch import save_file
 
@@ -437,7 +593,7 @@ def _write(
             tokenizer.save_pretrained(str(tmp))
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
-        (tmp / MANIFEST).write_text(json.dumps(attrs.asdict(manifest), indent=1))
+        manifest = read_manifest(tmp)
         _replace_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -445,13 +601,21 @@ def _write(
     return attrs.asdict(manifest)
 
 
+def _is_export(directory: Path) -> bool:
+    try:
+        read_manifest(directory)
+    except SpecframeError:
+        return False
+    return True
+
+
 def _replace_dir(new: Path, directory: Path) -> None:
     """Move ``new`` to ``directory``; an existing export there is swapped out first and removed afterwards."""
     if not directory.exists():
         os.replace(new, directory)
         return
-    if not (directory / MANIFEST).is_file() and any(directory.iterdir()):
-        raise SpecframeError(f"{directory} exists and is not a specframe vLLM export; refusing to overwrite it")
+    if any(directory.iterdir()) and not _is_export(directory):
+        raise SpecframeError(f"{directory} exists and is not a vLLM drafter export; refusing to overwrite it")
     old = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".old"))
     os.replace(directory, old / "export")
     os.replace(new, directory)

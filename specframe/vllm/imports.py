@@ -1,0 +1,367 @@
+"""Read drafter checkpoints of the ecosystem's formats into specframe's drafter plugins.
+
+What ``read`` recognises (``config.json`` decides; weights are read through safetensors only, a folder carrying
+pickles such as ``pytorch_model.bin`` is refused before anything is loaded):
+
+- ``speculators``: vllm-project/speculators EAGLE-3 / P-EAGLE (``speculators_model_type`` ``eagle3`` / ``peagle``),
+  what ``specframe export`` writes. Tensors ``fc``, ``layers.N.*``, ``norm``, ``lm_head``, optional
+  ``embed_tokens``, ``d2t`` / ``t2d``, ``mask_hidden``; the library's ``verifier_*`` copies, when saved, are dropped.
+- ``eagle3-flat``: a flat ``LlamaForCausalLMEagle3`` config (``architectures``), as SafeAILab/EAGLE (EAGLE-3) and
+  SpecForge (sgl-project) save their EAGLE-3 drafters: Llama config fields plus ``draft_vocab_size``; the aux layers
+  under ``eagle_aux_hidden_state_layer_ids`` or SpecForge's ``eagle_config.eagle_aux_hidden_state_layer_ids``,
+  otherwise the original default (2, L//2, L-3) of the target; the decoder layer named ``midlayer.*`` (or
+  ``layers.N.*``). A config whose ``mask_token_id`` is set with a ``mask_hidden`` tensor is read as P-EAGLE.
+- ``pard``: a causal LM (``LlamaForCausalLM`` names) whose config has ``pard_token``, PARD's released layout.
+
+``read`` returns an ``Imported`` (flat config, tensors under specframe's / vLLM's layout names, verifier when named);
+``check_target`` compares it with the target (hidden size, layer shape, RoPE, vocabulary, aux layer range,
+tokenizer) and raises one ``SpecframeError`` naming the field; ``load_drafter`` builds the drafter plugin the folder
+holds and loads it (``Drafter.import_weights``), for ``generate`` / ``bench`` / ``export``; ``specframe train
+--init-from`` calls ``Drafter.import_weights`` on the drafter it built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from specframe.errors import SpecframeError
+from specframe.vllm import export as layouts
+
+FORMATS = ("speculators", "eagle3-flat", "pard")
+FLAT_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+# layer fields a drafter built on the target's LayerShape must share with the target, and how they are compared
+_SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+@attrs.frozen
+class Imported:
+    """A foreign drafter folder, read and validated: ``layout`` (eagle3 / peagle / pard), the ``format`` it came in,
+    its flat ``config``, its ``tensors`` under the layout's names and the ``verifier`` it names (if any)."""
+
+    directory: Path
+    format: str
+    layout: str
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    verifier: str | None = None
+    drafter: str | None = None
+
+    @property
+    def plugin(self) -> str:
+        """The drafter plugin that serves this layout (the one recorded by specframe, else the layout's)."""
+        return self.drafter or self.layout
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config["num_hidden_layers"])
+
+    @property
+    def aux_layer_ids(self) -> list[int]:
+        return [int(i) for i in self.config.get("eagle_aux_hidden_state_layer_ids") or []]
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.tensors["lm_head.weight"].shape[0])
+
+    @property
+    def mask_token_id(self) -> int | None:
+        key = "pard_token" if self.layout == "pard" else "mask_token_id"
+        value = self.config.get(key)
+        return None if value is None else int(value)
+
+
+def format_of(directory: str | os.PathLike) -> str | None:
+    """Which importable format ``directory`` holds (None when it is none of them, e.g. a training checkpoint)."""
+    directory = Path(directory)
+    path = directory / "config.json"
+    if (directory / "state.json").exists() or not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    if "speculators_config" in cfg or "speculators_model_type" in cfg:
+        return "speculators"
+    if FLAT_EAGLE3_ARCHITECTURE in (cfg.get("architectures") or []):
+        return "eagle3-flat"
+    if "pard_token" in cfg:
+        return "pard"
+    return None
+
+
+def is_importable(directory: str | os.PathLike) -> bool:
+    return format_of(directory) is not None
+
+
+def read(directory: str | os.PathLike, target_config: Any = None) -> Imported:
+    """Read and validate the drafter folder at ``directory``; with ``target_config`` also ``check_target``. Every
+    refusal is one ``SpecframeError`` starting with the folder and naming the field or tensor."""
+    directory = Path(directory)
+    try:
+        imported = _read(directory, target_config)
+        if target_config is not None:
+            check_target(imported, target_config)
+    except SpecframeError as e:
+        raise SpecframeError(f"cannot import {directory}: {e}") from None
+    return imported
+
+
+def _read(directory: Path, target_config: Any) -> Imported:
+    from specframe.engine.checkpoint import check_files
+
+    fmt = format_of(directory)
+    if fmt is None:
+        raise SpecframeError(
+            "not a drafter folder specframe imports (config.json with speculators_config, a LlamaForCausalLMEagle3 "
+            "architecture or pard_token)"
+        )
+    check_files(directory)
+    if fmt == "speculators":
+        manifest, tensors, flat = layouts.check_layout(directory)
+        return Imported(directory, fmt, manifest.layout, flat, tensors, manifest.verifier, manifest.drafter)
+    if fmt == "pard":
+        manifest, tensors, flat = layouts.check_layout(directory)
+        return Imported(directory, fmt, "pard", flat, tensors, None, manifest.drafter)
+    return _read_flat_eagle3(directory, target_config)
+
+
+def _read_flat_eagle3(directory: Path, target_config: Any) -> Imported:
+    from specframe.features import default_aux_layers
+
+    cfg = json.loads((directory / "config.json").read_text())
+    tensors = _load_weights(directory)
+    tensors = {k: v for k, v in tensors.items() if not k.startswith("verifier_")}
+    if "fc.bias" in tensors:
+        raise SpecframeError("tensor 'fc.bias': specframe's EAGLE-3 fc has no bias")
+    aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if aux is None and isinstance(cfg.get("eagle_config"), dict):
+        aux = cfg["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
+    if aux is None:
+        if target_config is None:
+            raise SpecframeError(
+                "eagle_aux_hidden_state_layer_ids is not recorded; the default (2, L//2, L-3) needs the target"
+            )
+        aux = list(default_aux_layers(int(target_config.num_hidden_layers)))
+    flat = {k: v for k, v in cfg.items() if k in layouts._LLAMA_KEYS or k in ("num_hidden_layers", "torch_dtype")}
+    if "target_hidden_size" in cfg:
+        h_t = int(cfg["target_hidden_size"])
+    else:
+        fc = tensors.get("fc.weight")
+        if fc is None or fc.shape[1] % max(len(aux), 1):
+            raise SpecframeError("missing tensor 'fc.weight' (or its width is not a multiple of the aux layers)")
+        h_t = int(fc.shape[1]) // len(aux)
+    layers = None if target_config is None else int(target_config.num_hidden_layers)
+    tensors, flat = layouts._eagle3_parts(tensors, flat, aux, h_t, layers)
+    layout = "eagle3"
+    if "mask_hidden" in tensors:
+        layout = "peagle"
+        layouts._peagle_parts(tensors, flat, cfg.get("mask_token_id"))
+    return Imported(directory, "eagle3-flat", layout, flat, tensors, None, None)
+
+
+def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise SpecframeError("no *.safetensors weights in the folder (pickled weights are not read)")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ target checks
+
+
+def _rope(cfg: Mapping[str, Any]) -> tuple[float | None, str]:
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = cfg.get("rope_theta", params.get("rope_theta") if isinstance(params, dict) else None)
+    kind = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
+    return (None if theta is None else float(theta)), str(kind)
+
+
+def check_target(imported: Imported, target_config: Any, tokenizer: Any = None) -> None:
+    """Refuse (one ``SpecframeError`` naming the field) a folder that cannot draft for ``target_config``: another
+    vocabulary or hidden size, a layer shape or RoPE the drafter (built on the target's layer shape) cannot hold,
+    aux layers the target does not have, or (``tokenizer`` given and the folder carries one) another tokenizer."""
+    cfg = imported.config
+    target = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
+    if int(cfg["vocab_size"]) != int(target["vocab_size"]):
+        raise SpecframeError(f"vocab_size {cfg['vocab_size']} differs from the target's {target['vocab_size']}")
+    if imported.layout != "pard" and int(cfg["target_hidden_size"]) != int(target["hidden_size"]):
+        raise SpecframeError(
+            f"target_hidden_size {cfg['target_hidden_size']} differs from the target's hidden size {target['hidden_size']}"
+        )
+    heads = int(target["num_attention_heads"])
+    expected = {
+        "hidden_size": target["hidden_size"],
+        "intermediate_size": target["intermediate_size"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": target.get("num_key_value_heads") or heads,
+        "head_dim": target.get("head_dim") or int(target["hidden_size"]) // heads,
+    }
+    for key in _SHAPE_FIELDS:
+        value = cfg.get(key)
+        if key == "head_dim" and value is None:
+            value = int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+        if key == "num_key_value_heads" and value is None:
+            value = cfg.get("num_attention_heads")
+        if value is not None and int(value) != int(expected[key]):
+            raise SpecframeError(
+                f"{key} {value} differs from the target's {expected[key]} (specframe's drafters use the target's "
+                "layer shape)"
+            )
+    theta, kind = _rope(cfg)
+    t_theta, t_kind = _rope(target)
+    if (theta is not None and t_theta is not None and theta != t_theta) or kind != t_kind:
+        raise SpecframeError(f"rope_parameters ({kind}, theta {theta}) differ from the target's ({t_kind}, theta {t_theta})")
+    n = int(target["num_hidden_layers"])
+    bad = [i for i in imported.aux_layer_ids if not 0 <= i < n]
+    if bad:
+        raise SpecframeError(
+            f"eagle_aux_hidden_state_layer_ids {imported.aux_layer_ids}: {bad} are not layers of the {n}-layer target"
+        )
+    if tokenizer is not None:
+        check_tokenizer(imported.directory, tokenizer)
+
+
+def check_tokenizer(directory: Path, tokenizer: Any) -> None:
+    """Refuse a folder whose saved tokenizer (when it carries one) maps tokens to other ids than ``tokenizer``."""
+    if not any((directory / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        return
+    from transformers import AutoTokenizer
+
+    try:
+        theirs = AutoTokenizer.from_pretrained(str(directory)).get_vocab()
+    except (OSError, ValueError) as e:
+        raise SpecframeError(f"tokenizer: its saved tokenizer does not load ({e})") from None
+    ours = tokenizer.get_vocab()
+    if theirs != ours:
+        differ = len(set(theirs.items()) ^ set(ours.items()))
+        raise SpecframeError(
+            f"tokenizer: its saved tokenizer is not the target's ({len(theirs)} vs {len(ours)} tokens, {differ} "
+            "token-id pairs differ)"
+        )
+
+
+def target_tokenizer(target_config: Any) -> Any:
+    """The tokenizer of the target a config was loaded from, when it is a local folder (else None)."""
+    source = getattr(target_config, "_name_or_path", None)
+    if not source or not Path(source).is_dir():
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError):
+        return None
+
+
+def target_embedding(target_config: Any) -> torch.Tensor | None:
+    """The target's input embedding, read from its local safetensors files (None when not found)."""
+    from safetensors import safe_open
+
+    source = getattr(target_config, "_name_or_path", None)
+    if not source or not Path(source).is_dir():
+        return None
+    for f in sorted(Path(source).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as handle:
+            if "model.embed_tokens.weight" in handle.keys():
+                return handle.get_tensor("model.embed_tokens.weight")
+    return None
+
+
+# -------------------------------------------------------------------------------------------- into a drafter
+
+
+def drafter_options(imported: Imported, cls: type) -> Any:
+    """The drafter plugin options that give ``cls`` the folder's shape (layers, aux layers, draft vocabulary)."""
+    names = {f.name for f in attrs.fields(cls.Options)}
+    values: dict[str, Any] = {"layers": imported.num_layers}
+    if imported.layout != "pard":
+        values.update(aux_layer_ids=imported.aux_layer_ids, draft_vocab_size=imported.draft_vocab_size)
+    if "init_from_target" in names:
+        values["init_from_target"] = False
+    return cls.Options(**{k: v for k, v in values.items() if k in names})
+
+
+def load_drafter(directory: str | os.PathLike, target_config: Any, tokenizer: Any = None) -> Any:
+    """The drafter plugin a foreign folder holds, built for ``target_config`` and loaded with its weights."""
+    from specframe import plugins
+
+    imported = read(directory, target_config)
+    tokenizer = tokenizer if tokenizer is not None else target_tokenizer(target_config)
+    try:
+        if tokenizer is not None:
+            check_tokenizer(imported.directory, tokenizer)
+    except SpecframeError as e:
+        raise SpecframeError(f"cannot import {directory}: {e}") from None
+    cls = plugins.get("drafter", imported.plugin)
+    drafter = cls(target_config, drafter_options(imported, cls))
+    drafter.import_weights(imported)
+    return drafter
+
+
+def missing_embedding(imported: Imported, target_config: Any) -> torch.Tensor:
+    """The embedding an EAGLE folder without ``embed_tokens`` shares with the target (vLLM does the same)."""
+    emb = target_embedding(target_config)
+    if emb is None:
+        raise SpecframeError(
+            f"cannot import {imported.directory}: it has no embed_tokens.weight (it shares the target's) and the "
+            "target's embedding was not found in a local safetensors folder"
+        )
+    return emb
+
+
+def eagle_state(
+    imported: Imported, own: Mapping[str, torch.Tensor], target_config: Any, *, own_embedding_is_target: bool = False
+) -> dict[str, torch.Tensor]:
+    """The folder's EAGLE tensors as a full state dict for a module whose state dict is ``own``: a missing
+    ``embed_tokens`` is the target's (from its files, or ``own``'s when ``own_embedding_is_target``: a prepared
+    drafter), a full draft vocabulary gets identity ``d2t`` / all-true ``t2d``; an unexpected or missing tensor is
+    named."""
+    tensors = dict(imported.tensors)
+    if "embed_tokens.weight" not in tensors:
+        emb = target_embedding(target_config)
+        if emb is None and own_embedding_is_target:
+            emb = own["embed_tokens.weight"]
+        tensors["embed_tokens.weight"] = emb if emb is not None else missing_embedding(imported, target_config)
+    if "d2t" not in tensors and "d2t" in own:
+        tensors["d2t"] = torch.zeros(imported.draft_vocab_size, dtype=torch.long)
+        tensors["t2d"] = torch.ones(int(imported.config["vocab_size"]), dtype=torch.bool)
+    extra = sorted(set(tensors) - set(own))
+    missing = sorted(set(own) - set(tensors))
+    if extra:
+        raise SpecframeError(f"cannot import {imported.directory}: tensor {extra[0]!r} has no place in the drafter")
+    if missing:
+        raise SpecframeError(f"cannot import {imported.directory}: missing tensor {missing[0]!r}")
+    for name, value in own.items():
+        if tuple(tensors[name].shape) != tuple(value.shape):
+            raise SpecframeError(
+                f"cannot import {imported.directory}: tensor {name!r} has shape {list(tensors[name].shape)}, the "
+                f"drafter's is {list(value.shape)}"
+            )
+    return {k: tensors[k].to(own[k].dtype) for k in own}
+
+
+def check_shape(imported: Imported, drafter: str, **expected: Any) -> None:
+    """Refuse a folder whose shape differs from a drafter built from the run's options (``--init-from``)."""
+    actual = {"layers": imported.num_layers, "aux_layer_ids": imported.aux_layer_ids,
+              "draft_vocab_size": imported.draft_vocab_size}
+    for key, value in expected.items():
+        if actual[key] != value:
+            raise SpecframeError(
+                f"cannot import {imported.directory}: its {key} is {actual[key]}, this {drafter} drafter's is {value} "
+                f"(set drafter.{key} to match)"
+            )
+

@@ -1,0 +1,183 @@
+"""Import of the ecosystem's drafter folders (speculators EAGLE-3 / P-EAGLE, SafeAILab and SpecForge EAGLE-3, PARD)
+into specframe's drafter plugins, the refusals, and the export -> import -> export round trip. No vLLM (fast)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specframe import plugins
+from specframe.errors import SpecframeError
+from specframe.vllm import export, imports
+from tests.vllm_fixtures import AUX, build_target, eagle3_weights, mask_token, target_parts
+
+DRAFT_VOCAB = 160
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    path = build_target(tmp_path_factory.mktemp("target") / "t")
+    config, tok = target_parts(path)
+    return SimpleNamespace(path=path, config=config, tok=tok)
+
+
+def trained(kind: str, target) -> object:
+    """A drafter plugin with random weights, a reduced draft vocabulary and its mask token set (as after training)."""
+    cls = plugins.get("drafter", kind)
+    options = {"eagle3": dict(layers=1, aux_layer_ids=AUX, draft_vocab_size=DRAFT_VOCAB),
+               "peagle": dict(layers=2, aux_layer_ids=AUX, draft_vocab_size=DRAFT_VOCAB),
+               "pard": dict(layers=2, init_from_target=False)}[kind]
+    torch.manual_seed(0)
+    drafter = cls(target.config, cls.Options(**options))
+    if kind != "pard":
+        drafter.model.set_draft_vocab(torch.arange(0, 2 * DRAFT_VOCAB, 2))
+    if kind == "peagle":
+        torch.nn.init.normal_(drafter.model.mask_hidden, std=0.1)
+    if kind in ("peagle", "pard"):
+        drafter.mask_token_id = mask_token(target.tok)
+    return drafter
+
+
+def tensors_bytes(folder: Path) -> dict[str, bytes]:
+    return {k: v.numpy().tobytes() for k, v in load_file(str(folder / "model.safetensors")).items()}
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "peagle", "pard"])
+def test_export_import_export_round_trip_is_byte_identical(target, tmp_path, kind):
+    first = tmp_path / "first"
+    trained(kind, target).export_vllm(first, target.tok)
+    drafter = imports.load_drafter(first, target.config, target.tok)
+    assert drafter.name == kind
+    second = tmp_path / "second"
+    drafter.export_vllm(second, target.tok)
+    assert tensors_bytes(first) == tensors_bytes(second)
+    assert (first / "model.safetensors").read_bytes() == (second / "model.safetensors").read_bytes()
+    assert (first / "config.json").read_text() == (second / "config.json").read_text()
+    if kind != "pard":
+        assert export.read_manifest(second).verifier == str(target.path.resolve())
+
+
+def test_imported_drafter_drafts_like_the_original(target, tmp_path):
+    original = trained("peagle", target)
+    original.export_vllm(tmp_path / "pe", target.tok)
+    copy = imports.load_drafter(tmp_path / "pe", target.config, target.tok)
+    assert copy.mask_token_id == original.mask_token_id
+    prompt = torch.tensor(target.tok("The quick brown fox")["input_ids"])
+    aux = torch.randn(len(prompt), 3 * target.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    drafts = []
+    for d in (original, copy):
+        d.module().eval()
+        d.start(prompt, {"aux_hidden": aux})
+        d.accept(torch.tensor([5]), {"aux_hidden": aux[-1:]})
+        drafts.append(d.propose(4).tokens.tolist())
+    assert drafts[0] == drafts[1]
+
+
+def _flat_eagle3(target, folder: Path, *, specforge: bool) -> dict[str, torch.Tensor]:
+    """An EAGLE-3 folder as SafeAILab/EAGLE (``specforge`` False: no aux ids, no embedding) or SpecForge (aux ids
+    under ``eagle_config``, embedding saved) write it: flat LlamaForCausalLMEagle3 config, ``midlayer.*`` names."""
+    folder.mkdir()
+    w = eagle3_weights(target.config, 1, DRAFT_VOCAB)
+    w = {k.replace("layers.0.", "midlayer."): v for k, v in w.items()}
+    w["t2d"] = torch.zeros(target.config.vocab_size, dtype=torch.bool)
+    w["t2d"][torch.arange(DRAFT_VOCAB) + w["d2t"]] = True
+    cfg = {**target.config.to_dict(), "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+           "draft_vocab_size": DRAFT_VOCAB}
+    if specforge:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True}
+    else:
+        del w["embed_tokens.weight"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file(w, str(folder / "model.safetensors"))
+    return w
+
+
+@pytest.mark.parametrize("specforge", [False, True], ids=["safeailab", "specforge"])
+def test_safeailab_and_specforge_eagle3_folders_import(target, tmp_path, specforge):
+    w = _flat_eagle3(target, tmp_path / "e", specforge=specforge)
+    imported = imports.read(tmp_path / "e", target.config)
+    assert (imported.format, imported.layout, imported.aux_layer_ids) == ("eagle3-flat", "eagle3", AUX)
+    drafter = imports.load_drafter(tmp_path / "e", target.config, target.tok)
+    state = drafter.model.state_dict()
+    assert torch.equal(state["layers.0.hidden_norm.weight"], w["midlayer.hidden_norm.weight"])
+    assert torch.equal(state["layers.0.self_attn.q_proj.weight"], w["midlayer.self_attn.q_proj.weight"])
+    assert torch.equal(state["d2t"], w["d2t"]) and torch.equal(state["fc.weight"], w["fc.weight"])
+    target_embedding = load_file(str(target.path / "model.safetensors"))["model.embed_tokens.weight"]
+    expected = w["embed_tokens.weight"] if specforge else target_embedding  # without one, the target's (as vLLM)
+    assert torch.equal(state["embed_tokens.weight"], expected)
+    # and it exports in the speculators format
+    manifest = drafter.export_vllm(tmp_path / "out", target.tok)
+    assert manifest["layout"] == "eagle3" and manifest["verifier"] == str(target.path.resolve())
+
+
+@pytest.fixture(scope="module")
+def exported(target, tmp_path_factory):
+    root = tmp_path_factory.mktemp("exports")
+    for kind in ("eagle3", "peagle", "pard"):
+        trained(kind, target).export_vllm(root / kind, target.tok)
+    return root
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_wrong_hidden_size_is_named(exported, tmp_path):
+    from specframe.targets import tiny_target
+
+    other = tiny_target(tmp_path / "narrow", vocab=320, layers=4, hidden=32, heads=4, kv_heads=2, seed=0)
+    config, _ = target_parts(other)
+    with pytest.raises(SpecframeError, match="target_hidden_size 64 differs from the target's hidden size 32"):
+        imports.read(exported / "eagle3", config)
+    with pytest.raises(SpecframeError, match="hidden_size 64 differs from the target's 32"):
+        imports.load_drafter(exported / "pard", config)
+
+
+def test_missing_tensor_is_named(exported, target, tmp_path):
+    folder = _copy(exported / "peagle", tmp_path / "pe")
+    w = load_file(str(folder / "model.safetensors"))
+    del w["layers.1.mlp.up_proj.weight"]
+    save_file(w, str(folder / "model.safetensors"))
+    with pytest.raises(SpecframeError, match=r"cannot import .*pe: missing weight 'layers.1.mlp.up_proj.weight'"):
+        imports.load_drafter(folder, target.config, target.tok)
+
+
+def test_another_tokenizer_is_refused(exported, tmp_path):
+    from specframe.targets import tiny_target
+
+    # same sizes and vocabulary size, but one more special token shifts every id
+    other = tiny_target(tmp_path / "other", vocab=320, layers=4, hidden=64, heads=2, kv_heads=1, intermediate=128,
+                        spare_special=5, seed=0)
+    config, tok = target_parts(other)
+    with pytest.raises(SpecframeError, match="tokenizer: its saved tokenizer is not the target's"):
+        imports.load_drafter(exported / "eagle3", config, tok)
+
+
+def test_other_refusals_name_the_field(exported, target, tmp_path):
+    pe = _copy(exported / "peagle", tmp_path / "pe")
+    cfg = json.loads((pe / "config.json").read_text())
+    cfg["norm_before_residual"] = True
+    (pe / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecframeError, match="norm_before_residual is true"):
+        imports.read(pe, target.config)
+    pickled = _copy(exported / "eagle3", tmp_path / "pk")
+    torch.save({}, pickled / "pytorch_model.bin")
+    with pytest.raises(SpecframeError, match="pickle"):
+        imports.read(pickled)
+    with pytest.raises(SpecframeError, match="not a drafter folder specframe imports"):
+        imports.read(target.path)
+    # a drafter built with other options refuses the folder by field (train --init-from)
+    cls = plugins.get("drafter", "eagle3")
+    other = cls(target.config, cls.Options(layers=2, aux_layer_ids=AUX, draft_vocab_size=DRAFT_VOCAB))
+    with pytest.raises(SpecframeError, match=r"its layers is 1, this eagle3 drafter's is 2 \(set drafter.layers"):
+        other.import_weights(imports.read(exported / "eagle3", target.config))
+    with pytest.raises(SpecframeError, match="it holds a peagle drafter, not eagle3"):
+        other.import_weights(imports.read(exported / "peagle", target.config))
