@@ -12,7 +12,9 @@ Layout of an output directory::
 
 A checkpoint is written into a temporary sibling, fsynced, renamed into place with ``os.replace``, and only then is
 ``latest`` switched (itself by ``os.replace``) and the previous checkpoint removed: a kill at any point leaves the
-last good checkpoint intact.
+last good checkpoint intact. Saving a step whose folder ``latest`` already names points ``latest`` at the complete
+staging copy before the old folder goes (``resolve`` follows it to the final name once renamed).
+``rng.safetensors`` holds torch's CPU generator state and, with CUDA, every device's (uint8 tensors).
 """
 
 from __future__ import annotations
@@ -43,7 +45,14 @@ def resolve(path: str | os.PathLike) -> Path:
     if (p / "state.json").exists():
         return p
     if (p / LATEST).exists():
-        return p / (p / LATEST).read_text().strip()
+        name = (p / LATEST).read_text().strip()
+        if not (p / name).exists() and name.startswith(".") and name.endswith(".tmp"):
+            # a save replacing a checkpoint of the same step pointed `latest` at its complete staging copy and was
+            # killed after renaming that copy into place: the checkpoint is under its final name
+            name = name[1 : -len(".tmp")]
+        if not (p / name / "state.json").exists():
+            raise SpecframeError(f"{p / LATEST} names {name}, which is not a complete checkpoint in {p}")
+        return p / name
     raise SpecframeError(f"{p} is neither a checkpoint nor a training output directory with a checkpoint")
 
 
@@ -90,6 +99,23 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def rng_state() -> dict[str, torch.Tensor]:
+    """Every random generator training draws from, as uint8 tensors: torch's CPU generator and, where CUDA is
+    available, each device's (the engine uses neither numpy's nor Python's ``random``)."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            state[f"cuda.{i}"] = s
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch"])
+    cuda = [state[f"cuda.{i}"] for i in range(len(state)) if f"cuda.{i}" in state]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
 def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Split an optimizer state dict into tensors (safetensors) and JSON scalars."""
     sd = optimizer.state_dict()
@@ -126,6 +152,8 @@ def save(
     """Write checkpoint ``step`` atomically and make it the latest; the previous one is removed afterwards."""
     final = out / step_name(step)
     tmp = out / f".{step_name(step)}.tmp"
+    if has_checkpoint(out) and (out / LATEST).read_text().strip() == tmp.name:
+        _finish_swap(out, tmp, final)  # an earlier save of this step was killed mid-swap: `latest` names tmp
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
@@ -135,7 +163,7 @@ def save(
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         (tmp / "optimizer.json").write_text(json.dumps(meta))
         (tmp / "scheduler.json").write_text(json.dumps(scheduler.state_dict()))
-        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        save_file(rng_state(), str(tmp / "rng.safetensors"))
         (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
         _fsync_tree(tmp)
     except OSError as exc:  # a full disk or a lost mount: the half-written copy goes, the last good one stays
@@ -145,14 +173,31 @@ def save(
             f"could not write checkpoint {final.name} in {out}: {exc.strerror or exc}; "
             + (f"the last checkpoint {kept} is intact" if kept else "no checkpoint was written")
         ) from exc
+    # Every moment from here on leaves `latest` naming a complete checkpoint (tests/test_checkpoint_consistency.py
+    # kills the save after each filesystem operation): the old one is removed only after `latest` has moved on.
     previous = resolve(out) if has_checkpoint(out) else None
-    if final.exists():  # a checkpoint of the same step from an earlier, interrupted attempt
+    if final.exists():  # a checkpoint of the same step: from an interrupted attempt, or the latest one itself
+        if previous == final:
+            # `latest` would name nothing between the removal and the rename: point it at the complete copy first
+            atomic_write_text(out / LATEST, tmp.name)
+            _finish_swap(out, tmp, final)
+            return final
         shutil.rmtree(final)
     os.replace(tmp, final)
     atomic_write_text(out / LATEST, final.name)
     if previous is not None and previous != final:
         shutil.rmtree(previous, ignore_errors=True)
     return final
+
+
+def _finish_swap(out: Path, tmp: Path, final: Path) -> None:
+    """With `latest` naming the complete staging copy ``tmp``: put it under ``final``'s name (``resolve`` finds it
+    there if a kill comes between the rename and the switch) and point `latest` at it."""
+    if tmp.exists():
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    atomic_write_text(out / LATEST, final.name)
 
 
 # what torch.save / pickle writes: loading any of these could run arbitrary code, so a checkpoint carrying one is refused
@@ -206,7 +251,7 @@ def load_training_state(
         )
     )
     scheduler.load_state_dict(json.loads((directory / "scheduler.json").read_text()))
-    torch.set_rng_state(load_file(str(directory / "rng.safetensors"))["torch"])
+    set_rng_state(load_file(str(directory / "rng.safetensors")))
     return json.loads((directory / "state.json").read_text())
 
 
