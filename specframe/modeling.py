@@ -8,6 +8,8 @@ at each element's position (anchor + depth). Parameter names follow the Llama / 
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +24,14 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @attrs.frozen
 class LayerShape:
-    """Sizes of one Llama decoder layer (taken from the target's config unless a drafter overrides them)."""
+    """Sizes of one Llama decoder layer, its activation and its rotary embedding (taken from the target's config unless
+    a drafter overrides them).
+
+    ``rope`` is the target's ``rope_parameters`` as canonical JSON (frozen, so a shape stays hashable): the rotary
+    frequencies come from transformers' own RoPE functions for its ``rope_type`` (default, linear, dynamic, yarn,
+    llama3, ...), and the export copies the same parameters into the drafter's config, so a drafter is served with the
+    frequencies it was trained with by construction.
+    """
 
     hidden: int
     heads: int
@@ -31,6 +40,9 @@ class LayerShape:
     intermediate: int
     eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope: str = ""
+    max_positions: int = 2048
+    act: str = "silu"
 
     @classmethod
     def from_config(cls, cfg: Any) -> LayerShape:
@@ -45,7 +57,16 @@ class LayerShape:
             intermediate=int(cfg.intermediate_size),
             eps=float(getattr(cfg, "rms_norm_eps", 1e-5)),
             rope_theta=rope_theta(cfg),
+            rope=json.dumps(rope_parameters(cfg), sort_keys=True),
+            max_positions=int(getattr(cfg, "max_position_embeddings", None) or 2048),
+            act=str(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or "silu"),
         )
+
+    def rope_parameters(self) -> dict[str, Any]:
+        params = json.loads(self.rope) if self.rope else {}
+        params.setdefault("rope_type", "default")
+        params["rope_theta"] = self.rope_theta
+        return params
 
     def config_fields(self) -> dict[str, Any]:
         """These sizes under their transformers / vLLM config names (what checkpoints and exports record)."""
@@ -57,6 +78,9 @@ class LayerShape:
             "intermediate_size": self.intermediate,
             "rms_norm_eps": self.eps,
             "rope_theta": self.rope_theta,
+            "rope_parameters": self.rope_parameters(),
+            "max_position_embeddings": self.max_positions,
+            "hidden_act": self.act,
         }
 
 
@@ -65,6 +89,35 @@ def rope_theta(cfg: Any) -> float:
     params = getattr(cfg, "rope_parameters", None) or {}
     theta = params.get("rope_theta") if isinstance(params, dict) else None
     return float(theta or getattr(cfg, "rope_theta", None) or 10000.0)
+
+
+def rope_parameters(cfg: Any) -> dict[str, Any]:
+    """The target's RoPE parameters (``rope_type`` and its scaling fields; v4's ``rope_scaling`` too)."""
+    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    params = dict(params) if isinstance(params, dict) else {}
+    if "type" in params and "rope_type" not in params:  # the v4 spelling
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    params["rope_theta"] = rope_theta(cfg)
+    return params
+
+
+@functools.lru_cache(maxsize=16)
+def _rotary_embedding(shape: LayerShape) -> nn.Module:
+    """transformers' rotary embedding layer for ``shape`` (its RoPE init functions do every ``rope_type``)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(
+        hidden_size=shape.hidden,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        intermediate_size=shape.intermediate,
+        max_position_embeddings=shape.max_positions,
+        rope_parameters=shape.rope_parameters(),
+    )
+    return LlamaRotaryEmbedding(config)
 
 
 class RMSNorm(nn.Module):
@@ -80,12 +133,13 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rotary(position: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos / sin [N, head_dim] at integer positions, in the Llama (rotate-half) layout."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=position.device) / head_dim))
-    freqs = position.to(torch.float32)[:, None] * inv[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+def rotary(position: torch.Tensor, shape: LayerShape, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin [N, head_dim] at integer positions, in the Llama (rotate-half) layout, with the target's RoPE type
+    (including its attention scaling, e.g. YaRN's)."""
+    rope = _rotary_embedding(shape)
+    probe = torch.empty(0, dtype=torch.float32, device=position.device)
+    cos, sin = rope(probe, position.to(torch.long)[None])
+    return cos[0].to(dtype), sin[0].to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -150,9 +204,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False)
         self.up_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False)
         self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=False)
+        # the target's activation (SiLU for Llama / Qwen, tanh-GELU for Gemma), as the export records it
+        from transformers.activations import ACT2FN
+
+        self.act = ACT2FN[shape.act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -233,7 +291,7 @@ def run_layers(
     memory O(one layer) instead of O(all layers)), and inside the layer being recomputed the position-wise parts in
     row chunks (only q, k, v and the attention output are held for every row). Returns the last hidden state and
     each layer's new (k, v)."""
-    cos, sin = rotary(position, shape.head_dim, shape.rope_theta, hidden.dtype)
+    cos, sin = rotary(position, shape, hidden.dtype)
     kvs: list[KV] = []
     for i, layer in enumerate(layers):
         extra = embeds if layer.eagle_input else None

@@ -293,16 +293,21 @@ def tiny_target(
     spare_special: int = 4,
     chat_template: str | None = CHATML_TEMPLATE,
     seed: int = 0,
+    family: str = "llama",
+    rope_parameters: dict | None = None,
 ) -> Path:
     """Build a tiny random-weight Llama target (byte-level BPE tokenizer with a ChatML template) in ``path``.
 
     Special tokens: ``<|endoftext|>`` (0, bos/eos/pad), ``<|im_start|>``, ``<|im_end|>`` and ``spare_special``
     unused ``<|reserved_i|>`` tokens (candidates for mask tokens). Load it with ``load_target(path)``.
     Deterministic for a given ``seed``. Pass ``chat_template=None`` to build a tokenizer without a template.
+    ``family`` picks the architecture: ``llama`` (untied head), ``qwen2`` (q/k/v bias, untied head) or ``gemma``
+    (tanh-GELU, (1 + w) RMSNorm, sqrt(H)-scaled embeddings, tied head); ``rope_parameters`` replaces the default RoPE
+    (e.g. ``{"rope_type": "llama3", ...}``).
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -327,7 +332,19 @@ def tiny_target(
     if chat_template is not None:
         fast.chat_template = chat_template
     fast.save_pretrained(path)
-    cfg = LlamaConfig(
+    families = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                "gemma": ("GemmaConfig", "GemmaForCausalLM")}
+    if family not in families:
+        raise SpecframeError(f"unknown tiny target family '{family}' (known: {', '.join(families)})")
+    import transformers
+
+    config_cls, model_cls = (getattr(transformers, name) for name in families[family])
+    extra: dict = {"tie_word_embeddings": family == "gemma"}
+    if family == "gemma":
+        extra["head_dim"] = hidden // heads
+    if rope_parameters is not None:
+        extra["rope_parameters"] = {"rope_theta": 10000.0, **rope_parameters}
+    cfg = config_cls(
         vocab_size=len(fast),
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -338,9 +355,9 @@ def tiny_target(
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
-        tie_word_embeddings=False,
+        **extra,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.float32)
+    model = model_cls(cfg).to(torch.float32)
     model.save_pretrained(path)
     return path

@@ -226,4 +226,6 @@ def test_depth_by_depth_passes_equal_whole_segment_passes(target, builder, check
         assert fast.count == slow.count
         assert torch.equal(fast.correct, slow.correct) and torch.equal(fast.total, slow.total)
         for a, c in zip(g_fast, g_slow):
-            torch.testing.assert_close(a, c, rtol=1e-3, atol=1e-5)  # float32 sums in another order
+            # float32 sums in another order; their rounding is CPU-dependent: on an AVX-512 machine one entry of
+            # 4.3e-3 (a sum with cancellation) differed by 1.5e-5 where an AVX2 machine stayed within 1e-5
+            torch.testing.assert_close(a, c, rtol=1e-3, atol=3e-5)

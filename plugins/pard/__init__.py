@@ -18,7 +18,6 @@ specframe options.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -235,12 +234,17 @@ class PardDrafter(api.Drafter):
 
     # -------------------------------------------------------------------------------------------------- checkpoints
     def hf_config(self) -> Any:
-        """The transformers config of the draft LM: the target's, with the drafter's depth and ``pard_token``."""
-        cfg = copy.deepcopy(self.target_config)
-        cfg.num_hidden_layers = self.options.layers
-        if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
-            cfg.layer_types = list(cfg.layer_types)[: self.options.layers]
-        cfg.tie_word_embeddings = self.tie
+        """The transformers config of the draft LM: a Llama config with the target's sizes, RoPE, activation and
+        special tokens (whatever the target's family: the draft LM is a Llama), the drafter's depth and ``pard_token``."""
+        from transformers import LlamaConfig
+
+        t = self.target_config
+        fields = {k: v for k, v in self.shape.config_fields().items() if k != "rope_theta"}  # in rope_parameters
+        cfg = LlamaConfig(
+            vocab_size=self.vocab_size, num_hidden_layers=self.options.layers, tie_word_embeddings=self.tie,
+            attention_bias=False, mlp_bias=False, bos_token_id=getattr(t, "bos_token_id", None),
+            eos_token_id=getattr(t, "eos_token_id", None), pad_token_id=getattr(t, "pad_token_id", None), **fields,
+        )
         cfg.pard_token = self.mask_token_id
         cfg.architectures = ["LlamaForCausalLM"]
         return cfg
