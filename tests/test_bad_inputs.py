@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -148,6 +149,16 @@ CASES = [
          "error: --partitions must be positive, got -1", lambda c: [*train(c), "--partitions", -1]),
     Case("max-steps-zero", "--max-steps 0",
          "error: --max-steps must be positive, got 0", lambda c: [*train(c), "--max-steps", 0]),
+    Case("steps-and-epochs", "--max-steps and --epochs together",
+         "error: give at most one of --max-steps and --epochs (one of them decides the run's length)",
+         lambda c: [*train(c), "--epochs", 1]),
+    Case("report-to-unknown", "--report-to tensorbord (misspelt)",
+         "error: --report-to: unknown tracker 'tensorbord' (did you mean 'tensorboard'?) (known: none, tensorboard, "
+         "wandb)", lambda c: [*train(c), "--report-to", "tensorbord"]),
+    Case("report-to-not-installed", "--report-to tensorboard without the tensorboard package",
+         "error: --report-to tensorboard: not installed; pip install tensorboard (or specframe[tensorboard]), or "
+         "drop it from --report-to (nothing was written)", lambda c: [*train(c), "--report-to", "tensorboard"],
+         lambda c: c["monkeypatch"].setitem(sys.modules, "tensorboard", None)),
     Case("lr-zero", "--lr 0",
          "error: --lr must be positive, got 0.0", lambda c: [*train(c), "--lr", 0]),
     Case("batch-size-zero", "--batch-size 0",
@@ -158,8 +169,8 @@ CASES = [
          "1000)", lambda c: [*train(c), "--memory-budget", "lots"]),
     Case("memory-budget-tiny", "--memory-budget 1MiB (far too small)",
          "error: memory budget 1.00 MiB is too small: peagle at --seq-len 48 with mask builder 'dense', "
-         "partitioner 'none' (1 partition) needs about 609.74 MiB (fixed 560.84 MiB + step 48.90 MiB); "
-         "even the fixed part (weights, optimizer state, process) needs 560.80 MiB: use a smaller "
+         "partitioner 'none' (1 partition) needs about 609.83 MiB (fixed 560.93 MiB + step 48.90 MiB); "
+         "even the fixed part (weights, optimizer state, process) needs 560.81 MiB: use a smaller "
          "drafter or a larger budget (nothing was written)",
          lambda c: [*train(c), "--memory-budget", "1MiB"]),
     Case("resume-nothing", "--resume an empty directory",
@@ -246,8 +257,8 @@ def error_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(assets, tmp_path, case):
-    ctx = {**assets, "tmp": tmp_path, "out": tmp_path / "out"}
+def test_bad_input(assets, tmp_path, monkeypatch, case):
+    ctx = {**assets, "tmp": tmp_path, "out": tmp_path / "out", "monkeypatch": monkeypatch}
     case.prepare(ctx)
     before = tree_hash(ctx["out"])
     argv = [str(a).format(**ctx) for a in case.args(ctx)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,11 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
               help="A feature cache written by `specframe prepare` for the same target: features are read, not "
                    "recomputed, so every drafter trains on identical inputs.")
 @click.option("--seq-len", type=int, default=256, show_default=True, help="Tokens per training sequence (longer "
-              "conversations are truncated).")
+              "conversations are truncated; shorter ones are packed, see --pack).")
+@click.option("--pack/--no-pack", default=True, show_default=True,
+              help="Pack short conversations into --seq-len sequences, greedily in data order (each conversation "
+                   "stays a document of its own: no attention across documents, target features computed per "
+                   "conversation). --no-pack: one conversation per sequence.")
 @click.option("--depth", type=int, default=None, help="Training depth K (elements per anchor). Default: the "
               "drafter's own k_train (`specframe plugins --options DRAFTER`; peagle and pard 8, eagle3 7, "
               "parallelspec 5).")
@@ -46,7 +51,11 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
               "a configuration whose estimated peak (see `specframe memory`) exceeds it is refused before training, "
               "and a run whose measured peak goes over it stops after that step, keeping the last checkpoint "
               "(exit code 3).")
-@click.option("--max-steps", type=int, default=30, show_default=True, help="Optimizer steps to train.")
+@click.option("--max-steps", type=int, default=None, help="Optimizer steps to train. Give at most one of "
+              "--max-steps and --epochs; with neither, one epoch.")
+@click.option("--epochs", type=float, default=None, help="Passes over the training sequences (fractions allowed): "
+              "ceil(EPOCHS x train sequences / --batch-size) steps, train sequences counted after packing. "
+              "Default: 1 unless --max-steps is given.")
 @click.option("--batch-size", type=int, default=2, show_default=True,
               help="Sequences per optimizer step, over all ranks.")
 @click.option("--lr", type=float, default=3e-4, show_default=True, help="Peak AdamW learning rate (linear warmup "
@@ -56,18 +65,30 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
 @click.option("--weight-decay", type=float, default=0.0, show_default=True, help="AdamW weight decay.")
 @click.option("--grad-clip", type=float, default=1.0, show_default=True,
               help="Clip the gradient's global norm to this value before each step.")
-@click.option("--max-examples", type=int, default=200, show_default=True,
-              help="Conversations read from --data (the last --val-examples are held out for validation).")
-@click.option("--val-examples", type=int, default=4, show_default=True, help="Held-out validation sequences.")
+@click.option("--max-examples", type=int, default=None,
+              help="Conversations read from --data or --cache. Default: all of them.")
+@click.option("--val-examples", type=int, default=4, show_default=True,
+              help="Held-out validation sequences: the last ones (after packing).")
 @click.option("--save-every", type=int, default=0, show_default=True,
               help="Write a checkpoint every N steps (0: only at the end). The previous one is kept until the new "
                    "one is complete.")
 @click.option("--eval-every", type=int, default=0, show_default=True,
               help="Validate every N steps (0: only at the end): loss, per-depth top-1 accuracy, expected AL.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of initialisation, data order and COD.")
+@click.option("--log-every", type=int, default=None,
+              help="Without a progress bar (stdout not a terminal, or --json: then on stderr), print a progress line "
+                   "(step, loss, tokens/s, ETA) every N steps. Default: about 20 lines per run.")
+@click.option("--report-to", default="none", show_default=True,
+              help="Experiment trackers, a comma list: none, tensorboard (OUTPUT/tensorboard), wandb (OUTPUT/wandb; "
+                   "WANDB_MODE=offline works without a network). A tracker whose library is missing is an error "
+                   "before anything is written (pip install 'specframe[tensorboard]' / 'specframe[wandb]').")
 @click.option("--output", "-o", default=None, type=click.Path(file_okay=False),
               help="Output directory (locked while a run writes it; a finished run refuses to be overwritten). "
                    "Required, here or as `output` in --config.")
+@click.option("--init-from", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Warm start from a drafter folder of the ecosystem: a speculators EAGLE-3 / P-EAGLE folder (what "
+                   "`specframe export` writes), a SafeAILab or SpecForge EAGLE-3 folder, or a PARD causal LM of the "
+                   "target's tokenizer; checked against the target and the drafter's options, loaded before step 1.")
 @click.option("--resume", default=None, type=click.Path(exists=True, file_okay=False),
               help="Continue exactly from a checkpoint or an output directory (its latest checkpoint).")
 @click.option("--config", "config_file", default=None, type=click.Path(exists=True, dir_okay=False),
@@ -117,7 +138,11 @@ def train(ctx: click.Context, resume: str | None, config_file: str | None, print
         return
     from specframe.engine import train as run_training
 
-    result = run_training(cfg, resume=resume, progress=not as_json)
+    # a progress bar on a terminal; otherwise plain lines, so a log file or a pipe shows progress too (stderr under
+    # --json, whose stdout is the result alone)
+    bar = not as_json and sys.stdout.isatty()
+    lines = None if bar else (lambda line: click.echo(line, err=as_json))
+    result = run_training(cfg, resume=resume, progress=bar, log_lines=lines)
     summary = {
         "steps": result.steps,
         "checkpoint": str(result.checkpoint),
