@@ -183,11 +183,15 @@ def test_flex_matches_dense_on_cuda():
 
 
 def test_dense_reference_agrees_with_sdpa_definition():
-    # Guards the reference itself: masked softmax written out by hand.
-    elements = cod_sample(torch.ones(12, dtype=torch.bool), 3, generator=torch.Generator().manual_seed(3))
+    # Guards the reference itself: masked softmax written out by hand, with the mask from the independent oracle
+    # (not visible(), which the builders use themselves)
+    from tests.test_visibility_oracle import naive_visible
+
+    elements = cod_sample(torch.ones(12, dtype=torch.bool), 3, generator=torch.Generator().manual_seed(3),
+                          doc=torch.arange(12) // 5)
     n = len(elements)
     q, k, v = (torch.randn(1, 1, n, 4, dtype=torch.float64) for _ in range(3))
-    mask = visible(elements, elements)
+    mask = naive_visible(elements, elements)
     scores = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~mask, float("-inf"))
     torch.testing.assert_close(builder("dense").build(elements, elements)(q, k, v), F.softmax(scores, -1) @ v)
 
