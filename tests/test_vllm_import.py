@@ -181,3 +181,53 @@ def test_other_refusals_name_the_field(exported, target, tmp_path):
         other.import_weights(imports.read(exported / "eagle3", target.config))
     with pytest.raises(SpecframeError, match="it holds a peagle drafter, not eagle3"):
         other.import_weights(imports.read(exported / "peagle", target.config))
+
+
+# ------------------------------------------------------------------------------------ train --init-from, export
+
+
+def test_train_init_from_a_speculators_export_warm_starts(tmp_path):
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+    from tests.train_fixtures import build
+
+    tgt, chat = build(tmp_path)
+    cfg = tmp_path / "small.toml"
+    cfg.write_text("[drafter]\nlayers = 2\ndraft_vocab_size = 100\nk_train = 3\n")
+
+    def run(*args):
+        result = CliRunner().invoke(main, list(map(str, args)))
+        return result.exit_code, result.output
+
+    def train(out, *extra):
+        return run("train", "--drafter", "peagle", "--target", tgt, "--data", chat, "--seq-len", 48, "--output", out,
+                   "--mask-builder", "dense", "--json", *extra)
+
+    code, text = train(tmp_path / "a", "--config", cfg, "--max-steps", 2, "--lr", 1e-2)
+    assert code == 0, text
+    code, text = run("export", "--checkpoint", tmp_path / "a", "--output", tmp_path / "e", "--k", 4, "--json")
+    assert code == 0, text
+    manifest = json.loads(text)
+    assert (manifest["layout"], manifest["verifier"], manifest["speculative_tokens"]) == ("peagle", str(tgt.resolve()), 4)
+    exported = load_file(str(tmp_path / "e" / "model.safetensors"))
+    # a tiny learning rate: after one step the weights are still the imported ones
+    code, text = train(tmp_path / "b", "--config", cfg, "--max-steps", 1, "--lr", 1e-12, "--init-from", tmp_path / "e")
+    assert code == 0, text
+    warm = load_file(str(tmp_path / "b" / "step-00000001" / "model.safetensors"))
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["init_from"] == str(tmp_path / "e")
+    for name in ("fc.weight", "layers.1.mlp.up_proj.weight", "mask_hidden", "lm_head.weight", "d2t"):
+        assert torch.allclose(warm[name].float(), exported[name].float(), atol=1e-6), name
+    # another depth in the run's options: one error naming the field
+    other = tmp_path / "other.toml"
+    other.write_text("[drafter]\nlayers = 3\ndraft_vocab_size = 100\nk_train = 3\n")
+    code, text = train(tmp_path / "c", "--config", other, "--max-steps", 1, "--init-from", tmp_path / "e")
+    assert code != 0 and "its layers is 2, this peagle drafter's is 3 (set drafter.layers to match)" in text
+    code, text = run("train", "--drafter", "eagle3", "--target", tgt, "--data", chat, "--output", tmp_path / "d",
+                     "--max-steps", 1, "--init-from", tmp_path / "e")
+    assert code != 0 and "holds a peagle drafter, and this run trains 'eagle3'" in text
+    # the export of an imported folder is the same folder (the round trip through the CLI)
+    code, text = run("export", "--checkpoint", tmp_path / "e", "--output", tmp_path / "e2")
+    assert code == 0, text
+    assert (tmp_path / "e2" / "model.safetensors").read_bytes() == (tmp_path / "e" / "model.safetensors").read_bytes()
+    assert (tmp_path / "e2" / "config.json").read_text() == (tmp_path / "e" / "config.json").read_text()

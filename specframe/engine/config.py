@@ -60,6 +60,9 @@ class TrainConfig:
     report_to: str = attrs.field(default="none", validator=lambda i, a, v: _check_report_to(v))
     seed: int = attrs.field(default=0, validator=_non_negative)
     device: str = "cpu"
+    #: warm start: a speculators EAGLE-3 / P-EAGLE, SafeAILab / SpecForge EAGLE-3 or PARD folder whose weights are
+    #: loaded into the drafter after it is built and prepared, before the first step (specframe.vllm.imports)
+    init_from: str | None = None
     drafter_options: dict[str, Any] = attrs.field(factory=dict)
     mask_builder_options: dict[str, Any] = attrs.field(factory=dict)
     partitioner_options: dict[str, Any] = attrs.field(factory=dict)

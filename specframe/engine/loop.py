@@ -200,6 +200,10 @@ class Trainer:
         # refuse a configuration that cannot fit --memory-budget before any feature is computed or file written
         self.memory_guard = engine_guard(self.resolved, target.config, sequences=kept)
         self.drafter.prepare(target, [self.source.tokens(i) for i in self.train_ids])
+        if cfg.init_from is not None and self.resume_from is None:
+            from specframe.vllm import imports
+
+            imports.warm_start(self.drafter, cfg.init_from, target.config, getattr(target, "tokenizer", None))
         module = self.drafter.module().to(cfg.device)
         self.params = [p for p in module.parameters() if p.requires_grad]
         if not self.params:

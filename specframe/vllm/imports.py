@@ -52,6 +52,7 @@ class Imported:
     tensors: dict[str, torch.Tensor]
     verifier: str | None = None
     drafter: str | None = None
+    speculative_tokens: int | None = None
 
     @property
     def plugin(self) -> str:
@@ -127,7 +128,8 @@ def _read(directory: Path, target_config: Any) -> Imported:
     check_files(directory)
     if fmt == "speculators":
         manifest, tensors, flat = layouts.check_layout(directory)
-        return Imported(directory, fmt, manifest.layout, flat, tensors, manifest.verifier, manifest.drafter)
+        return Imported(directory, fmt, manifest.layout, flat, tensors, manifest.verifier, manifest.drafter,
+                        manifest.speculative_tokens)
     if fmt == "pard":
         manifest, tensors, flat = layouts.check_layout(directory)
         return Imported(directory, fmt, "pard", flat, tensors, None, manifest.drafter)
@@ -292,6 +294,8 @@ def drafter_options(imported: Imported, cls: type) -> Any:
         values.update(aux_layer_ids=imported.aux_layer_ids, draft_vocab_size=imported.draft_vocab_size)
     if "init_from_target" in names:
         values["init_from_target"] = False
+    if imported.speculative_tokens is not None:
+        values["k_infer"] = int(imported.speculative_tokens)
     return cls.Options(**{k: v for k, v in values.items() if k in names})
 
 
@@ -310,6 +314,23 @@ def load_drafter(directory: str | os.PathLike, target_config: Any, tokenizer: An
     drafter = cls(target_config, drafter_options(imported, cls))
     drafter.import_weights(imported)
     return drafter
+
+
+def warm_start(drafter: Any, directory: str | os.PathLike, target_config: Any, tokenizer: Any = None) -> None:
+    """``train --init-from``: load the folder at ``directory`` into a built and prepared ``drafter`` (its draft
+    vocabulary and mask token come from the folder), after checking it against the target and tokenizer."""
+    imported = read(directory, target_config)
+    if imported.plugin != drafter.name and imported.layout != drafter.name:
+        raise SpecframeError(
+            f"cannot import {directory}: it holds a {imported.layout} drafter, and this run trains '{drafter.name}' "
+            f"(pass --drafter {imported.layout})"
+        )
+    if tokenizer is not None:
+        try:
+            check_tokenizer(imported.directory, tokenizer)
+        except SpecframeError as e:
+            raise SpecframeError(f"cannot import {directory}: {e}") from None
+    drafter.import_weights(imported)
 
 
 def missing_embedding(imported: Imported, target_config: Any) -> torch.Tensor:
