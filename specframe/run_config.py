@@ -91,6 +91,16 @@ def _format(exc: BaseException, type_: Any) -> str:
     return f"must be {name}, got an invalid value ({exc})"
 
 
+def _usage_error(exc: BaseException) -> UsageError | None:
+    if isinstance(exc, UsageError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _usage_error(inner)
+        if found is not None:
+            return found
+    return None
+
+
 def structure(data: dict[str, Any], cls: type, where: str, known: str = "known keys") -> Any:
     """``cls`` (an attrs class) from ``data``; an unknown key or a value of the wrong type is one ``UsageError``
     naming the key, e.g. ``run.yaml: seq_len must be an integer, got 'long' (str)``."""
@@ -105,6 +115,9 @@ def structure(data: dict[str, Any], cls: type, where: str, known: str = "known k
     except UsageError:  # a validator's message already names its option
         raise
     except cattrs.BaseValidationError as exc:
+        own = _usage_error(exc)
+        if own is not None:  # a validator's message (cattrs wraps the class's own checks too) already names it
+            raise own from None
         messages = []
         for line in cattrs.transform_error(exc, path="", format_exception=_format):
             message, _, path = line.rpartition(" @ ")
@@ -160,8 +173,9 @@ def normalize(data: dict[str, Any], where: str) -> dict[str, Any]:
         elif key in RECORD_KEYS:
             continue
         if key not in known:
-            raise UsageError(
-                f"{where}: unknown key '{raw}'{did_you_mean(key, [*known, *aliases])} (known: {', '.join(known)})"
+            raise UsageError(  # ~30 keys are too many to list in one line: point at the command that shows them
+                f"{where}: unknown key '{raw}'{did_you_mean(key, [*known, *aliases])}; "
+                "'specframe train --print-config' lists every key"
             )
         if key in out:
             raise UsageError(f"{where}: '{raw}' is given twice (as '{key}' and an alias)")

@@ -182,10 +182,17 @@ CASES = [
          "--output (nothing was overwritten)",
          lambda c: train(c), existing_run),
     Case("unknown-drafter-option", "an option the drafter does not have in --config",
-         "error: invalid drafter 'peagle' options: extra fields found (layerz) (did you mean 'layers'?) "
+         "error: --config {tmp}/extra.toml: drafter 'peagle' options: unknown key 'layerz' (did you mean 'layers'?) "
          "(known options: layers, k_train, k_infer, draft_vocab_size, aux_layer_ids, cod_ratio, cod_min_ratio, "
          "activation_checkpointing, loss_chunk)",
          lambda c: [*train(c), "--config", "{tmp}/extra.toml"], write("extra.toml", "[drafter]\nlayerz = 2\n")),
+    Case("config-unknown-key", "a --config key that is no training option (misspelt)",
+         "error: --config {tmp}/typo.yaml: unknown key 'seq_lenght' (did you mean 'seq_len'?); "
+         "'specframe train --print-config' lists every key",
+         lambda c: [*train(c), "--config", "{tmp}/typo.yaml"], write("typo.yaml", "seq_lenght: 64\n")),
+    Case("config-wrong-type", "a --config value of the wrong type",
+         "error: --config {tmp}/type.yaml: lr must be a number, got 'fast' (str)",
+         lambda c: [*train(c), "--config", "{tmp}/type.yaml"], write("type.yaml", "lr: fast\n")),
     Case("config-not-toml", "a --config file that is not TOML",
          "error: --config {tmp}/bad.toml is not valid: Expected ']' at the end of a table declaration "
          "(at line 1, column 9)",
