@@ -1,4 +1,5 @@
-"""One file holds a whole training run: ``specframe train --config run.yaml`` (or ``.toml``, or a run's ``config.json``).
+"""One file holds a whole training run: ``specframe train --config run.yaml`` (or ``.toml``, or a run's
+``config.json``).
 
 Top-level keys are ``TrainConfig`` fields (``seq-len`` or ``seq_len``), read generically from ``attrs.fields``, so a
 field added to ``TrainConfig`` is a config key at once. The plugin option tables are ``drafter_options``,
@@ -38,7 +39,8 @@ RECORD_KEYS = frozenset({
 #: filled only when the run starts (documented in ``--print-config``'s help and the YAML header)
 UNRESOLVED_NOTE = (
     "null values are decided when the run starts: warmup_steps (10% of the steps), the run length\n"
-    "when max_steps (and epochs) is null, plugin options that depend on the target (aux_layer_ids);\n"
+    "when max_steps (and epochs) is null, mask_builder with device auto (the machine decides),\n"
+    "plugin options that depend on the target (aux_layer_ids);\n"
     "draft_vocab_size is clamped to the target's vocabulary. data is null when a cache gives the features."
 )
 
@@ -234,22 +236,26 @@ def resolve(cfg: TrainConfig, where: str | None = None) -> TrainConfig:
 
     prefix = f"{where}: " if where else ""
 
-    drafter_cls = plugins.get("drafter", cfg.drafter)
-    drafter_options = structure(cfg.drafter_options, drafter_cls.Options, f"{prefix}drafter '{cfg.drafter}' options", "known options")
+    def options(table: dict[str, Any], cls: type, what: str) -> Any:
+        return structure(table, cls.Options, f"{prefix}{what} options", "known options")
+
+    drafter_options = options(cfg.drafter_options, plugins.get("drafter", cfg.drafter), f"drafter '{cfg.drafter}'")
     mask_builder = cfg.mask_builder
-    if mask_builder is None:
+    if mask_builder is None and cfg.device != "auto":  # with device auto the builder depends on the machine
         from specframe.masks import default_mask_builder
 
         mask_builder = default_mask_builder(cfg.device)
-    builder_cls = plugins.get("mask builder", mask_builder)
-    builder_options = structure(cfg.mask_builder_options, builder_cls.Options, f"{prefix}mask builder '{mask_builder}' options", "known options")
-    part_cls = plugins.get("partitioner", cfg.partitioner)
-    part_options = structure(cfg.partitioner_options, part_cls.Options, f"{prefix}partitioner '{cfg.partitioner}' options", "known options")
+    builder_options = cfg.mask_builder_options
+    if mask_builder is not None:
+        builder_options = options(builder_options, plugins.get("mask builder", mask_builder),
+                                  f"mask builder '{mask_builder}'")
+    part_options = options(cfg.partitioner_options, plugins.get("partitioner", cfg.partitioner),
+                           f"partitioner '{cfg.partitioner}'")
     depth = cfg.depth or getattr(drafter_options, "k_train", None)
     return attrs.evolve(
         cfg, depth=depth, mask_builder=mask_builder,
         drafter_options=_CONVERTER.unstructure(drafter_options),
-        mask_builder_options=_CONVERTER.unstructure(builder_options),
+        mask_builder_options=builder_options if mask_builder is None else _CONVERTER.unstructure(builder_options),
         partitioner_options=_CONVERTER.unstructure(part_options),
     )
 

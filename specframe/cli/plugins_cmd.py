@@ -53,7 +53,8 @@ def _print_options(name: str, kind: str | None, as_json: bool) -> None:
             table.add_column(column, overflow="fold")
         for o in entry["options"]:
             default = "(required)" if o["required"] else json.dumps(o["default"])
-            table.add_row(escape(o["name"]), escape(o["type"]), escape(default), escape(o["help"]) or "[red](no help)[/red]")
+            help_text = escape(o["help"]) or "[red](no help)[/red]"
+            table.add_row(escape(o["name"]), escape(o["type"]), escape(default), help_text)
         if entry["options"]:
             if entry["description"]:
                 console.print(entry["description"], markup=False)
