@@ -229,8 +229,14 @@ def checkpoint_method(path: str | Path, target_config: Any, *, k: int | None = N
 
     if not Path(path).exists():
         raise SpecframeError(f"checkpoint {path} does not exist")
-    directory = ckpt.resolve(path)
-    drafter = ckpt.load_drafter(directory, target_config)
+    from specframe.vllm import imports
+
+    if imports.is_importable(path):  # a speculators / SafeAILab / SpecForge EAGLE-3 or PARD folder
+        directory = Path(path)
+        drafter = imports.load_drafter(directory, target_config)
+    else:
+        directory = ckpt.resolve(path)
+        drafter = ckpt.load_drafter(directory, target_config)
     drafter.module().eval()
     k = default_k(drafter) if k is None else k
     if k < 1:
@@ -714,6 +720,12 @@ def recorded_target(checkpoints: Sequence[str | Path]) -> str | None:
     for path in checkpoints:
         if not Path(path).exists():
             raise SpecframeError(f"checkpoint {path} does not exist")
+        from specframe.vllm import imports
+
+        if imports.is_importable(path):  # a foreign drafter folder: the verifier a speculators config names
+            if imports.named_target(path):
+                return imports.named_target(path)
+            continue
         config = ckpt.resolve(path) / "config.json"
         if config.exists():
             target = json.loads(config.read_text()).get("target")

@@ -211,6 +211,22 @@ def test_train_init_from_a_speculators_export_warm_starts(tmp_path):
     manifest = json.loads(text)
     assert (manifest["layout"], manifest["verifier"], manifest["speculative_tokens"]) == ("peagle", str(tgt.resolve()), 4)
     exported = load_file(str(tmp_path / "e" / "model.safetensors"))
+    # generate and bench acceptance read the folder like a checkpoint (target: the verifier it names)
+    prompt = "the quick brown fox jumps over the lazy dog"
+    outs = []
+    for source in (tmp_path / "a", tmp_path / "e"):
+        code, text = run("generate", "--checkpoint", source, "--prompt", prompt, "--k", 3, "--max-new-tokens", 12,
+                         "--json")
+        assert code == 0, text
+        outs.append(json.loads(text[text.index("{"):]))
+    assert outs[0]["tokens"] == outs[1]["tokens"] and outs[1]["drafter"] == "peagle"
+    assert outs[0]["acceptance_length"] == outs[1]["acceptance_length"] and outs[1]["target"] == outs[0]["target"]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": prompt}]}) + "\n")
+    code, text = run("bench", "acceptance", "--checkpoint", tmp_path / "e", "--dataset", prompts, "--num-prompts", 1,
+                     "--max-new-tokens", 8, "--output", tmp_path / "bench.json", "--json")
+    assert code == 0, text
+    assert json.loads(text[text.index("{"):])["methods"]["peagle/k4"]["lossless"] is True
     # a tiny learning rate: after one step the weights are still the imported ones
     code, text = train(tmp_path / "b", "--config", cfg, "--max-steps", 1, "--lr", 1e-12, "--init-from", tmp_path / "e")
     assert code == 0, text

@@ -58,13 +58,13 @@ def load_drafter(checkpoint: str | Path, target: str | None) -> tuple[Any, Path,
 
 def recorded_target(directory: str | Path) -> str | None:
     """The target a run's checkpoint recorded, or the verifier a speculators folder names."""
-    from specframe.vllm import export, imports
+    from specframe.vllm import imports
 
     directory = Path(directory)
-    if imports.format_of(directory) == "speculators":
-        return export.read_manifest(directory).verifier
+    if imports.is_importable(directory):
+        return imports.named_target(directory)
     config_path = directory / "config.json"
-    if imports.is_importable(directory) or not config_path.exists():
+    if not config_path.exists():
         return None
     return json.loads(config_path.read_text()).get("target")
 

@@ -103,6 +103,16 @@ def is_importable(directory: str | os.PathLike) -> bool:
     return format_of(directory) is not None
 
 
+def named_target(directory: str | os.PathLike) -> str | None:
+    """The verifier a speculators folder names (its target), else None."""
+    if format_of(directory) != "speculators":
+        return None
+    try:
+        return layouts.read_manifest(directory).verifier
+    except SpecframeError:
+        return None
+
+
 def read(directory: str | os.PathLike, target_config: Any = None) -> Imported:
     """Read and validate the drafter folder at ``directory``; with ``target_config`` also ``check_target``. Every
     refusal is one ``SpecframeError`` starting with the folder and naming the field or tensor."""
