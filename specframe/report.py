@@ -1,9 +1,19 @@
 """``specframe report``: turn a directory of results files into a markdown page with tables and PNG plots.
 
 Only files in the results format (``specframe.results``) are read, and each must carry its provenance; a file that
-claims the format but lacks provenance stops the report (figures nobody can trace do not get published). Plots are
-drawn for the figures the suites record: peak memory against context (``metrics.points``), acceptance by draft
-position (``metrics.per_position_conditional``) and speedup by K (``metrics.speedup`` with ``config.k``).
+claims the format but lacks provenance stops the report (figures nobody can trace do not get published).
+
+One figure per question, each drawn only when the results hold its data (``figures``):
+
+- ``al-by-dataset.png``: acceptance length per drafter per evaluation set (grouped bars, each drafter's best setting,
+  95% Student-t interval over prompt turns where per-prompt rows exist);
+- ``speedup-by-k.png``: speedup over plain decoding per drafter at each chain K, with the 95% interval over repeats
+  and the break-even line at 1.0 (a ratio above the physical bound, speedup > AL x 1.05, is left out);
+- ``learning-curves.png``: validation AL against training tokens, every drafter on one axis;
+- ``memory-by-context.png``: peak training memory against context, one panel per drafter, with the budget line.
+
+At most ``MAX_SERIES`` series share an axes and legends sit outside the data. Tree rows appear only for drafters that
+build trees (``Drafter.builds_trees``): another drafter's "tree" is its chain, listed as such in the tables.
 """
 
 from __future__ import annotations
@@ -18,6 +28,10 @@ from specframe.errors import SpecframeError
 from specframe.results import SCHEMA, check_results
 
 LABEL_KEYS = ("drafter", "mask_builder", "partitioner", "engine", "verifier", "dataset", "k")
+#: the most series one axes shows (more would be unreadable; the tables keep every run)
+MAX_SERIES = 8
+#: a speedup above AL x this is physically impossible (a round costs at least one target forward)
+PHYSICAL_SLACK = 1.05
 
 
 def load_results(directory: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -95,20 +109,60 @@ def render(directory: Path, output: Path | None = None) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"# specframe results: {directory.name}", ""]
     lines += headline(documents)
+    made = figures(documents)
+    if made:
+        lines += ["## Figures", ""]
+        for name, question, fig in made:
+            _save(fig, output.parent / name)
+            lines += [f"**{question}**", "", f"![{Path(name).stem}]({name})", ""]
     lines += _provenance_section(documents)
     by_kind: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for name, document in documents:
         by_kind[document["kind"]].append((name, document))
     for kind, members in sorted(by_kind.items()):
         lines += [f"## {kind}", ""]
-        measured = [run for name, document in members for run in runs(name, document)]
+        measured = [(_chain_label(run, metrics), metrics) for name, document in members
+                    for run, metrics in runs(name, document)]
         keys = sorted({key for _, metrics in measured for key in scalars(metrics)})
         rows = [[run] + [scalars(metrics).get(key, "") for key in keys] for run, metrics in measured]
         lines += _table(["run"] + keys, rows) + [""]
-        for plot in _plots(kind, measured, output.parent):
-            lines += [f"![{plot.stem}]({plot.name})", ""]
     output.write_text("\n".join(lines))
     return output
+
+
+def builds_trees(drafter: str | None, figures: dict[str, Any] | None = None) -> bool:
+    """Whether ``drafter`` builds real trees: recorded in newer results (``builds_trees``), else the installed
+    drafter plugin's ``builds_trees`` (False for a drafter that is not installed)."""
+    if figures is not None and isinstance(figures.get("builds_trees"), bool):
+        return figures["builds_trees"]
+    if not drafter:
+        return False
+    try:
+        from specframe import plugins
+
+        return bool(getattr(plugins.get("drafter", drafter), "builds_trees", False))
+    except Exception:  # noqa: BLE001 - an unknown drafter in old results is not a tree builder
+        return False
+
+
+def _is_tree(label: str, figures: dict[str, Any]) -> bool:
+    return bool(figures.get("tree")) or label.rsplit("/", 1)[-1] == "tree"
+
+
+def _false_tree(label: str, figures: dict[str, Any]) -> bool:
+    """A "tree" row of a drafter whose propose_tree is its chain (older results measured those)."""
+    return _is_tree(label, figures) and not builds_trees(_drafter_name(label, figures), figures)
+
+
+def _chain_label(label: str, figures: dict[str, Any]) -> str:
+    if not _false_tree(label, figures):
+        return label
+    depth = (figures.get("tree") or {}).get("depth")
+    return f"{label} (chain{f' k{depth}' if depth else ''}: no tree)"
+
+
+def _drafter_name(label: str, figures: dict[str, Any]) -> str:
+    return str(figures.get("drafter") or label.split(":")[-1].strip().split("/")[0])
 
 
 def headline(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -143,7 +197,7 @@ def _best_acceptance(sweeps: list[dict[str, Any]]) -> list[str]:
     for d in sweeps:
         for label, m in d["metrics"]["methods"].items():
             al = m.get("acceptance_length")
-            if label == "plain" or not isinstance(al, int | float):
+            if label == "plain" or not isinstance(al, int | float) or _false_tree(label, m):
                 continue
             name, dataset = _drafter_of(label), d["config"]["dataset"]
             if al > best[name].get(dataset, (0.0, ""))[0]:
@@ -155,27 +209,52 @@ def _best_acceptance(sweeps: list[dict[str, Any]]) -> list[str]:
             "setting that reached it:", ""] + _table(["drafter", *sets, "training tokens"], rows) + [""]
 
 
+def round_cost_ratio(m: dict[str, Any], plain: dict[str, Any] | None) -> float | None:
+    """R: a speculative round's decode time over a plain step's (recorded, or from both runs' seconds / forwards)."""
+    if isinstance(m.get("round_cost_ratio"), int | float):
+        return float(m["round_cost_ratio"])
+    try:
+        r = (m["decode_seconds"] / m["forwards"]) / (plain["decode_seconds"] / plain["forwards"])
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    return r if math.isfinite(r) and r > 0 else None
+
+
+def plausible(speedup: float | None, al: float | None) -> bool:
+    """False for a speedup above the physical bound (AL x 1.05): such a ratio is noise, never a result."""
+    return speedup is None or al is None or speedup <= al * PHYSICAL_SLACK
+
+
 def _speedups(d: dict[str, Any]) -> list[str]:
     ranked = []
+    plain = d["metrics"]["methods"].get("plain")
     for label, m in d["metrics"]["methods"].items():
         iv = m.get("speedup_interval") or {}
         if label == "plain" or iv.get("mean") is None:
             continue
         ci = f" [{iv['low']:.2f}, {iv['high']:.2f}]" if iv.get("low") is not None else ""
-        ranked.append((iv["mean"], [label, f"{m['acceptance_length']:.2f}", f"{iv['mean']:.2f}x{ci}",
+        shown = f"{iv['mean']:.2f}x{ci}" if plausible(iv["mean"], m.get("acceptance_length")) else "flagged (> AL)"
+        if m.get("speedup_excluded_repeats"):
+            shown += f" ({len(m['speedup_excluded_repeats'])} flagged repeat(s) left out)"
+        r = round_cost_ratio(m, plain)
+        ranked.append((iv["mean"], [label, f"{m['acceptance_length']:.2f}", shown, f"{r:.2f}" if r else "n/a",
                                     _fmt(m.get("draft_seconds_per_round")), _budgets([d]).get(_drafter_of(label), "n/a")]))
     rows = [row for _, row in sorted(ranked, key=lambda r: -r[0])]
     return [f"Speedup over plain decoding ({d['config'].get('dataset')}, {d['metrics']['repeats']} interleaved "
-            "repeats, geometric mean and 95% interval):", ""] + _table(
-        ["method", "AL", "speedup", "drafter s/round", "training tokens"], rows) + [""]
+            "repeats, geometric mean and 95% interval; R = a speculative round's time over a plain step's, the AL "
+            "a drafter must exceed to win):", ""] + _table(
+        ["method", "AL", "speedup", "R (break-even AL)", "drafter s/round", "training tokens"], rows) + [""]
 
 
 def _training(d: dict[str, Any]) -> list[str]:
-    rows = [[name, _fmt(m.get("val_expected_al")), _fmt(m.get("tokens_per_second")),
-             _fmt((m.get("peak_rss_bytes") or 0) / 2**20), _fmt(m.get("train_tokens"))] if "refused" not in m
-            else [name, "does not fit", "", "", ""] for name, m in d["metrics"]["methods"].items()]
+    # results written before the chain measurement hold the per-depth product estimate; say which one a row is
+    rows = [[name, _fmt(m.get("val_expected_al")), m.get("val_expected_al_method", "per-depth product"),
+             _fmt(m.get("tokens_per_second")), _fmt((m.get("peak_rss_bytes") or 0) / 2**20),
+             _fmt(m.get("train_tokens"))] if "refused" not in m
+            else [name, "does not fit", "", "", "", ""] for name, m in d["metrics"]["methods"].items()]
     return [f"Training under one budget ({d['metrics'].get('memory_budget')}):", ""] + _table(
-        ["drafter", "expected AL (validation)", "train tokens/s", "peak RSS MiB", "train tokens"], rows) + [""]
+        ["drafter", "expected AL (validation)", "measured as", "train tokens/s", "peak RSS MiB", "train tokens"],
+        rows) + [""]
 
 
 def _longest_context(d: dict[str, Any]) -> list[str]:
@@ -199,11 +278,15 @@ def _vllm_beside_reference(documents: list[dict[str, Any]]) -> list[str]:
     for d in documents:
         m = d["metrics"]["methods"]
         budget = d["provenance"].get("token_budget")
+        r_v = round_cost_ratio(m["vllm"], m.get("vllm/plain"))
+        r_r = round_cost_ratio(m["reference"], m.get("reference/plain"))
         rows.append([d["config"].get("drafter"), f"{m['vllm']['acceptance_length']:.2f}",
-                     f"{m['vllm']['speedup_interval']['mean']:.2f}x", f"{m['reference']['acceptance_length']:.2f}",
-                     f"{m['reference']['speedup_interval']['mean']:.2f}x", budget if budget is not None else "n/a"])
-    return ["vLLM against the reference engine (same checkpoint, prompts and K):", ""] + _table(
-        ["drafter", "vLLM AL", "vLLM speedup", "reference AL", "reference speedup", "training tokens"], rows) + [""]
+                     f"{m['vllm']['speedup_interval']['mean']:.2f}x", f"{r_v:.2f}" if r_v else "n/a",
+                     f"{m['reference']['acceptance_length']:.2f}", f"{m['reference']['speedup_interval']['mean']:.2f}x",
+                     f"{r_r:.2f}" if r_r else "n/a", budget if budget is not None else "n/a"])
+    return ["vLLM against the reference engine (same checkpoint, prompts and K; R = round time over a plain step):",
+            ""] + _table(["drafter", "vLLM AL", "vLLM speedup", "vLLM R", "reference AL", "reference speedup",
+                          "reference R", "training tokens"], rows) + [""]
 
 
 def _budgets(documents: list[dict[str, Any]]) -> dict[str, Any]:
@@ -230,56 +313,252 @@ def _provenance_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str
     ) + [""]
 
 
-def _plots(kind: str, measured: list[tuple[str, dict[str, Any]]], where: Path) -> list[Path]:
+# --------------------------------------------------------------------------------------------------------- figures
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _all_runs(documents: list[tuple[str, dict[str, Any]]]):
+    for name, document in documents:
+        for key, run_label, figures in _keyed_runs(name, document):
+            yield document, key or run_label, figures
+
+
+def _dataset(document: dict[str, Any]) -> str | None:
+    return document.get("config", {}).get("dataset") or document.get("metrics", {}).get("dataset")
+
+
+def _reference_engine(document: dict[str, Any]) -> bool:
+    engine = document.get("config", {}).get("engine") or document.get("metrics", {}).get("engine") or "reference"
+    return document.get("kind") != "bench.vllm" and engine == "reference"
+
+
+def _prompt_interval(document: dict[str, Any], method: str) -> tuple[float | None, float | None]:
+    """95% Student-t interval of the per-prompt-turn AL of ``method`` (None without two prompt turns)."""
+    import statistics
+
+    from specframe.bench import t975
+
+    values = [r["acceptance_length"] for r in document.get("per_prompt") or []
+              if isinstance(r, dict) and r.get("method") == method and _number(r.get("acceptance_length"))]
+    if len(values) < 2:
+        return None, None
+    half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    centre = statistics.fmean(values)
+    return max(1.0, centre - half), centre + half  # AL is at least 1 (the target's own token)
+
+
+def acceptance_by_dataset(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """drafter -> dataset -> its best AL there (``al``, ``low`` / ``high`` interval, ``setting``); reference engine,
+    plain decoding and chain-only drafters' "tree" rows left out."""
+    best: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for document, key, m in _all_runs(documents):
+        al, dataset = m.get("acceptance_length", m.get("al")), _dataset(document)
+        if not dataset or not _number(al) or not _reference_engine(document) or key == "plain":
+            continue
+        if _false_tree(key, m):
+            continue
+        name = _drafter_name(key, m)
+        if name in ("plain", "None") or al <= best[name].get(dataset, {}).get("al", 0.0):
+            continue
+        low, high = _prompt_interval(document, key)
+        best[name][dataset] = {"al": float(al), "low": low, "high": high, "setting": key.rsplit("/", 1)[-1]}
+    return dict(best)
+
+
+def _speed_dataset(documents: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """The evaluation set of the speed measurement with the most repeats (speedups of different sets differ)."""
+    best, repeats = None, 0
+    for document, _, m in _all_runs(documents):
+        n = int((m.get("speedup_interval") or {}).get("repeats") or (1 if _number(m.get("speedup")) else 0))
+        if _reference_engine(document) and n > repeats:
+            best, repeats = _dataset(document), n
+    return best
+
+
+def speedup_by_k(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """drafter -> chain K -> speedup over plain decoding (``mean``, ``low`` / ``high``, ``repeats``) on one
+    evaluation set (``_speed_dataset``), from the run with the most repeats; trees, implausible ratios (above AL x
+    1.05) and other engines left out."""
+    out: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    dataset = _speed_dataset(documents)
+    for document, key, m in _all_runs(documents):
+        k = m.get("k")
+        if not _reference_engine(document) or key == "plain" or not _number(k) or k < 1 or _is_tree(key, m):
+            continue
+        if _dataset(document) != dataset:
+            continue
+        iv = m.get("speedup_interval") or {}
+        mean = iv.get("mean") if _number(iv.get("mean")) else m.get("speedup")
+        if not _number(mean) or not plausible(mean, m.get("acceptance_length", m.get("al"))):
+            continue
+        repeats = int(iv.get("repeats") or 1)
+        name = _drafter_name(key, m)
+        if repeats > out[name].get(int(k), {}).get("repeats", 0):
+            low, high = iv.get("low"), iv.get("high")
+            out[name][int(k)] = {"mean": float(mean), "low": low if _number(low) else None,
+                                 "high": high if _number(high) else None, "repeats": repeats}
+    return {name: points for name, points in out.items() if points}
+
+
+def learning_curves(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, list[tuple[float, float]]]:
+    """drafter -> [(training tokens, validation AL)] from the results that recorded a learning curve."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for _, key, m in _all_runs(documents):
+        curve = [(p["train_tokens"], p["val_expected_al"]) for p in m.get("learning_curve") or []
+                 if isinstance(p, dict) and _number(p.get("train_tokens")) and _number(p.get("val_expected_al"))]
+        if curve:
+            out[_drafter_name(key, m)] = sorted(curve)
+    return out
+
+
+def memory_by_context(documents: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, dict[str, list]], float | None]:
+    """(drafter -> series label -> [(tokens, peak GiB)], the memory budget in GiB or None) from runs with points."""
+    from specframe.memory import parse_size
+
+    out: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(dict)
+    budget = None
+    for document, key, m in _all_runs(documents):
+        points = [(p["seq_len"], p["peak_bytes"] / 2**30) for p in m.get("points") or []
+                  if isinstance(p, dict) and _number(p.get("seq_len")) and _number(p.get("peak_bytes"))]
+        if not points:
+            continue
+        series = f"{m['mask_builder']} + {m['partitioner']}" if m.get("mask_builder") and m.get("partitioner") \
+            else (m.get("mask_builder") or key)
+        out[_drafter_name(key, m)][series] = sorted(points)
+        text = document.get("metrics", {}).get("memory_budget") or document.get("config", {}).get("memory_budget")
+        if text and budget is None:
+            try:
+                budget = parse_size(text) / 2**30
+            except Exception:  # noqa: BLE001 - an unreadable budget only loses its line
+                budget = None
+    return dict(out), budget
+
+
+def _outside_legend(ax) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8)
+
+
+def _capped(items: list, note: list[str], what: str) -> list:
+    if len(items) > MAX_SERIES:
+        note.append(f"{len(items) - MAX_SERIES} more {what} in the tables")
+    return items[:MAX_SERIES]
+
+
+def _memory_figure(plt: Any, memory: dict[str, dict[str, list]], budget: float | None) -> Any:
+    """One axes with every (drafter, combination) when they fit MAX_SERIES, else one panel per drafter; the budget
+    as a dashed line, context lengths on a log axis labelled with the measured lengths, legend outside."""
+    from matplotlib.ticker import NullFormatter
+
+    label = f"memory budget ({budget:g} GiB)" if budget is not None else None
+    total = sum(len(v) for v in memory.values())
+    panels = [(None, [(f"{name} ({series})", pts) for name in sorted(memory) for series, pts in memory[name].items()])] \
+        if total <= MAX_SERIES else [(name, sorted(memory[name].items(), key=lambda kv: -max(t for t, _ in kv[1])))
+                                     for name in sorted(memory)]
+    cols = min(2, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 if len(panels) == 1 else 4.5 * cols, 4 if len(panels) == 1
+                                                  else 3.4 * rows), squeeze=False, sharey=True)
+    handles: dict[str, Any] = {}
+    for ax, (title, series) in zip(axes.flat, panels):
+        lengths = set()
+        for name, pts in series[:MAX_SERIES]:
+            (line,) = ax.plot([t for t, _ in pts], [g for _, g in pts], "o-", label=name)
+            handles.setdefault(name, line)
+            lengths |= {t for t, _ in pts}
+        if budget is not None:
+            handles.setdefault(label, ax.axhline(budget, color="red", lw=1.0, ls="--", label=label))
+        ax.set(xscale="log", xlabel="context length (tokens)", ylabel="peak memory (GiB)")
+        ax.set_xticks(sorted(lengths), [str(int(t)) for t in sorted(lengths)])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylim(bottom=0)
+        if title:
+            ax.set_title(title)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle("Peak training memory against context")
+    fig.tight_layout()
+    if len(panels) == 1:
+        _outside_legend(axes.flat[0])
+    else:
+        fig.legend(list(handles.values()), list(handles), loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
+    return fig
+
+
+def figures(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str, Any]]:
+    """The report's figures as (file name, the question it answers, matplotlib Figure); only those whose data the
+    results hold. Nothing is written: ``render`` saves them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     made = []
-    memory = [(run, m) for run, m in measured if m.get("points")]
-    if memory:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for run, metrics in memory:
-            points = sorted(metrics["points"], key=lambda p: p["seq_len"])
-            ax.plot([p["seq_len"] for p in points], [p["peak_bytes"] / 2**30 for p in points], "o-", label=run)
-        ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="peak memory (GiB)",
-               title="Peak training memory against context")
-        ax.legend(fontsize=7)
-        made.append(_save(fig, where / f"{kind}-memory.png"))
-    acceptance = [(run, _conditional(m)) for run, m in measured if _conditional(m)]
+    acceptance = acceptance_by_dataset(documents)
     if acceptance:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for run, rates in acceptance:
-            ax.plot(range(1, len(rates) + 1), [r if r is not None else float("nan") for r in rates], "o-", label=run)
-        ax.set(xlabel="draft position", ylabel="acceptance rate (conditional)", ylim=(0, 1),
-               title="Acceptance by position")
-        ax.legend(fontsize=7)
-        made.append(_save(fig, where / f"{kind}-acceptance.png"))
-    speed = [(run, m) for run, m in measured if m.get("speedup") is not None and m.get("k")]
+        note: list[str] = []
+        names = _capped(sorted(acceptance, key=lambda n: -max(v["al"] for v in acceptance[n].values())), note,
+                        "drafters")
+        sets = sorted({s for n in names for s in acceptance[n]})
+        fig, ax = plt.subplots(figsize=(7, 4))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            xs, heights, err = [], [], [[], []]
+            for j, dataset in enumerate(sets):
+                v = acceptance[name].get(dataset)
+                if v is None:
+                    continue
+                xs.append(j - 0.4 + width * (i + 0.5))
+                heights.append(v["al"])
+                err[0].append(max(0.0, v["al"] - v["low"]) if v["low"] is not None else 0.0)
+                err[1].append(max(0.0, v["high"] - v["al"]) if v["high"] is not None else 0.0)
+            ax.bar(xs, heights, width, yerr=err, capsize=2, label=name)
+        ax.set_xticks(range(len(sets)), sets)
+        ax.set(xlabel="evaluation set", ylabel="acceptance length (tokens per target forward)",
+               title="Acceptance length per drafter (best setting, 95% interval over prompt turns)")
+        ax.title.set_fontsize(9)
+        _outside_legend(ax)
+        made.append(("al-by-dataset.png", "Which drafter accepts the most tokens on each evaluation set?", fig))
+    speed = speedup_by_k(documents)
     if speed:
-        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for run, metrics in speed:
-            key = metrics.get("drafter") or run.split(":")[-1].split("/")[0].strip()
-            series[key].append((metrics["k"], metrics["speedup"]))
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for key, values in sorted(series.items()):
-            values.sort()
-            ax.plot([k for k, _ in values], [s for _, s in values], "o-", label=key)
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(xlabel="K (draft tokens per round)", ylabel="speedup over plain decoding", title="Speedup by K")
-        ax.legend(fontsize=7)
-        made.append(_save(fig, where / f"{kind}-speedup.png"))
+        note = []
+        names = _capped(sorted(speed, key=lambda n: -max(v["mean"] for v in speed[n].values())), note, "methods")
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name in names:
+            ks = sorted(speed[name])
+            means = [speed[name][k]["mean"] for k in ks]
+            low = [m - (speed[name][k]["low"] if speed[name][k]["low"] is not None else m) for k, m in zip(ks, means)]
+            high = [(speed[name][k]["high"] if speed[name][k]["high"] is not None else m) - m for k, m in zip(ks, means)]
+            ax.errorbar(ks, means, yerr=[low, high], marker="o", capsize=3, label=name)
+        ax.axhline(1.0, color="grey", lw=1.0, ls="--", label="break-even: plain decoding (1.0)")
+        ax.set_xticks(sorted({k for n in names for k in speed[n]}))
+        dataset = _speed_dataset(documents)
+        ax.set(xlabel="K (draft tokens per round)", ylabel="speedup over plain decoding",
+               title=f"Speedup by K{f' on {dataset}' if dataset else ''} (95% interval where repeated)")
+        ax.title.set_fontsize(9)
+        _outside_legend(ax)
+        made.append(("speedup-by-k.png", "Is any drafter faster than plain decoding, and at which K?", fig))
+    curves = learning_curves(documents)
+    if curves:
+        note = []
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name in _capped(sorted(curves), note, "drafters"):
+            ax.plot([t for t, _ in curves[name]], [a for _, a in curves[name]], "o-", label=name)
+        ax.set(xlabel="training tokens", ylabel="validation AL (mean accepted chain + 1)",
+               title="Learning curves")
+        _outside_legend(ax)
+        made.append(("learning-curves.png", "How fast does each drafter learn per training token?", fig))
+    memory, budget = memory_by_context(documents)
+    if memory:
+        made.append(("memory-by-context.png", "How much memory does training need as the context grows?",
+                     _memory_figure(plt, memory, budget)))
     return made
 
 
-def _conditional(metrics: dict[str, Any]) -> list[float | None]:
-    return metrics.get("per_position_conditional") or metrics.get("conditional") or []
-
-
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -35,7 +35,7 @@ def test_report_has_tables_plots_and_provenance(results_dir):
     text = (results_dir / "report.md").read_text()
     assert "## acceptance" in text and "## memory" in text and "## Provenance" in text
     assert "drafter=peagle, engine=reference, verifier=greedy, k=5 | 3 |" in text
-    for plot in ("acceptance-acceptance.png", "acceptance-speedup.png", "memory-memory.png"):
+    for plot in ("speedup-by-k.png", "memory-by-context.png"):
         assert (results_dir / plot).stat().st_size > 1000
         assert f"]({plot})" in text
 
@@ -79,7 +79,7 @@ def test_side_by_side_methods_become_rows_and_plots(tmp_path):
     text = (d / "report.md").read_text()
     assert "| verifier=greedy, dataset=mt-bench: peagle/k5 | 2.5 | 5 | 1.4 |" in text
     assert "| verifier=greedy, dataset=mt-bench: plain | 1 | 0 | 1 |" in text
-    assert (d / "bench.acceptance-acceptance.png").exists() and (d / "bench.acceptance-speedup.png").exists()
+    assert (d / "speedup-by-k.png").exists() and (d / "al-by-dataset.png").exists()
 
 
 def test_headline_answers_per_drafter_from_the_suites_files(tmp_path):
@@ -111,8 +111,125 @@ def test_headline_answers_per_drafter_from_the_suites_files(tmp_path):
     text = (d / "report.md").read_text() if CliRunner().invoke(main, ["report", str(d)]).exit_code == 0 else ""
     assert "| peagle | 2.10 (k5) | 1.60 (k5) | 900 |" in text
     assert "| eagle3 | 1.80 (tree) | 1.90 (tree) | 900 |" in text
-    assert "| peagle/k5 | 2.00 | 1.31x [1.20, 1.40] | 0.01 | 900 |" in text
-    assert "| peagle | 1.7 | 120 | 2048 | 900 |" in text and "| eagle3 | does not fit |" in text
+    assert "| peagle/k5 | 2.00 | 1.31x [1.20, 1.40] | n/a | 0.01 | 900 |" in text  # no timings to compute R
+    assert "| peagle | 1.7 | per-depth product | 120 | 2048 | 900 |" in text and "| eagle3 | does not fit |" in text
     # a tie at the cap goes to the combination that needed less memory there
     assert "| peagle | >= 4096 (search cap) | chunked + peagle | 2048 |" in text
     assert "| eagle3 | none | dense + none |  |" in text
+
+
+def _suite_results(d, drafters=("peagle", "eagle3", "pard")):
+    """A folder shaped like the suites' output: sweeps over two sets (with per-prompt rows), a repeated speed run,
+    training with learning curves, memory points with a budget."""
+    for dataset, base in {"gsm8k": 1.5, "mt-bench": 1.2}.items():
+        methods, rows = {"plain": {"acceptance_length": 1.0, "k": 0}}, []
+        for i, name in enumerate(drafters):
+            for k in (3, 5):
+                al = base + 0.1 * i + 0.01 * k
+                methods[f"{name}/k{k}"] = {"acceptance_length": al, "k": k, "drafter": name, "speedup": 0.5 + al / 10}
+                rows += [{"method": f"{name}/k{k}", "acceptance_length": al + d} for d in (-0.1, 0.0, 0.1)]
+            # older results measured chain-only drafters with the tree verifier too: never a tree row
+            methods[f"{name}/tree"] = {"acceptance_length": 3.0, "k": 5, "drafter": name, "speedup": 0.7,
+                                       "tree": {"depth": 5, "top_k": 4, "total_tokens": 16}}
+        prov = results.provenance(target=TARGET, token_budget=100, command=["pytest"])
+        results.write_results(d / f"acceptance-{dataset}.json", kind="bench.acceptance", metrics={"methods": methods},
+                              per_prompt=rows, provenance=prov, config={"dataset": dataset, "ks": [3, 5]})
+    speed = {"plain": {"acceptance_length": 1.0, "k": 0}}
+    for name in drafters:
+        speed[f"{name}/k5"] = {"acceptance_length": 1.2, "k": 5, "drafter": name, "speedup": 1.1,
+                               "speedup_interval": {"mean": 1.1, "low": 1.0, "high": 1.2, "repeats": 5}}
+    speed["fast/k5"] = {"acceptance_length": 1.2, "k": 5, "drafter": "fast", "speedup": 2.0,  # above AL x 1.05
+                        "speedup_interval": {"mean": 2.0, "low": 1.9, "high": 2.1, "repeats": 5}}
+    write(d, "speed-mt-bench.json", "bench.acceptance", {"methods": speed, "repeats": 5},
+          {"dataset": "mt-bench", "k": 5})
+    write(d, "training.json", "bench.training", {"memory_budget": "3GiB", "methods": {
+        name: {"val_expected_al": 1.5, "val_expected_al_method": "chain", "learning_curve": [
+            {"step": s, "train_tokens": 100 * s, "val_expected_al": 1.0 + 0.1 * s + 0.01 * i} for s in (1, 2, 3)]}
+        for i, name in enumerate(drafters)}}, {})
+    write(d, "memory.json", "bench.memory", {"memory_budget": "3GiB", "methods": {
+        f"{name}/chunked/peagle": {"drafter": name, "mask_builder": "chunked", "partitioner": "peagle",
+                                   "longest_seq_len": 2048, "points": [{"seq_len": 512, "peak_bytes": 2**30},
+                                                                      {"seq_len": 2048, "peak_bytes": 2**31}]}
+        for name in drafters}}, {})
+
+
+def _legend_outside(fig, ax, legend):
+    fig.canvas.draw()
+    box, area = legend.get_window_extent(), ax.get_window_extent()
+    return box.x0 >= area.x1 or box.y0 >= area.y1
+
+
+def test_one_figure_per_question_with_its_series_and_labels(tmp_path):
+    from matplotlib.container import BarContainer, ErrorbarContainer
+
+    from specframe import report
+
+    d = tmp_path / "cpu"
+    _suite_results(d)
+    made = {name: (question, fig) for name, question, fig in report.figures(report.load_results(d))}
+    assert set(made) == {"al-by-dataset.png", "speedup-by-k.png", "learning-curves.png", "memory-by-context.png"}
+
+    # AL: grouped bars, one series per drafter, one bar per set where measured, each drafter's best setting; only
+    # eagle3 builds trees, so the other drafters' "tree" rows (AL 3.0 here) are left out
+    fig = made["al-by-dataset.png"][1]
+    ax = fig.axes[0]
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert [b.get_label() for b in bars] == ["eagle3", "pard", "peagle", "fast"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["gsm8k", "mt-bench"]
+    heights = {b.get_label(): [round(r.get_height(), 3) for r in b] for b in bars}
+    assert heights == {"eagle3": [3.0, 3.0], "pard": [1.75, 1.45], "peagle": [1.55, 1.25], "fast": [1.2]}
+    assert len(ax.collections) == 4  # an interval (error bars) per series
+    assert "acceptance length" in ax.get_ylabel() and ax.get_xlabel() == "evaluation set"
+    assert _legend_outside(fig, ax, ax.get_legend())
+
+    # speedup: one line per drafter over K with intervals, the 1.0 line; the implausible 2.0x is not drawn
+    fig = made["speedup-by-k.png"][1]
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert set(labels) == {"peagle", "eagle3", "pard", "break-even: plain decoding (1.0)"} and "fast" not in labels
+    assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ax.get_lines())
+    series = {c.get_label(): (list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata())) for c in ax.containers
+              if isinstance(c, ErrorbarContainer)}
+    assert series["peagle"][0] == [3, 5] and series["peagle"][1][1] == pytest.approx(1.1)  # the repeated run at K 5
+    assert ax.get_xlabel().startswith("K") and "speedup" in ax.get_ylabel() and "mt-bench" in ax.get_title()
+    assert _legend_outside(fig, ax, ax.get_legend())
+
+    # learning curves: every drafter on one axis, AL against training tokens
+    fig = made["learning-curves.png"][1]
+    ax = fig.axes[0]
+    assert sorted(ax.get_legend_handles_labels()[1]) == ["eagle3", "pard", "peagle"]
+    line = next(x for x in ax.get_lines() if x.get_label() == "peagle")
+    assert list(line.get_xdata()) == [100, 200, 300] and ax.get_xlabel() == "training tokens"
+
+    # memory: a series per drafter and combination, the budget line at 3 GiB
+    fig = made["memory-by-context.png"][1]
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert "peagle (chunked + peagle)" in labels and "memory budget (3 GiB)" in labels and len(labels) == 4
+    assert any(list(line.get_ydata()) == [3.0, 3.0] for line in ax.get_lines())
+    assert ax.get_xscale() == "log" and "GiB" in ax.get_ylabel()
+    assert _legend_outside(fig, ax, ax.get_legend())
+
+    # the page shows each figure under its question, and the chain-only "tree" rows are labelled as chains
+    assert CliRunner().invoke(main, ["report", str(d)]).exit_code == 0
+    text = (d / "report.md").read_text()
+    for name, (question, _) in made.items():
+        assert f"**{question}**" in text and f"]({name})" in text and (d / name).stat().st_size > 1000
+    assert "peagle/tree (chain k5: no tree)" in text and "| peagle | 1.55 (k5) | 1.25 (k5) |" in text
+    assert "| eagle3 | 3.00 (tree) | 3.00 (tree) |" in text and "eagle3/tree (chain" not in text
+    assert "| peagle | 1.5 | chain |" in text
+
+
+def test_no_axes_shows_more_than_eight_series(tmp_path):
+    from matplotlib.container import BarContainer
+
+    from specframe import report
+
+    d = tmp_path / "many"
+    _suite_results(d, drafters=tuple(f"d{i}" for i in range(11)))
+    for _, _, fig in report.figures(report.load_results(d)):
+        for ax in fig.axes:
+            bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+            series = [label for label in ax.get_legend_handles_labels()[1] if "break-even" not in label
+                      and "budget" not in label]
+            assert len(series) <= report.MAX_SERIES and len(bars) <= report.MAX_SERIES
