@@ -122,7 +122,30 @@ def test_serve_builds_the_vllm_command(checkpoint, tmp_path):
 
 def test_serve_refuses_a_folder_that_is_not_an_export(tmp_path):
     result = CliRunner().invoke(main, ["serve", "--target", "x", "--drafter", str(tmp_path), "--print-command"])
-    assert result.exit_code == 1 and "not a specframe vLLM export" in result.output
+    assert result.exit_code == 1 and "not a vLLM drafter export" in result.output
+
+
+def test_serve_runs_a_speculators_export_as_vllm_serve_export(tmp_path):
+    from tests.vllm_fixtures import build_drafter
+
+    target = build_target(tmp_path / "target")
+    out = build_drafter("peagle", target, tmp_path / "pe", k=3)
+
+    def argv(*extra):
+        result = CliRunner().invoke(main, ["serve", "--drafter", str(out), "--print-command", "--json", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)["argv"]
+
+    alone = argv()  # `vllm serve EXPORT`: vLLM starts the verifier the folder names
+    assert alone[alone.index("--model") + 1] == str(out.resolve()) and "--speculative-config" not in alone
+    k4 = argv("--k", "4")
+    assert json.loads(k4[k4.index("--speculative-config") + 1]) == {"num_speculative_tokens": 4}
+    explicit = argv("--target", str(target))  # the target as model, the export in an explicit config
+    assert explicit[explicit.index("--model") + 1] == str(target)
+    assert json.loads(explicit[explicit.index("--speculative-config") + 1]) == export.speculative_config(out, 3)
+    export.set_serving(out, verifier=str(tmp_path / "gone"))
+    result = CliRunner().invoke(main, ["serve", "--drafter", str(out), "--print-command"])
+    assert result.exit_code == 1 and "names the verifier" in result.output and "not a folder here" in result.output
 
 
 def _free_port() -> int:
@@ -133,14 +156,23 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (make setup VLLM=cpu|gpu installs it)")
-def test_serve_answers_a_completion_on_loopback(checkpoint, tmp_path):
+@pytest.mark.parametrize("kind", ["pard", "eagle3-folder"])
+def test_serve_answers_a_completion_on_loopback(checkpoint, tmp_path, kind):
+    """PARD beside its target; a speculators EAGLE-3 export served alone (`vllm serve EXPORT`)."""
+    from tests.vllm_fixtures import build_drafter
+
     make, target = checkpoint
     out = tmp_path / "exported"
-    assert CliRunner().invoke(main, ["export", "--checkpoint", str(make("toypard")), "--output", str(out)]).exit_code == 0
+    if kind == "pard":
+        assert CliRunner().invoke(main, ["export", "--checkpoint", str(make("toypard")), "--output", str(out)]).exit_code == 0
+        where = ["--target", str(target), "--k", "3"]
+    else:
+        build_drafter("eagle3", target, out, k=3)
+        where = []
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specframe", "serve", "--target", str(target), "--drafter", str(out), "--k", "3",
+        [sys.executable, "-m", "specframe", "serve", *where, "--drafter", str(out),
          "--port", str(port), "--dtype", "float32", "--max-model-len", "256"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
