@@ -2,6 +2,9 @@
 
 One child process runs every engine in turn (vLLM imports once; see ``specframe.vllm.engine.run_jobs``): plain
 decoding and each layout on a random tiny target, then the same on a degenerate pair where every draft is accepted.
+Each layout is served with an explicit ``speculative_config`` (target as vLLM's model); the speculators exports
+(EAGLE-3, P-EAGLE) also from the folder alone, ``LLM(model=EXPORT)`` with no speculative config at all: vLLM reads
+the verifier (a local folder path), the method and the number of draft tokens from the folder.
 Skipped where vLLM is not installed (``make setup VLLM=none``).
 """
 
@@ -23,6 +26,9 @@ pytestmark = [
 KINDS = {"eagle3": ("eagle3", 1), "eagle3-2layers": ("eagle3", 2), "peagle": ("peagle", 4), "pard": ("pard", 1)}
 # one degenerate (all-accepting) drafter per vLLM drafting path: autoregressive EAGLE-3, parallel EAGLE-3, PARD
 CONST_KINDS = ("eagle3", "peagle", "pard")
+# served from the export folder alone (speculators format)
+FOLDER_KINDS = ("eagle3 folder", "peagle folder")
+ALL = [*KINDS, *FOLDER_KINDS]
 K = 3
 # 1 prefill token + 4 fully accepted rounds of K + 1: no round is cut at max_tokens on the degenerate pair
 MAX_NEW = 1 + 4 * (K + 1)
@@ -39,11 +45,15 @@ def runs(tmp_path_factory):
     _, tok = target_parts(target)
     jobs = {"plain": Job(str(target)), "const plain": Job(str(const))}
     for kind, (layout, layers) in KINDS.items():
-        d = build_drafter(layout, target, root / kind, layers=layers)
+        d = build_drafter(layout, target, root / kind, layers=layers, k=K)
         jobs[kind] = Job(str(target), export.speculative_config(d, K))
+        if f"{kind} folder" in FOLDER_KINDS:
+            jobs[f"{kind} folder"] = Job(str(d))  # LLM(model=EXPORT): no speculative config
         if kind in CONST_KINDS:
-            c = build_drafter(layout, const, root / f"const-{kind}", degenerate=True, layers=layers)
+            c = build_drafter(layout, const, root / f"const-{kind}", degenerate=True, layers=layers, k=K)
             jobs[f"const {kind}"] = Job(str(const), export.speculative_config(c, K))
+            if f"{kind} folder" in FOLDER_KINDS:
+                jobs[f"const {kind} folder"] = Job(str(c))
     prompts = [tok("def add(a, b):\n    return a + b\n")["input_ids"], tok("The quick brown fox")["input_ids"]]
     results = run_jobs(list(jobs.values()), prompts, max_new_tokens=MAX_NEW, ignore_eos=True)
     out = dict(zip(jobs, results))
@@ -55,14 +65,14 @@ def tokens(run):
     return [g.tokens for g in run.generations]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ALL)
 def test_speculative_output_equals_plain(runs, kind):
     assert tokens(runs[kind]) == tokens(runs["plain"])
     assert all(len(t) == MAX_NEW for t in tokens(runs[kind]))
     assert runs[kind].counters.drafts > 0
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ALL)
 def test_rounds_agree_with_vllm_counters(runs, kind):
     run = runs[kind]
     counters = run.counters
@@ -80,7 +90,7 @@ def test_rounds_agree_with_vllm_counters(runs, kind):
     assert m.forwards >= counters.drafts
 
 
-@pytest.mark.parametrize("kind", CONST_KINDS)
+@pytest.mark.parametrize("kind", [*CONST_KINDS, *FOLDER_KINDS])
 def test_degenerate_pair_accepts_every_draft(runs, kind):
     run = runs[f"const {kind}"]
     assert tokens(run) == tokens(runs["const plain"])
