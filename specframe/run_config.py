@@ -31,11 +31,13 @@ PLUGIN_TABLES = {
     "mask_builder_options": ("mask_builder", "mask builder", "mask_builder"),
     "partitioner_options": ("partitioner", "partitioner", "partitioner"),
 }
-#: keys the engine adds to OUTPUT/config.json as a record of the run; a config.json read back skips them
+#: keys the engine adds to OUTPUT/config.json (``Trainer.config_dict``) as a record of the run; a file named
+#: config.json read back skips them (anywhere else they are unknown keys, so a typo such as ``steps`` is caught)
 RECORD_KEYS = frozenset({
     "memory_budget_enforced", "world_size", "target_id", "target_weights_hash", "train_sequences", "val_sequences",
     "conversations", "steps",
 })
+RUN_RECORD = "config.json"
 #: filled only when the run starts (documented in ``--print-config``'s help and the YAML header)
 UNRESOLVED_NOTE = (
     "null values are decided when the run starts: warmup_steps (10% of the steps), the run length\n"
@@ -162,9 +164,10 @@ def read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def normalize(data: dict[str, Any], where: str) -> dict[str, Any]:
+def normalize(data: dict[str, Any], where: str, record: bool = False) -> dict[str, Any]:
     """File keys as ``TrainConfig`` field names: ``-`` becomes ``_``, the older plugin tables become the
-    ``*_options`` fields, record keys of a run's ``config.json`` are dropped; an unknown key is a ``UsageError``."""
+    ``*_options`` fields, record keys of a run's ``config.json`` (``record``) are dropped; an unknown key is a
+    ``UsageError``."""
     known = fields()
     aliases = {alias: table for table, (alias, _, _) in PLUGIN_TABLES.items()}
     out: dict[str, Any] = {}
@@ -172,7 +175,7 @@ def normalize(data: dict[str, Any], where: str) -> dict[str, Any]:
         key = str(raw).replace("-", "_")
         if key in aliases and isinstance(value, dict):  # [drafter] table: the drafter's options
             key = aliases[key]
-        elif key in RECORD_KEYS:
+        elif record and key in RECORD_KEYS:
             continue
         if key not in known:
             raise UsageError(  # ~30 keys are too many to list in one line: point at the command that shows them
@@ -188,7 +191,7 @@ def normalize(data: dict[str, Any], where: str) -> dict[str, Any]:
 def load(path: str | Path) -> dict[str, Any]:
     """The run settings in ``path`` as ``TrainConfig`` field names (values not yet checked: see ``build``)."""
     path = Path(path)
-    return normalize(read_file(path), f"--config {path}")
+    return normalize(read_file(path), f"--config {path}", record=path.name == RUN_RECORD)
 
 
 def check_plugin_tables(values: dict[str, Any]) -> dict[str, Any]:

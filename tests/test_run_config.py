@@ -135,6 +135,7 @@ def test_cache_flag_displaces_the_files_data(tmp_path):
     ("drafter: peagle\ndrafter_options: 3\n", ["'drafter_options' must be a table"]),
     ("- a list\n", ["must hold keys and tables"]),
     ("seq_len: 64\n", ["missing --drafter"]),
+    ("drafter: peagle\nworld_size: 1\n", ["unknown key 'world_size'"]),  # a record key only in a run's config.json
     ("drafter: peagle\nseq_len: 0\n", ["--seq-len must be positive, got 0"]),  # the field's own check, unwrapped
 ])
 def test_bad_files_are_one_clear_error_naming_the_key(tmp_path, text, needles):
