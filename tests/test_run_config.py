@@ -189,6 +189,7 @@ def test_memory_reads_the_plugin_tables_of_a_run_file(tmp_path):
     assert read_config(path) == {"drafter_options": {"layers": 2, "k_train": 3}}
 
 
+@pytest.mark.slow  # trains one step on the tiny target (~20 s on a busy 2-core machine)
 def test_config_json_of_a_run_is_the_resolved_config_and_loads_back(tmp_path):
     from tests.train_fixtures import build
 
