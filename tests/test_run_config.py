@@ -270,3 +270,18 @@ def test_structure_accepts_yaml_exponents_but_not_guesses():
     assert cfg.lr == 3e-4
     with pytest.raises(Exception, match="lr must be a number"):
         run_config.build({"drafter": "peagle", "output": "o", "lr": "fast"})
+
+
+def test_example_plugin_follows_the_help_convention(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "specframe-example-drafter"))
+    import sys
+
+    try:
+        from specframe_example_drafter import SkipgramOptions
+
+        docs = plugin_options.describe(SkipgramOptions)
+    finally:  # the plugin tests install the package for real: leave no copy imported from the source folder
+        sys.modules.pop("specframe_example_drafter", None)
+    assert [d.name for d in docs] == ["dim", "max_depth"] and all(d.help for d in docs)
