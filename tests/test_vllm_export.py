@@ -79,6 +79,23 @@ def test_eagle3_accepts_midlayer_names_and_drops_identity_maps(target, tmp_path)
     }
 
 
+@pytest.mark.parametrize("layout", ["eagle3", "peagle"])
+def test_a_full_draft_vocabulary_with_a_non_identity_d2t_is_refused(target, tmp_path, layout):
+    """With draft_vocab_size == vocab_size vLLM's llama_eagle3 has no draft-to-target map (draft_id_to_target_id is
+    None and the logits are read as target ids), so a permuting d2t cannot be carried: dropping it would serve
+    every draft token as the wrong target token. The writer refuses it, naming d2t, and writes nothing."""
+    v = target.config.vocab_size
+    w = eagle3_weights(target.config, 4 if layout == "peagle" else 1, v, parallel=layout == "peagle")
+    ids = torch.arange(v).roll(1)  # a permutation of the whole vocabulary
+    w["d2t"] = ids - torch.arange(v)
+    with pytest.raises(SpecframeError, match="d2t is not the identity although the draft vocabulary is the full"):
+        if layout == "peagle":
+            export.write_peagle(tmp_path / "x", w, mask_token_id=mask_token(target.tok), **eagle_kwargs(target, 4))
+        else:
+            export.write_eagle3(tmp_path / "x", w, **eagle_kwargs(target))
+    assert not list(tmp_path.iterdir())
+
+
 def test_pard_layout(target, tmp_path):
     w, cfg = pard_weights(target.config, 1)
     manifest = export.write_pard(tmp_path / "p", w, config=cfg, pard_token=mask_token(target.tok))
