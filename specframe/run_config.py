@@ -16,6 +16,7 @@ count; ``draft_vocab_size`` is clamped to the target's vocabulary when the run s
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,8 @@ import cattrs
 from specframe.engine.config import TrainConfig
 from specframe.errors import UsageError, did_you_mean
 
-#: option tables of the three trained plugin kinds: field name -> (older table alias, plugin kind, name field)
-PLUGIN_TABLES = {
-    "drafter_options": ("drafter", "drafter", "drafter"),
-    "mask_builder_options": ("mask_builder", "mask builder", "mask_builder"),
-    "partitioner_options": ("partitioner", "partitioner", "partitioner"),
-}
+#: option tables of the three trained plugin kinds: TrainConfig field -> the older table name (an alias)
+PLUGIN_TABLES = {"drafter_options": "drafter", "mask_builder_options": "mask_builder", "partitioner_options": "partitioner"}
 #: keys the engine adds to OUTPUT/config.json (``Trainer.config_dict``) as a record of the run; a file named
 #: config.json read back skips them (anywhere else they are unknown keys, so a typo such as ``steps`` is caught)
 RECORD_KEYS = frozenset({
@@ -61,9 +58,11 @@ def _strict(kind: type, accepts: tuple[type, ...], name: str):
         if kind is float and isinstance(value, str):
             # PyYAML reads 3e-4 (no dot) as a string: take a number written that way, nothing else
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
-                pass
+                number = math.nan
+            if math.isfinite(number):
+                return number
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accepts):
             raise _WrongType(f"must be {name}, got {value!r} ({type(value).__name__})")
         return kind(value)
@@ -169,7 +168,7 @@ def normalize(data: dict[str, Any], where: str, record: bool = False) -> dict[st
     ``*_options`` fields, record keys of a run's ``config.json`` (``record``) are dropped; an unknown key is a
     ``UsageError``."""
     known = fields()
-    aliases = {alias: table for table, (alias, _, _) in PLUGIN_TABLES.items()}
+    aliases = {alias: table for table, alias in PLUGIN_TABLES.items()}
     out: dict[str, Any] = {}
     for raw, value in data.items():
         key = str(raw).replace("-", "_")
