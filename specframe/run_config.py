@@ -27,7 +27,9 @@ from specframe.engine.config import TrainConfig
 from specframe.errors import UsageError, did_you_mean
 
 #: option tables of the three trained plugin kinds: TrainConfig field -> the older table name (an alias)
-PLUGIN_TABLES = {"drafter_options": "drafter", "mask_builder_options": "mask_builder", "partitioner_options": "partitioner"}
+PLUGIN_TABLES = {
+    "drafter_options": "drafter", "mask_builder_options": "mask_builder", "partitioner_options": "partitioner",
+}
 #: keys the engine adds to OUTPUT/config.json (``Trainer.config_dict``) as a record of the run; a file named
 #: config.json read back skips them (anywhere else they are unknown keys, so a typo such as ``steps`` is caught)
 RECORD_KEYS = frozenset({
