@@ -196,7 +196,7 @@ def test_config_json_of_a_run_is_the_resolved_config_and_loads_back(tmp_path):
     target, chat = build(tmp_path)
     path = tmp_path / "run.toml"
     path.write_text(f'drafter = "peagle"\ntarget = "{target}"\ndata = "{chat}"\nseq_len = 48\nmax_steps = 1\n'
-                    'mask_builder = "dense"\n[drafter_options]\nlayers = 1\ndraft_vocab_size = 64\nk_train = 2\n')
+                    'mask_builder = "dense"\nmax_examples = 4\nval_examples = 1\nbatch_size = 1\n[drafter_options]\nlayers = 1\ndraft_vocab_size = 64\nk_train = 2\n')
     expected = printed("--config", path, "-o", tmp_path / "out")
     code, text = run("train", "--config", path, "-o", tmp_path / "out", "--json")
     assert code == 0, text
