@@ -25,7 +25,7 @@ from specframe import modeling, vocab
 # The feature-reading drafters' shared backbone (vLLM EAGLE-3 names), draft vocabulary and depth bookkeeping.
 from specframe import eagle
 from specframe.elements import ElementSet, full_grid, visible
-from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError
+from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError, read_json
 from specframe.features import FeatureSpec
 from specframe.hookspecs import hookimpl
 from specframe.inference.tree import DraftTree, dynamic_tree
@@ -524,7 +524,7 @@ class Drafter(Component, ABC):
         path = Path(directory) / cls.CHECKPOINT_INFO
         if not path.exists():
             raise SpecframeError(f"{directory} is not a {cls.name} checkpoint (no {cls.CHECKPOINT_INFO})")
-        info = json.loads(path.read_text())
+        info = read_json(path, f"the {cls.name} drafter's description")
         if info.get("drafter") != cls.name:
             raise SpecframeError(f"{directory} holds a '{info.get('drafter')}' drafter, not '{cls.name}'")
         return info

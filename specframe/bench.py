@@ -34,7 +34,7 @@ import attrs
 import torch
 
 from specframe import api
-from specframe.errors import SpecframeError, UsageError, unknown_name
+from specframe.errors import SpecframeError, UsageError, read_json, unknown_name
 from specframe.inference.engine import DEFAULT_MAX_NEW_TOKENS, Generation, TreeShape, generate
 from specframe.metrics import AggregateMetrics, PromptMetrics, aggregate
 
@@ -207,12 +207,11 @@ def default_k(drafter: api.Drafter, fallback: int = 5) -> int:
 def token_budget(checkpoint_dir: Path) -> int | None:
     """Training tokens a checkpoint saw: the recorded count if the run logged one, else steps x batch x seq_len (an
     upper bound: conversations shorter than seq_len are not padded)."""
-    import json
-
     state_path, config_path = checkpoint_dir / "state.json", checkpoint_dir / "config.json"
     if not state_path.exists() or not config_path.exists():
         return None
-    state, config = json.loads(state_path.read_text()), json.loads(config_path.read_text())
+    state = read_json(state_path, "the checkpoint's training state")
+    config = read_json(config_path, "the checkpoint's run config")
     if "tokens_seen" in state:
         return int(state["tokens_seen"])
     try:
@@ -728,7 +727,7 @@ def recorded_target(checkpoints: Sequence[str | Path]) -> str | None:
             continue
         config = ckpt.resolve(path) / "config.json"
         if config.exists():
-            target = json.loads(config.read_text()).get("target")
+            target = read_json(config, "the checkpoint's run config").get("target")
             if target:
                 return str(target)
     return None

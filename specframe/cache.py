@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from specframe.data.chat import Encoded, EncodeStats, encode_dataset
-from specframe.errors import SpecframeError
+from specframe.errors import SpecframeError, read_json
 from specframe.features import FeatureSpec, capture_features
 from specframe.vocab import DraftVocab, build_draft_vocab, count_tokens, vocab_metadata
 
@@ -171,7 +171,7 @@ def prepare_cache(
     finished: list[dict] = []
     man_path = out / MANIFEST
     if man_path.exists():
-        old = json.loads(man_path.read_text(encoding="utf-8"))
+        old = read_json(man_path, "the feature cache's manifest")
         diff = [k for k in config if old.get("config", {}).get(k) != config[k]]
         if diff:
             details = "; ".join(f"{k}: cache has {old.get('config', {}).get(k)!r}, asked {config[k]!r}" for k in diff[:4])
@@ -276,7 +276,7 @@ class FeatureCache:
         man = self.path / MANIFEST
         if not man.exists():
             raise SpecframeError(f"{self.path} is not a feature cache (no {MANIFEST}); build one with `specframe prepare`")
-        m = json.loads(man.read_text(encoding="utf-8"))
+        m = read_json(man, "the feature cache's manifest")
         if not m.get("complete"):
             raise SpecframeError(
                 f"feature cache {self.path} is incomplete ({len(m.get('shards', []))}/{m.get('num_shards')} shards); "

@@ -18,13 +18,12 @@ build trees (``Drafter.builds_trees``): another drafter's "tree" is its chain, l
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from specframe.errors import SpecframeError
+from specframe.errors import SpecframeError, read_json
 from specframe.results import SCHEMA, check_results
 
 LABEL_KEYS = ("drafter", "mask_builder", "partitioner", "engine", "verifier", "dataset", "k")
@@ -40,10 +39,7 @@ def load_results(directory: Path) -> list[tuple[str, dict[str, Any]]]:
         raise SpecframeError(f"results directory {directory} does not exist")
     found = []
     for path in sorted(directory.rglob("*.json")):
-        try:
-            document = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SpecframeError(f"{path}: cannot read results file: {exc}") from None
+        document = read_json(path, "a results file", expect=None)
         if not (isinstance(document, dict) and str(document.get("schema", "")).startswith("specframe.results")):
             continue  # e.g. pytest-benchmark's own timing files
         if document["schema"] != SCHEMA:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specframe import __version__
-from specframe.errors import SpecframeError
+from specframe.errors import SpecframeError, read_json
 
 SCHEMA = "specframe.results/1"
 #: provenance keys a results file must carry (values may be null only where the key says "none applies")
@@ -260,9 +260,6 @@ def check_results(document: Any, source: str, strict: bool = True) -> None:
 
 
 def read_results(path: Path) -> dict[str, Any]:
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecframeError(f"{path}: cannot read results file: {exc}") from None
+    document = read_json(path, "a results file")
     check_results(document, source=str(path))
     return document

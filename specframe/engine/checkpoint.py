@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from specframe.errors import SpecframeError
+from specframe.errors import SpecframeError, read_json
 
 LATEST = "latest"
 LOCK = "train.lock"
@@ -247,12 +247,13 @@ def load_training_state(
     """Restore optimizer, scheduler and RNG state from a checkpoint; returns its ``state.json``."""
     optimizer.load_state_dict(
         optimizer_from_files(
-            load_file(str(directory / "optimizer.safetensors")), json.loads((directory / "optimizer.json").read_text())
+            load_file(str(directory / "optimizer.safetensors")),
+            read_json(directory / "optimizer.json", "the checkpoint's optimizer state"),
         )
     )
-    scheduler.load_state_dict(json.loads((directory / "scheduler.json").read_text()))
+    scheduler.load_state_dict(read_json(directory / "scheduler.json", "the checkpoint's LR scheduler state"))
     set_rng_state(load_file(str(directory / "rng.safetensors")))
-    return json.loads((directory / "state.json").read_text())
+    return read_json(directory / "state.json", "the checkpoint's training state")
 
 
 def load_drafter(path: str | os.PathLike, target_config: Any) -> Any:
@@ -262,7 +263,7 @@ def load_drafter(path: str | os.PathLike, target_config: Any) -> Any:
 
     directory = resolve(path)
     check_files(directory)
-    config = json.loads((directory / "config.json").read_text())
+    config = read_json(directory / "config.json", "the checkpoint's run config")
     cls = plugins.get("drafter", config["drafter"])
     options = structure_options(config.get("drafter_options", {}), cls.Options, f"drafter '{cls.name}'")
     drafter = cls(target_config, options)

@@ -33,7 +33,7 @@ from specframe.elements import full_grid, position_docs
 from specframe.engine import checkpoint, tracking, validate
 from specframe.engine.config import TrainConfig, structure_options, to_dict
 from specframe.engine.data import CacheSource, OnlineSource
-from specframe.errors import SpecframeError, UsageError
+from specframe.errors import SpecframeError, UsageError, read_json
 from specframe.metrics import chain_acceptance
 
 
@@ -138,7 +138,7 @@ class Trainer:
             return None
         directory = checkpoint.resolve(resume)
         checkpoint.check_files(directory)
-        saved = json.loads((directory / "config.json").read_text())
+        saved = read_json(directory / "config.json", "the checkpoint's run config")
         if saved.get("drafter") != self.cfg.drafter:
             raise SpecframeError(
                 f"--resume {resume} is a checkpoint of drafter '{saved.get('drafter')}', not '{self.cfg.drafter}' "
@@ -243,7 +243,11 @@ class Trainer:
             return
         keep = []
         for line in self.metrics_path.read_text().splitlines():
-            if line.strip() and json.loads(line).get("step", 0) <= self.step:
+            try:
+                entry = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:  # the last line of a run killed while writing it: logged again
+                entry = None
+            if isinstance(entry, dict) and entry.get("step", 0) <= self.step:
                 keep.append(line)
         checkpoint.atomic_write_text(self.metrics_path, "".join(k + "\n" for k in keep))
 
