@@ -93,6 +93,20 @@ def test_json_sends_progress_to_stderr_and_epochs_set_the_length(assets, tmp_pat
     assert [int(STEP_LINE.match(line).group(1)) for line in lines] == list(range(1, steps + 1))
 
 
+def test_epochs_rule():
+    from specframe.engine import TrainConfig
+    from specframe.engine.loop import resolve_steps
+
+    def steps(**kw):
+        return resolve_steps(TrainConfig(drafter="peagle", output="o", batch_size=4, **kw), 10)
+
+    assert steps() == 3  # one epoch: ceil(10 / 4)
+    assert steps(epochs=2) == 5 and steps(epochs=0.1) == 1 and steps(epochs=1.2) == 3
+    assert steps(max_steps=7) == 7
+    with pytest.raises(tracking.UsageError, match="at most one of --max-steps and --epochs"):
+        steps(max_steps=7, epochs=1)
+
+
 def test_a_missing_tracker_library_is_one_clear_error_and_nothing_is_written(assets, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # `import tensorboard` now raises ImportError
     out = tmp_path / "run"
