@@ -59,7 +59,7 @@ def read_json(path: str | os.PathLike, what: str, expect: type | None = dict) ->
             f"{p} is damaged ({what}): not valid JSON ({e.msg}: line {e.lineno}, column {e.colno})"
         ) from None
     if expect is not None and not isinstance(value, expect):
-        kind = {dict: "an object", list: "an array"}.get(expect, expect.__name__)
+        kind = {dict: "object", list: "array"}.get(expect, expect.__name__)
         raise DamagedFileError(f"{p} is damaged ({what}): expected a JSON {kind}, got {type(value).__name__}")
     return value
 

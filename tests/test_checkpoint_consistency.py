@@ -228,3 +228,16 @@ def test_resume_restores_optimizer_scheduler_and_rng_exactly(assets, tmp_path):
     assert saved["torch"].dtype == torch.uint8
     if torch.cuda.is_available():
         assert any(k.startswith("cuda") for k in saved)
+
+
+def test_resume_after_a_kill_mid_way_through_a_metrics_line(assets, runs, tmp_path):
+    """A kill while ``metrics.jsonl`` gets a line leaves it cut short; resume drops it (the step is logged again)."""
+    _, base, _, _ = runs
+    out = tmp_path / "o"
+    shutil.copytree(base, out)
+    metrics = out / "metrics.jsonl"
+    metrics.write_text('{"time": 1.0, "step": 1, "train_loss": 5.0}\n{"time": 2.0, "step": 2, "train_lo')
+    resumed = trainer(assets, out, resume=str(out))
+    resumed.close()
+    lines = metrics.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1]
