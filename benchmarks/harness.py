@@ -110,6 +110,8 @@ class Workspace:
                 "--seq-len", str(p.seq_len), "--depth", str(p.depth), "--max-steps", str(p.steps),
                 "--batch-size", str(p.batch_size), "--lr", str(p.lr),
                 "--max-examples", str(p.train_examples + p.val_examples), "--val-examples", str(p.val_examples),
+                # one conversation per sequence, as the committed results were measured (training tokens comparable)
+                "--no-pack",
                 "--mask-builder", p.mask_builder, "--partitioner", p.partitioner, "--partitions", str(p.partitions),
                 "--memory-budget", p.memory_budget, "--save-every", str(max(1, p.steps // 4)), "--seed", "0",
                 "--device", p.device, "--config", str(config), "--output", str(out), "--json"]
@@ -186,6 +188,8 @@ def training_figures(out: Path) -> dict[str, Any]:
         # how val_expected_al was measured: "chain" (mean accepted chain) or "per-depth product" (older estimate)
         "val_expected_al_method": (final_eval or {}).get("val_expected_al_method", "per-depth product"),
         "val_product_al": (final_eval or {}).get("val_product_al"),
+        # share of validation elements left out of the loss: target top-1 outside the draft vocabulary
+        "val_vocab_masked": (final_eval or {}).get("val_vocab_masked"),
         "learning_curve": curve,
     }
 

@@ -386,6 +386,9 @@ class LossTerms:
     it the engine knows every verdict's (anchor, depth) and reports the validation AL as the mean accepted chain
     (consecutive hits from depth 0, plus the bonus token) over anchors with a full chain, the figure greedy decoding
     measures; without it only the per-depth product estimate is available.
+
+    ``masked`` (optional): how many of the charged elements the loss left out because the target's top-1 token lies
+    outside the draft vocabulary (the reference trainers' position mask); the engine reports the share.
     """
 
     loss_sum: torch.Tensor
@@ -393,6 +396,7 @@ class LossTerms:
     correct: torch.Tensor
     total: torch.Tensor
     hit: torch.Tensor | None = None
+    masked: int | None = None
 
 
 class Drafter(Component, ABC):

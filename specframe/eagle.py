@@ -31,6 +31,7 @@ __all__ = [
     "depth_weights",
     "draft_vocabulary",
     "full_vocab_top1",
+    "in_draft_vocab",
     "mask_token_ids",
     "per_depth",
     "shifted_supervision",
@@ -143,6 +144,16 @@ def full_vocab_top1(t2d: torch.Tensor, target_head: torch.Tensor) -> Callable[[t
         return torch.where(t2d[best], index[best], torch.full_like(best, -1))
 
     return top1
+
+
+def in_draft_vocab(t2d: torch.Tensor, target_head: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The reference trainers' position mask (EAGLE-3 / P-EAGLE: ``t2d[target argmax]``): True for a row whose
+    target top-1 over the whole vocabulary (``target_head`` [V, H]) lies inside the draft vocabulary."""
+
+    def keep(target_hidden: torch.Tensor) -> torch.Tensor:
+        return t2d[(target_hidden @ target_head.T).argmax(-1)]
+
+    return keep
 
 
 def per_depth(depth: torch.Tensor, hit: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

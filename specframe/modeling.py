@@ -321,6 +321,7 @@ def causal_attention(offset: int) -> Attention:
 class KLResult:
     loss_sum: torch.Tensor
     correct: torch.Tensor  # bool [N]: draft top-1 equals the reference top-1
+    dropped: int = 0  # rows ``position_mask`` left out of the loss
 
 
 def chunked_forward_kl(
@@ -330,6 +331,7 @@ def chunked_forward_kl(
     target_head: torch.Tensor,
     reference_top1: Callable[[torch.Tensor], torch.Tensor] | None = None,
     chunk: int = 256,
+    position_mask: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> KLResult:
     """Sum over rows of KL(p_target || q_draft) over the draft vocabulary, in row chunks.
 
@@ -339,32 +341,42 @@ def chunked_forward_kl(
     its two hidden states (O(H)), and O(chunk x Vd) only while a chunk is being worked on.
     ``reference_top1(target_hidden_chunk)`` gives the draft-vocabulary id a hit must match (default: the target's
     argmax within the draft vocabulary); rows where it returns -1 can never be hit.
+    ``position_mask(target_hidden_chunk)`` (bool per row) keeps only the rows it marks in the loss, as the EAGLE-3 and
+    P-EAGLE reference trainers do with ``t2d[target argmax]``: a row whose target top-1 lies outside the draft
+    vocabulary contributes nothing (its hit verdict is still reported); ``dropped`` counts the rows left out.
     """
     losses = []
     correct = []
+    dropped = 0
     for start in range(0, hidden.shape[0], chunk):
         h = hidden[start : start + chunk]
         th = target_hidden[start : start + chunk]
+        keep = None
+        if position_mask is not None:
+            with torch.no_grad():
+                keep = position_mask(th).to(torch.bool)
+            dropped += int((~keep).sum())
         if torch.is_grad_enabled() and h.requires_grad:
-            loss, top, target_top = checkpoint(_kl_chunk, h, head, th, target_head, use_reentrant=False)
+            loss, top, target_top = checkpoint(_kl_chunk, h, head, th, target_head, keep, use_reentrant=False)
         else:
-            loss, top, target_top = _kl_chunk(h, head, th, target_head)
+            loss, top, target_top = _kl_chunk(h, head, th, target_head, keep)
         with torch.no_grad():
             ref = reference_top1(th) if reference_top1 is not None else target_top
         losses.append(loss)
         correct.append(top == ref)
     if not losses:
         return KLResult(hidden.new_zeros(()) + 0.0 * head.sum(), torch.zeros(0, dtype=torch.bool))
-    return KLResult(torch.stack(losses).sum(), torch.cat(correct))
+    return KLResult(torch.stack(losses).sum(), torch.cat(correct), dropped)
 
 
 def _kl_chunk(
-    h: torch.Tensor, head: torch.Tensor, th: torch.Tensor, target_head: torch.Tensor
+    h: torch.Tensor, head: torch.Tensor, th: torch.Tensor, target_head: torch.Tensor, keep: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         t_logp = torch.log_softmax((th @ target_head.T).float(), dim=-1)
     logq = torch.log_softmax(_FlushSubnormalGrad.apply(h @ head.T).float(), dim=-1)
-    kl = (t_logp.exp() * (t_logp - logq)).sum()
+    terms = t_logp.exp() * (t_logp - logq)
+    kl = terms.sum() if keep is None else (terms.sum(-1) * keep).sum()
     return kl, logq.argmax(-1), t_logp.argmax(-1)
 
 

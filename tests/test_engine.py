@@ -54,6 +54,7 @@ def test_loss_falls_when_overfitting_a_tiny_batch(assets, tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["val_product_al"] == expected_acceptance_length(lines[-1]["val_accuracy"])
     assert lines[-1]["val_expected_al_method"] == "chain" and 1.0 <= lines[-1]["val_expected_al"] <= 4.0
+    assert 0.0 <= lines[-1]["val_vocab_masked"] <= 1.0  # peagle masks by default and reports the share
 
 
 def test_partitions_give_the_same_weights(assets, tmp_path):

@@ -79,6 +79,9 @@ class Eagle3Options:
         "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
     loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
         "help": "rows per chunk of the draft-vocabulary loss (bounds the logits' memory)"})
+    vocab_position_mask: bool = attrs.field(default=True, metadata={
+        "help": "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as "
+                "the EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped"})
 
     @property
     def k_train(self) -> int:
@@ -168,6 +171,8 @@ class Eagle3Drafter(api.Drafter):
         target_head = self._target_head.to(device=device, dtype=dtype)
         draft_head = target_head[model.draft_ids()]
         reference = None if model.training else eagle.full_vocab_top1(model.t2d, target_head)
+        keep = eagle.in_draft_vocab(model.t2d, target_head) if self.options.vocab_position_mask else None
+        masked = 0
 
         embeds = model.embed_tokens(ids[pos + 1])
         hidden = model.fuse(aux[sub.anchor.to(device)])
@@ -178,12 +183,13 @@ class Eagle3Drafter(api.Drafter):
 
         def charge(d: int, out: torch.Tensor, rows: torch.Tensor) -> None:
             """Add the loss of the charged depth-``d`` elements ``rows`` (indices); ``out``: their pre-norm outputs."""
-            nonlocal loss_sum
+            nonlocal loss_sum, masked
             if rows.numel():
                 result = modeling.chunked_forward_kl(
                     model.norm(out), model.lm_head.weight, final[pos[rows] + 1], draft_head,
-                    reference_top1=reference, chunk=self.options.loss_chunk,
+                    reference_top1=reference, chunk=self.options.loss_chunk, position_mask=keep,
                 )
+                masked += result.dropped
                 loss_sum = loss_sum + weights[d] * result.loss_sum
                 hits[rows.cpu()] = result.correct.cpu()
 
@@ -220,7 +226,7 @@ class Eagle3Drafter(api.Drafter):
                     hidden = hidden.index_copy(0, nxt, out[row[parent[nxt]]])
         d_ch = sub.depth[charged.cpu()]
         correct, total = eagle.per_depth(d_ch, hits[charged.cpu()], k)
-        return api.LossTerms(loss_sum, int(charged.sum()), correct, total, hit=hits[charged.cpu()])
+        return api.LossTerms(loss_sum, int(charged.sum()), correct, total, hit=hits[charged.cpu()], masked=masked)
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:

@@ -84,6 +84,9 @@ class ParallelSpecOptions:
         "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
     loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
         "help": "rows per chunk of the draft-vocabulary loss (bounds the logits' memory)"})
+    vocab_position_mask: bool = attrs.field(default=True, metadata={
+        "help": "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as "
+                "the EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped"})
 
     @property
     def masks(self) -> int:
@@ -207,9 +210,11 @@ class ParallelSpecDrafter(api.Drafter):
         result = modeling.chunked_forward_kl(
             model.norm(out[charged]), model.lm_head.weight, final[pos[charged] + 1], target_head[model.draft_ids()],
             reference_top1=reference, chunk=self.options.loss_chunk,
+            position_mask=eagle.in_draft_vocab(model.t2d, target_head) if self.options.vocab_position_mask else None,
         )
         correct, total = eagle.per_depth(sub.depth[charged.cpu()], result.correct, elements.max_depth)
-        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu())
+        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu(),
+                             masked=result.dropped)
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:

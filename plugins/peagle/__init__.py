@@ -64,6 +64,9 @@ class PEagleOptions:
         "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
     loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
         "help": "rows per chunk of the draft-vocabulary loss (bounds the logits' memory)"})
+    vocab_position_mask: bool = attrs.field(default=True, metadata={
+        "help": "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as "
+                "the EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped"})
 
 
 def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
@@ -167,12 +170,15 @@ class PEagleDrafter(api.Drafter):
             target_head[draft_ids],
             reference_top1=reference,
             chunk=self.options.loss_chunk,
+            position_mask=api.eagle.in_draft_vocab(model.t2d, target_head) if self.options.vocab_position_mask
+            else None,
         )
         k = elements.max_depth
         d = depth[charged].cpu()
         total = torch.bincount(d, minlength=k)[:k]
         correct = torch.bincount(d[result.correct.cpu()], minlength=k)[:k]
-        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu())
+        return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu(),
+                             masked=result.dropped)
 
     def _full_vocab_top1(self, target_head: torch.Tensor):
         # In evaluation a hit must match the target's argmax over its *whole* vocabulary (what greedy verification

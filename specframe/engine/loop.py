@@ -392,6 +392,8 @@ class Trainer:
         # chain acceptance: anchors with a full chain, their accepted depths, and per depth reached / accepted
         chain = torch.zeros(2 + 2 * self.depth)
         chained = True  # every segment returned per-element hits
+        # [elements the draft-vocabulary position mask left out, elements of segments that report it]
+        masked = torch.zeros(2)
         for j, idx in enumerate(self.val_ids):
             if j % self.dist.world != self.dist.rank:
                 continue
@@ -405,6 +407,8 @@ class Trainer:
                 count += terms.count
                 correct += terms.correct.float()
                 total += terms.total.float()
+                if getattr(terms, "masked", None) is not None:
+                    masked += torch.tensor([float(terms.masked), float(terms.count)])
                 if terms.hit is None:
                     chained = False
                     continue
@@ -413,7 +417,7 @@ class Trainer:
                 c = chain_acceptance(hits)
                 chain += torch.tensor([c.anchors, c.accepted_sum, *c.reached, *c.accepted], dtype=chain.dtype)
         flag = torch.tensor([0.0 if chained else 1.0])
-        for t in (loss_sum, count, correct, total, chain, flag):
+        for t in (loss_sum, count, correct, total, chain, flag, masked):
             self.dist.sum_(t)
         module.train()
         acc = [float(c / t) if t > 0 else 0.0 for c, t in zip(correct, total, strict=True)]
@@ -425,6 +429,8 @@ class Trainer:
             "val_accuracy": acc,
             "val_product_al": product,
         }
+        if masked[1] > 0:  # share of validation elements whose target top-1 lies outside the draft vocabulary
+            out["val_vocab_masked"] = float(masked[0] / masked[1])
         anchors = int(chain[0].item())
         if flag.item() == 0 and anchors:
             k = self.depth
