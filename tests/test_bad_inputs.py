@@ -103,6 +103,45 @@ def serve(*extra):
     return ["serve", "--drafter", "{out}", "--print-command", *extra]
 
 
+def export_copy(edit: Callable[[Path], None]) -> Callable[[dict], None]:
+    """A copy of the test's (speculators-format P-EAGLE) export at {tmp}/imp, changed by ``edit``."""
+
+    def prepare(ctx):
+        shutil.copytree(ctx["export"], ctx["tmp"] / "imp")
+        edit(ctx["tmp"] / "imp")
+
+    return prepare
+
+
+def drop_tensor(name: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        w = load_file(str(folder / "model.safetensors"))
+        del w[name]
+        save_file(w, str(folder / "model.safetensors"))
+
+    return edit
+
+
+def swap_two_tokens(folder: Path) -> None:
+    """Another tokenizer of the same size: two ordinary tokens trade ids."""
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    a, b = [t for t, i in sorted(vocab.items(), key=lambda x: x[1]) if i >= 20][:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+
+
+def set_config(**values) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg.update(values)
+        (folder / "config.json").write_text(json.dumps(cfg))
+
+    return edit
+
+
 CASES = [
     Case("data-missing", "--data names no file",
          "error: data '{tmp}/nope.jsonl' is neither a built-in name (sharegpt, gsm8k, gsm8k-eval, "
@@ -256,11 +295,31 @@ CASES = [
          "error: {out}/model.safetensors is not a complete safetensors file (truncated or corrupt: 100 bytes)",
          lambda c: serve("--target", "{target}"), truncated_export),
     Case("export-other-target", "serve --drafter an export made for a target of another width",
-         "error: {out} cannot be served by vLLM: it reads target hidden states of width 32, the target's are 48",
+         "error: {out} cannot be served by vLLM: target_hidden_size: it reads target hidden states of width 32, the "
+         "target's are 48",
          lambda c: serve("--target", "{wide_target}"), lambda c: shutil.copytree(c["export"], c["out"])),
     Case("export-not-an-export", "serve --drafter a training checkpoint instead of an export",
-         "error: {out} is not a specframe vLLM export (no specframe_vllm.json); run `specframe export` first",
+         "error: {out} is not a vLLM drafter export specframe knows (neither speculators_config nor pard_token; "
+         "known layouts: eagle3, peagle, pard, parallelspec)",
          lambda c: serve("--target", "{target}"), lambda c: shutil.copytree(c["checkpoint"], c["out"])),
+    Case("init-from-other-width", "--init-from an export made for a target of another width",
+         "error: cannot import {tmp}/imp: target_hidden_size 32 differs from the target's hidden size 48",
+         lambda c: [*train(c), "--target", "{wide_target}", "--init-from", "{tmp}/imp"], export_copy(lambda f: None)),
+    Case("init-from-missing-tensor", "--init-from an export that lacks a tensor",
+         "error: cannot import {tmp}/imp: missing weight 'layers.1.mlp.up_proj.weight' (expected shape [64, 32])",
+         lambda c: [*train(c), "--init-from", "{tmp}/imp"], export_copy(drop_tensor("layers.1.mlp.up_proj.weight"))),
+    Case("init-from-other-tokenizer", "--init-from a folder saved with another tokenizer",
+         "error: cannot import {tmp}/imp: tokenizer: its saved tokenizer is not the target's (320 vs 320 tokens, 4 "
+         "token-id pairs differ)", lambda c: [*train(c), "--init-from", "{tmp}/imp"], export_copy(swap_two_tokens)),
+    Case("init-from-other-depth", "--init-from a 2-layer export into a 3-layer drafter",
+         "error: cannot import {tmp}/imp: its layers is 2, this peagle drafter's is 3 (set drafter.layers to match)",
+         lambda c: [*train(c), "--config", "{tmp}/deep.toml", "--init-from", "{tmp}/imp"],
+         lambda c: (export_copy(lambda f: None)(c), write("deep.toml", "[drafter]\nlayers = 3\ndraft_vocab_size = 100\n"
+                                                                         "k_train = 3\n")(c))),
+    Case("init-from-norm-variant", "--init-from a speculators folder with norm_before_residual true",
+         "error: cannot import {tmp}/imp: norm_before_residual is true: specframe's EAGLE-3 layer computes only "
+         "norm_before_residual = false", lambda c: [*train(c), "--init-from", "{tmp}/imp"],
+         export_copy(set_config(norm_before_residual=True))),
 ]
 
 
