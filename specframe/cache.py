@@ -245,7 +245,7 @@ def prepare_cache(
             tensors["final"] = torch.cat([fin_parts[i] for i in idx]).contiguous()
         for key in ("aux", "final"):
             if key in tensors and not bool(torch.isfinite(tensors[key]).all()):
-                raise SpecframeError(f"non-finite {key} hidden states in {dtype} (shard {k}); try --dtype bfloat16")
+                raise SpecframeError(f"non-finite {key} hidden states in {dtype} (shard {k}); try --storage-dtype bfloat16")
         computed_tokens += int(tensors["input_ids"].numel())
         meta = {"records": json.dumps([[examples[i].source, examples[i].id] for i in idx])}
         tmp = out / f".{name}.tmp-{os.getpid()}"

@@ -15,6 +15,10 @@ PREFERENCE = ("flex", "chunked", "precomputed", "dense")
 def default_mask_builder(device: torch.device | str) -> str:
     """The registry name of the fastest registered mask builder that trains on ``device`` (flex on CUDA, chunked on
     CPU), because both avoid the (elements)^2 mask and flex fuses the masked attention into one kernel."""
+    if device in (None, "", "auto"):
+        from specframe.devices import resolve_device
+
+        device = resolve_device("auto")
     kind = torch.device(device).type
     registry = plugins.load()
     available = registry.names("mask builder")

@@ -36,8 +36,8 @@ threshold, freed blocks of a few tens of MiB stayed resident and an 8,192-token 
 2.6 GiB. The estimator assumes the pinned threshold.
 
 Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for every training
-sequence, the target forward computed without logits (``specframe.features``), fp32 unless ``dtype_bytes`` says
-otherwise. Start-up transients (loading the target) are not estimated; the guard's measured peak includes them.
+sequence, the target forward computed without logits (``specframe.features``), activations and target weights in
+``dtype`` (fp32 by default; the drafter's weights, gradients and AdamW state are fp32 in every precision). Start-up transients (loading the target) are not estimated; the guard's measured peak includes them.
 
 Guard: ``MemoryGuard`` reads the process's peak (VmHWM / ru_maxrss on CPU, ``torch.cuda.max_memory_allocated`` on
 CUDA) after every optimizer step and raises ``MemoryBudgetExceeded`` when it is over the budget; the engine then stops
@@ -149,7 +149,9 @@ class MemoryConfig:
     #: training sequences whose features stay in memory (online memoises every one)
     sequences: int = 1
     device: str = "cpu"
-    dtype_bytes: int = 4
+    #: the step's autocast dtype and the target weights' (fp32 / bf16 / fp16); the drafter's master weights,
+    #: gradients and AdamW state stay fp32 whatever it is
+    dtype: str = "fp32"
 
 
 @attrs.define
@@ -229,7 +231,12 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     if not depth:
         raise UsageError(f"drafter '{cfg.drafter}' has no default training depth: pass --depth")
     module = drafter.module()
-    e = cfg.dtype_bytes
+    from specframe.devices import DTYPE_BYTES
+
+    if cfg.dtype not in DTYPE_BYTES:
+        raise UsageError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {cfg.dtype!r}")
+    e = DTYPE_BYTES[cfg.dtype]  # activations and the target's weights
+    w = 4  # fp32 master weights, their gradients and AdamW's two moments
     trainable = _numel(p for p in module.parameters() if p.requires_grad)
     frozen = _numel(p for p in module.parameters() if not p.requires_grad) + _numel(module.buffers())
     n_layers, shape = _layers(module)
@@ -249,9 +256,9 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     fixed = {
         "process_baseline": CPU_BASELINE_BYTES if cpu else 0,
         "target_weights": (v_t * h_t if cfg.features == "synthetic" else target_params) * e,
-        "drafter_weights": (trainable + frozen) * e,
-        "drafter_gradients": trainable * e,
-        "optimizer_state": 2 * trainable * e,
+        "drafter_weights": (trainable + frozen) * w,
+        "drafter_gradients": trainable * w,
+        "optimizer_state": 2 * trainable * w,
         "features": feature_floats * 4 * (cfg.sequences if cfg.features != "cache" else 2),
     }
     segs, n_elements = _segments(cfg, drafter, depth, options)
@@ -313,7 +320,7 @@ def estimate(cfg: MemoryConfig) -> Estimate:
         online = (4 * h_t + 3 * int(getattr(tc, "intermediate_size", 4 * h_t))) * cfg.seq_len * e
         step_total = max(step_total, online)
         step_parts = {**step_parts, "target_forward": online}
-    optimizer_peak = int(OPTIMIZER_TRANSIENT * trainable * e)
+    optimizer_peak = int(OPTIMIZER_TRANSIENT * trainable * w)
     fixed_total = sum(fixed.values())
     peak = fixed_total + max(step_total, optimizer_peak)
     return Estimate(
@@ -565,5 +572,6 @@ def engine_guard(cfg: Any, target_config: Any, sequences: int | None = None) -> 
             mask_builder=cfg.mask_builder, partitioner=cfg.partitioner, partitions=cfg.partitions,
             drafter_options=cfg.drafter_options, mask_builder_options=cfg.mask_builder_options,
             features="cache" if cfg.cache is not None else "online", sequences=sequences, device=cfg.device,
+            dtype=getattr(cfg, "dtype", "fp32"),
         ), budget)
     return MemoryGuard(budget, cfg.device)

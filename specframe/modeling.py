@@ -190,6 +190,12 @@ class SelfAttention(nn.Module):
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
+        device = q.device.type
+        if torch.is_autocast_enabled(device):
+            # rotary tables in fp32 promote q and k back to fp32 while v stays in the autocast dtype; a mask
+            # builder's fused kernels want one dtype
+            dtype = torch.get_autocast_dtype(device)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         rep = s.heads // s.kv_heads
         if rep > 1 and not getattr(attention, "grouped_kv", False):
             k = k.repeat_interleave(rep, dim=1)

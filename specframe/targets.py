@@ -195,16 +195,30 @@ def load_target(
     *,
     dtype: Any = None,
     trust_remote_code: bool = False,
+    device: Any = None,
+    chat_template: str | os.PathLike | None = None,
 ) -> Target:
     """Load a target: ``"default"`` (embedded SmolLM2-135M-Instruct), a local folder, or a hub id.
 
-    ``dtype`` defaults to ``torch.float32`` (the fast dtype on CPU). Raises ``SpecframeError`` for a path that does
-    not exist, a folder without a tokenizer, or a tokenizer with more ids than the model has embeddings.
+    ``dtype`` (a torch dtype or ``fp32`` / ``bf16`` / ``fp16``) defaults to ``torch.float32`` (the fast dtype on CPU,
+    and the one in which speculative output equals plain output token for token). ``device``: where the weights go
+    (``specframe.devices.resolve_device``; default the CPU). ``chat_template``: a Jinja file replacing the
+    tokenizer's template (for targets without one, or to evaluate another). Remote code runs only with
+    ``trust_remote_code``. Raises ``SpecframeError`` for a path that does not exist, a folder without a tokenizer, or
+    a tokenizer with more ids than the model has embeddings.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = torch.float32 if dtype is None else dtype
+    from specframe.devices import torch_dtype
+
+    dtype = torch.float32 if dtype is None else (torch_dtype(dtype) if isinstance(dtype, str) else dtype)
+    template = None
+    if chat_template is not None:
+        try:
+            template = Path(chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecframeError(f"--chat-template {chat_template}: cannot read it ({exc})") from None
     spec_s = str(spec)
     if spec_s == "default":
         folder: Path | None = ensure_default_target()
@@ -229,6 +243,10 @@ def load_target(
     except OSError as exc:
         raise SpecframeError(f"cannot load target '{spec_s}': {exc}") from exc
     model.eval()
+    if device is not None:
+        model.to(device)
+    if template is not None:
+        tokenizer.chat_template = template
     if folder is None:  # hub id: hash the safetensors files transformers cached (else the loaded state dict)
         try:
             from huggingface_hub import snapshot_download

@@ -272,7 +272,7 @@ CASES = [
     Case("unknown-drafter-option", "an option the drafter does not have in --config",
          "error: --config {tmp}/extra.toml: drafter 'peagle' options: unknown key 'layerz' (did you mean 'layers'?) "
          "(known options: layers, k_train, k_infer, draft_vocab_size, aux_layer_ids, cod_ratio, cod_min_ratio, "
-         "activation_checkpointing, loss_chunk)",
+         "activation_checkpointing, loss_chunk, vocab_position_mask)",
          lambda c: [*train(c), "--config", "{tmp}/extra.toml"], write("extra.toml", "[drafter]\nlayerz = 2\n")),
     Case("config-unknown-key", "a --config key that is no training option (misspelt)",
          "error: --config {tmp}/typo.yaml: unknown key 'seq_lenght' (did you mean 'seq_len'?); "

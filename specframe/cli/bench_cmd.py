@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from specframe.cli.target_options import target_loading
+
 from specframe.cli.generate_cmd import decoding_options, tree_shape
 
 KIND = "bench.acceptance"
@@ -39,12 +41,13 @@ def bench() -> None:
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
               help="Write the results file (JSON with metrics, per-prompt figures and provenance).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of a table.")
+@target_loading
 def acceptance(
     checkpoints: tuple[str, ...], drafters: tuple[str, ...], baselines: tuple[str, ...], dataset: str,
     num_prompts: int, repeats: int, engine: str, target: str | None, k: int | None, verifier: str,
     tree_depth: int | None, tree_top_k: int | None, tree_tokens: int | None, max_new_tokens: int,
     temperature: float | None, top_k: int | None, top_p: float | None, seed: int, threads: int | None,
-    output: str | None, as_json: bool,
+    output: str | None, as_json: bool, loading,
 ) -> None:
     """Acceptance length, per-position acceptance, OTPS and speedup over plain decoding.
 
@@ -77,9 +80,7 @@ def acceptance(
         summary, per_prompt, methods, tgt_info = _vllm(checkpoints, drafters, baselines, target, prompts, k, tree,
                                                        verify, repeats, max_new_tokens)
     else:
-        from specframe.targets import load_target
-
-        tgt = load_target(target)
+        tgt = loading.load(target)
         methods = [core.checkpoint_method(c, tgt.config, k=k, tree=tree) for c in checkpoints]
         for name in (*drafters, *baselines):
             methods.append(core.plugin_method(name, tgt.config, k=5 if k is None else k, tree=tree))

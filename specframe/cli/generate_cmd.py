@@ -6,6 +6,8 @@ import json
 
 import click
 
+from specframe.cli.target_options import target_loading
+
 from specframe.inference.engine import DEFAULT_MAX_NEW_TOKENS
 
 
@@ -60,11 +62,12 @@ def tree_shape(verifier: str, depth: int | None, top_k: int | None, tokens: int 
 @decoding_options
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON: text, tokens, acceptance length, target forwards, rounds, OTPS, timings.")
+@target_loading
 def generate(
     checkpoint: str | None, drafter: str | None, prompt: str, target: str | None, k: int | None, verifier: str,
     tree_depth: int | None, tree_top_k: int | None, tree_tokens: int | None, max_new_tokens: int,
     temperature: float | None, top_k: int | None, top_p: float | None, seed: int, threads: int | None,
-    as_json: bool,
+    as_json: bool, loading,
 ) -> None:
     """Generate an answer to one prompt, speculatively when a drafter is given.
 
@@ -77,7 +80,6 @@ def generate(
     from specframe import bench
     from specframe.errors import UsageError
     from specframe.metrics import PromptMetrics
-    from specframe.targets import load_target
 
     if checkpoint is not None and drafter is not None:
         raise UsageError("give --checkpoint (a trained drafter) or --drafter (an untrained plugin), not both")
@@ -89,7 +91,7 @@ def generate(
     verify = bench.make_verifier(verifier, temperature=temperature, top_k=top_k, top_p=top_p)
     if target is None:
         target = (bench.recorded_target([checkpoint]) if checkpoint else None) or "default"
-    tgt = load_target(target)
+    tgt = loading.load(target)
     if checkpoint is not None:
         method = bench.checkpoint_method(checkpoint, tgt.config, k=k, tree=tree)
     elif drafter is not None:

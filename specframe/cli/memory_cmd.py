@@ -47,12 +47,16 @@ def _target_config(target: str):
               help="A `specframe train --config` run file (TOML, YAML or JSON); only its plugin option tables "
                    "drafter_options and mask_builder_options are read (e.g. activation_checkpointing, "
                    "draft_vocab_size, chunk_size: `specframe plugins --options NAME` lists them).")
-@click.option("--device", default="cpu", show_default=True, help="Torch device the run would use (cpu, cuda).")
+@click.option("--device", default="cpu", show_default=True,
+              help="Torch device the run would use (cpu, cuda, or auto: this machine's). On CUDA the estimate has no "
+                   "CPU process baseline and the guard reads torch.cuda.max_memory_allocated.")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
+              help="The run's --dtype: activations and target weights in it, drafter weights and AdamW state fp32.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: peak_bytes, breakdown, and fits / advice.")
 def memory(
     drafter: str, seq_len: int, depth: int | None, mask_builder: str | None, partitioner: str, partitions: int,
     memory_budget: str | None, target: str, features: str, sequences: int, config_file: str | None, device: str,
-    as_json: bool,
+    dtype: str, as_json: bool,
 ) -> None:
     """Estimate the peak memory of one training step before training.
 
@@ -69,6 +73,10 @@ def memory(
     if partitions < 1:
         raise UsageError(f"--partitions must be positive, got {partitions}")
     limit = mem.parse_size(memory_budget) if memory_budget is not None else None
+    if device == "auto":
+        from specframe.devices import resolve_device
+
+        device = resolve_device(device).type
     options = read_config(Path(config_file)) if config_file else {}
     if mask_builder is None:
         from specframe.masks import default_mask_builder
@@ -79,7 +87,7 @@ def memory(
         mask_builder=mask_builder, partitioner=partitioner, partitions=partitions,
         drafter_options=options.get("drafter_options", {}),
         mask_builder_options=options.get("mask_builder_options", {}), features=features, sequences=sequences,
-        device=device,
+        device=device, dtype=dtype,
     )
     est = mem.estimate(cfg)
     result = {"peak_bytes": est.peak_bytes, "peak": mem.format_size(est.peak_bytes), **est.to_dict()}

@@ -9,6 +9,8 @@ import sys
 
 import click
 
+from specframe.cli.target_options import target_loading
+
 
 @click.command("prepare")
 @click.option("--target", default="default", show_default=True, help="Target: 'default', a model folder or a hub id.")
@@ -29,7 +31,9 @@ import click
     "'default' = vLLM's (2, L//2, L-3), or 'none'.",
 )
 @click.option("--no-final-hidden", is_flag=True, help="Do not store the final (post-norm) hidden state.")
-@click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True, help="Storage dtype of hidden states.")
+@click.option("--storage-dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True,
+              help="Dtype the hidden states are stored in (the target computes them in --dtype).")
+@target_loading
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Skip conversations longer than this (tokens).")
 @click.option("--shard-size", type=int, default=64, show_default=True, help="Conversations per shard file.")
 @click.option("--max-batch-tokens", type=int, default=4096, show_default=True, help="Padded tokens per target forward.")
@@ -37,8 +41,8 @@ import click
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--skip-bad-lines", is_flag=True, help="Skip (and count) malformed JSONL lines instead of stopping.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def prepare(target, data, limit, output, aux_layers, no_final_hidden, dtype, max_length, shard_size, max_batch_tokens,
-            draft_vocab, threads, skip_bad_lines, as_json):
+def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dtype, max_length, shard_size, max_batch_tokens,
+            draft_vocab, threads, skip_bad_lines, as_json, loading):
     """Run the target over conversations and cache token ids, assistant-only loss masks and hidden states.
 
     Rerunning the same command after an interruption resumes: finished shards are kept. A cache folder made for
@@ -52,11 +56,10 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, dtype, max
     from specframe.data.sources import load_data
     from specframe.errors import UsageError
     from specframe.features import FeatureSpec, default_aux_layers
-    from specframe.targets import load_target
 
     if threads:
         torch.set_num_threads(threads)
-    tgt = load_target(target)
+    tgt = loading.load(target)
     if aux_layers == "default":
         aux = default_aux_layers(tgt.num_layers)
     elif aux_layers == "none":
@@ -80,12 +83,12 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, dtype, max
                   transient=True, disable=as_json or not console.is_terminal) as prog:
         task = prog.add_task("shards", total=None)
         rep = prepare_cache(
-            tgt, records, output, spec=spec, dtype=dtype, max_length=max_length, shard_size=shard_size,
+            tgt, records, output, spec=spec, dtype=storage_dtype, max_length=max_length, shard_size=shard_size,
             max_batch_tokens=max_batch_tokens, draft_vocab=draft_vocab or None,
             data_name=f"{data}" + (f"[:{limit}]" if limit else ""),
             progress=lambda i, n: prog.update(task, completed=i, total=n), _after_shard=after_shard,
         )
-    d = rep.as_dict() | {"bad_lines_skipped": load_stats["bad_lines"], "output": str(output), "target": tgt.id, "aux_layers": list(aux or []), "dtype": dtype}
+    d = rep.as_dict() | {"bad_lines_skipped": load_stats["bad_lines"], "output": str(output), "target": tgt.id, "aux_layers": list(aux or []), "dtype": storage_dtype, "target_dtype": loading.dtype}
     if as_json:
         click.echo(json.dumps(d, indent=1))
     else:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from specframe.cli.target_options import target_loading
+
 
 @click.command("regenerate")
 @click.option("--target", default="default", show_default=True, help="Target: 'default', a model folder or a hub id.")
@@ -53,19 +55,19 @@ import click
 )
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@target_loading
 def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, shard, finalize_only,
-               threads, as_json):
+               threads, as_json, loading):
     """Answer prompts greedily with the target; resumable (rerun the same command after a kill)."""
     import torch
     from rich.progress import Progress
 
     from specframe.data.regenerate import regenerate as run_regenerate
     from specframe.data.sources import load_data
-    from specframe.targets import load_target
 
     if threads:
         torch.set_num_threads(threads)
-    tgt = load_target(target)
+    tgt = loading.load(target)
     records = []
     for d in data:
         if d == "default-prompts":

@@ -101,7 +101,16 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
                    "anything. Resolved without loading the target: the depth, mask builder and every plugin option; "
                    "null values (warmup_steps, target-dependent plugin options such as aux_layer_ids) are decided "
                    "when the run starts.")
-@click.option("--device", default="cpu", show_default=True, help="Torch device (cpu, cuda).")
+@click.option("--device", default="auto", show_default=True,
+              help="Torch device: auto (CUDA when available, else cpu), cpu, cuda, cuda:N. Under torchrun 'cuda' "
+                   "is each process's LOCAL_RANK GPU.")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
+              help="Precision of training (autocast over fp32 master weights and AdamW state, fp32 log-softmax in "
+                   "the loss; fp16 with a gradient scaler) and of the target's weights.")
+@click.option("--trust-remote-code", is_flag=True,
+              help="Run the target repository's own Python code (off unless given).")
+@click.option("--chat-template", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="A Jinja chat template file replacing the target tokenizer's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (and no progress bar).")
 @click.pass_context
 def train(ctx: click.Context, resume: str | None, config_file: str | None, print_config: bool, as_json: bool,

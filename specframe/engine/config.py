@@ -59,7 +59,15 @@ class TrainConfig:
     #: experiment trackers, a comma list of none / tensorboard / wandb (see specframe.engine.tracking)
     report_to: str = attrs.field(default="none", validator=lambda i, a, v: _check_report_to(v))
     seed: int = attrs.field(default=0, validator=_non_negative)
-    device: str = "cpu"
+    #: torch device (auto: CUDA when available, else cpu; under torchrun "cuda" is the process's LOCAL_RANK GPU)
+    device: str = "auto"
+    #: precision of the step (autocast over fp32 master weights; fp16 adds a gradient scaler) and of the target's
+    #: weights: fp32, bf16 or fp16
+    dtype: str = attrs.field(default="fp32", validator=lambda i, a, v: _check_dtype(v))
+    #: run the target repository's own code (transformers' trust_remote_code); off unless asked
+    trust_remote_code: bool = False
+    #: a Jinja chat template file replacing the target tokenizer's
+    chat_template: str | None = None
     #: warm start: a speculators EAGLE-3 / P-EAGLE, SafeAILab / SpecForge EAGLE-3 or PARD folder whose weights are
     #: loaded into the drafter after it is built and prepared, before the first step (specframe.vllm.imports)
     init_from: str | None = None
@@ -72,6 +80,13 @@ class TrainConfig:
             raise UsageError("give exactly one of --data and --cache")
         if self.max_steps is not None and self.epochs is not None:
             raise UsageError("give at most one of --max-steps and --epochs (one of them decides the run's length)")
+
+
+def _check_dtype(value: Any) -> None:
+    from specframe.devices import DTYPES
+
+    if value not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {value!r}")
 
 
 def _check_report_to(value: Any) -> None:

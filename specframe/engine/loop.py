@@ -83,15 +83,21 @@ def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
 
 
 class _Dist:
-    """torch.distributed when launched by torchrun (WORLD_SIZE > 1), else a single process."""
+    """torch.distributed when launched by torchrun (WORLD_SIZE > 1), else a single process: NCCL between GPUs, gloo
+    on the CPU. Multi-node runs are torchrun's business (``--nnodes``, ``--rdzv-endpoint``); each process only needs
+    its ``LOCAL_RANK`` to pick its GPU (``specframe.devices.resolve_device``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         import torch.distributed as dist
+
+        from specframe.devices import backend
 
         self.dist = dist
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("gloo")
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            dist.init_process_group(backend(device))
         self.rank = dist.get_rank() if self.world > 1 else 0
 
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
@@ -109,7 +115,10 @@ class Trainer:
         self.cfg = cfg
         self.log = log
         memory.pin_mmap_threshold()
-        self.dist = _Dist()
+        from specframe.devices import resolve_device
+
+        self.device = resolve_device(cfg.device)
+        self.dist = _Dist(self.device)
         self.out = Path(cfg.output)
         # a tracker whose library is missing is refused before anything is written
         self.report_to = tracking.parse_report_to(cfg.report_to)
@@ -152,9 +161,10 @@ class Trainer:
         if target is None:
             from specframe.targets import load_target
 
-            target = load_target(cfg.target)
+            target = load_target(cfg.target, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code,
+                                 chat_template=cfg.chat_template)
         self.target = target
-        target.model.to(cfg.device)
+        target.model.to(self.device)
         drafter_cls = plugins.get("drafter", cfg.drafter)
         options = structure_options(cfg.drafter_options, drafter_cls.Options, f"drafter '{cfg.drafter}'")
         self.drafter: api.Drafter = drafter_cls(target.config, options)
@@ -165,10 +175,10 @@ class Trainer:
         if builder_name is None:
             from specframe.masks import default_mask_builder
 
-            builder_name = default_mask_builder(cfg.device)
+            builder_name = default_mask_builder(self.device)
         builder_cls = plugins.get("mask builder", builder_name)
-        if torch.device(cfg.device).type not in builder_cls.devices:
-            raise UsageError(f"mask builder '{builder_name}' does not train on {cfg.device}")
+        if self.device.type not in builder_cls.devices:
+            raise UsageError(f"mask builder '{builder_name}' does not train on {self.device.type}")
         self.builder = builder_cls(structure_options(cfg.mask_builder_options, builder_cls.Options, "mask builder"))
         part_cls = plugins.get("partitioner", cfg.partitioner)
         self.partitioner = part_cls(structure_options(cfg.partitioner_options, part_cls.Options, "partitioner"))
@@ -198,16 +208,24 @@ class Trainer:
         from specframe.memory import engine_guard
 
         # refuse a configuration that cannot fit --memory-budget before any feature is computed or file written
-        self.memory_guard = engine_guard(self.resolved, target.config, sequences=kept)
+        self.memory_guard = engine_guard(attrs.evolve(self.resolved, device=str(self.device)), target.config,
+                                         sequences=kept)
         self.drafter.prepare(target, [self.source.tokens(i) for i in self.train_ids])
         if cfg.init_from is not None and self.resume_from is None:
             from specframe.vllm import imports
 
             imports.warm_start(self.drafter, cfg.init_from, target.config, getattr(target, "tokenizer", None))
-        module = self.drafter.module().to(cfg.device)
+        module = self.drafter.module().to(self.device)
         self.params = [p for p in module.parameters() if p.requires_grad]
         if not self.params:
             raise UsageError(f"drafter '{cfg.drafter}' has no trainable parameters: there is nothing to train")
+        self.precision = Precision(cfg.dtype, self.device)
+        # torch's DDP reduces the gradients of a multi-process run (see _DrafterLoss); one process needs no wrapper
+        self.ddp = None
+        if self.dist.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp = DistributedDataParallel(_DrafterLoss(self.drafter), find_unused_parameters=True)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, self.total_steps // 10)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, self.total_steps))
@@ -316,31 +334,36 @@ class Trainer:
         # one all-reduce for the loss and the per-depth top-1 hits / counts: [loss, correct x K, total x K]
         stats = torch.zeros(1 + 2 * self.depth)
         self.optimizer.zero_grad(set_to_none=True)
-        if global_count > 0:
-            for example, elems, segs, sup in work:
-                for seg in segs:
+        jobs = [(example, elems, seg, sup) for example, elems, segs, sup in work for seg in segs]
+        # DDP averages the ranks' gradients; scaling by the world size makes that the global sum / global count
+        scale = self.dist.world / global_count if global_count > 0 else 0.0
+        if global_count > 0 and not jobs and self.ddp is not None:
+            self._idle_backward()  # no sequence on this rank this step: it still takes part in the one reduction
+        for j, (example, elems, seg, sup) in enumerate(jobs):
+            # gradients accumulate locally over segments and sequences; only the last backward reduces across ranks
+            last = j == len(jobs) - 1
+            with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
+                with self.precision.autocast():
                     terms = self._segment_loss(example, elems, seg, sup, training=True)
-                    (terms.loss_sum / global_count).backward()
-                    stats[0] += terms.loss_sum.detach().float().reshape(())
-                    stats[1 : 1 + self.depth] += terms.correct.float().cpu()
-                    stats[1 + self.depth :] += terms.total.float().cpu()
+                self.precision.backward(terms.loss_sum.float() * scale)
+            stats[0] += terms.loss_sum.detach().float().cpu().reshape(())
+            stats[1 : 1 + self.depth] += terms.correct.float().cpu()
+            stats[1 + self.depth :] += terms.total.float().cpu()
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if self.dist.world > 1:  # one collective for all gradients instead of one per tensor
-            flat = self.dist.sum_(torch.cat([p.grad.reshape(-1) for p in self.params]))
-            offset = 0
-            for p in self.params:
-                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
-                offset += p.numel()
         self.dist.sum_(stats)
         loss_sum = stats[:1]
         correct, total = stats[1 : 1 + self.depth], stats[1 + self.depth :]
+        self.precision.unscale(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         lr = self.scheduler.get_last_lr()[0]
         if global_count > 0:
-            validate.check_finite(step + 1, float(loss_sum.item()), float(grad_norm))
-            self.optimizer.step()
+            # fp16's scaler skips a step with overflowed gradients by itself (and lowers its scale); a non-finite
+            # loss is an error in every precision
+            validate.check_finite(step + 1, float(loss_sum.item()),
+                                  0.0 if self.precision.scaler is not None else float(grad_norm))
+            self.precision.step(self.optimizer)
         self.plugins_checked = True
         self.scheduler.step()
         self.step += 1
@@ -354,12 +377,17 @@ class Trainer:
                 "tokens_per_second": global_tokens / seconds if seconds > 0 else None,
                 "train_accuracy": [float(c / t) if t > 0 else 0.0 for c, t in zip(correct, total, strict=True)]}
 
+    def _idle_backward(self) -> None:
+        assert self.ddp is not None
+        loss, _ = self.ddp(None)
+        loss.backward()
+
     def guarded_step(self) -> dict[str, Any]:
         """``train_step`` under the memory budget: the hard ceiling during the step, the measured peak after it
         (``MemoryBudgetExceeded`` either way, before anything is saved, so the last checkpoint stays)."""
         if self.memory_guard is None:
             entry = self.train_step()
-            entry["peak_memory_bytes"] = memory.peak_bytes(self.cfg.device)
+            entry["peak_memory_bytes"] = memory.peak_bytes(self.device)
             return entry
         with self.memory_guard.ceiling(self.step + 1):
             entry = self.train_step()
@@ -371,11 +399,13 @@ class Trainer:
     ) -> api.LossTerms:
         sub = elems.subset(seg.elements)
         attention = api.SegmentAttention.build(self.builder, sub)
+        # under DDP a training loss runs through the wrapper's forward, which arms the gradient reduction
+        loss = self.ddp if training and self.ddp is not None else _DrafterLoss.call(self.drafter)
         if getattr(self, "plugins_checked", False):
-            return self.drafter.loss(example, elems, seg, attention)
+            return loss(example, elems, seg, attention)[1]
         # the first step checks every plugin's output so a broken plugin is named, not a shape error deep in autograd
         attention = validate.CheckedAttention(attention, self.resolved.mask_builder)
-        terms = self.drafter.loss(example, elems, seg, attention)
+        terms = loss(example, elems, seg, attention)[1]
         validate.check_loss_terms(terms, self.cfg.drafter, elems, seg, sup, training=training)
         return terms
 
@@ -402,7 +432,8 @@ class Trainer:
             # verdict of element (anchor, depth): -1 none (not charged or not returned), else 0 / 1
             hits = torch.full((elems.seq_len, self.depth), -1, dtype=torch.long)
             for seg in self.segments(elems):
-                terms = self._segment_loss(example, elems, seg, sup, training=False)
+                with self.precision.autocast():
+                    terms = self._segment_loss(example, elems, seg, sup, training=False)
                 loss_sum += terms.loss_sum.float()
                 count += terms.count
                 correct += terms.correct.float()
@@ -498,6 +529,65 @@ class Trainer:
             last_ckpt = self.save()
         losses = [h["train_loss"] for h in history if h["train_loss"] is not None]
         return TrainResult(self.step, last_ckpt, history, losses[-1] if losses else None, last_eval)
+
+
+class _DrafterLoss(torch.nn.Module):
+    """A drafter's loss as a module, so torch's ``DistributedDataParallel`` can wrap it: DDP arms its gradient
+    reduction in ``forward``, and a drafter computes its loss in ``Drafter.loss``, not in its module's forward.
+    ``forward`` returns (loss tensor, ``LossTerms``): DDP looks for tensors in the output to find unused parameters.
+    ``forward(None)``: a zero loss over every trainable parameter, for a rank that holds no sequence this step."""
+
+    def __init__(self, drafter: api.Drafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.inner = drafter.module()  # registered, so DDP sees (and broadcasts, and reduces) its parameters
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, Any]:
+        if len(args) == 1 and args[0] is None:
+            zero = sum(p.reshape(-1)[0] * 0.0 for p in self.inner.parameters() if p.requires_grad)
+            return zero, None
+        terms = self.drafter.loss(*args)
+        return terms.loss_sum, terms
+
+    @staticmethod
+    def call(drafter: api.Drafter) -> Callable[..., tuple[torch.Tensor, Any]]:
+        def run(*args: Any) -> tuple[torch.Tensor, Any]:
+            terms = drafter.loss(*args)
+            return terms.loss_sum, terms
+
+        return run
+
+
+class Precision:
+    """``--dtype`` of training: autocast to bf16 / fp16 over fp32 master weights (AdamW state stays fp32, and the
+    drafters' losses take log-softmax in fp32); fp16 adds torch's gradient scaler. fp32 changes nothing."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        from specframe.devices import torch_dtype
+
+        self.name = name
+        self.device = device
+        self.dtype = torch_dtype(name)
+        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+
+    def autocast(self) -> Any:
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            optimizer.step()
+        else:
+            self.scaler.step(optimizer)
+            self.scaler.update()
 
 
 def _unstructure(options: Any) -> dict[str, Any]:

@@ -1,0 +1,193 @@
+"""Training at scale, on the CPU: devices per LOCAL_RANK, torch DDP over torchrun (gloo), resume with the same or a
+different world size, and bf16 / fp16 autocast against fp32."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specframe import devices
+from specframe.engine import TrainConfig, train
+from specframe.engine import checkpoint as ckpt
+from specframe.errors import UsageError
+from tests.drafter_helpers import DRAFTERS, SMALL
+from tests.train_fixtures import build, small_options
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("dist"))
+
+
+def config(assets, out, **kw):
+    target, chat = assets
+    base = dict(drafter="peagle", output=str(out), target=str(target), data=str(chat), seq_len=48, max_steps=2,
+                batch_size=3, lr=3e-3, val_examples=2, partitioner="peagle", partitions=3,
+                drafter_options=small_options(k_train=4))
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(directory):
+    return load_file(str(ckpt.resolve(directory) / "model.safetensors"))
+
+
+# --- devices ------------------------------------------------------------------------------------------------------
+
+
+def test_local_rank_picks_the_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert devices.resolve_device("auto") == torch.device("cuda", 3)
+    assert devices.resolve_device("cuda") == torch.device("cuda", 3)
+    assert devices.resolve_device("cuda:1") == torch.device("cuda", 1)  # an explicit index is taken as given
+    assert devices.resolve_device("cpu") == torch.device("cpu")
+    assert devices.backend(devices.resolve_device("cuda")) == "nccl"
+    monkeypatch.setenv("LOCAL_RANK", "4")
+    with pytest.raises(UsageError, match="4 CUDA device"):
+        devices.resolve_device("cuda")
+    monkeypatch.delenv("LOCAL_RANK")
+    assert devices.resolve_device("cuda") == torch.device("cuda", 0)
+
+
+def test_no_gpu_means_cpu_and_a_clear_error_for_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices.resolve_device("auto") == torch.device("cpu")
+    assert devices.backend(torch.device("cpu")) == "gloo"
+    with pytest.raises(UsageError, match="no CUDA device"):
+        devices.resolve_device("cuda")
+    with pytest.raises(UsageError, match="not a torch device"):
+        devices.resolve_device("tpu-ish")
+    with pytest.raises(UsageError, match="--dtype"):
+        devices.torch_dtype("fp8")
+
+
+# --- many processes -----------------------------------------------------------------------------------------------
+
+RANK = """
+import os
+import sys
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads(1)
+from specframe.engine import TrainConfig, train
+from specframe.engine.loop import Trainer
+original = Trainer.train_step
+def step(self):
+    from torch.nn.parallel import DistributedDataParallel
+    assert isinstance(self.ddp, DistributedDataParallel)  # gradients go through torch's DDP, not a hand reduction
+    if self.step == {stop}:  # every rank stops here, as a killed job would (the last checkpoint stays)
+        os._exit(0)
+    return original(self)
+Trainer.train_step = step
+resume = sys.argv[1] if len(sys.argv) > 1 else None
+train(TrainConfig(**{cfg!r}), resume=resume, progress=False)
+"""
+
+
+def torchrun(tmp_path, cfg, *, port: int, resume: str | None = None, stop: int | None = None):
+    script = tmp_path / f"rank-{port}.py"
+    script.write_text(textwrap.dedent(RANK.format(root=str(ROOT), cfg=attrs.asdict(cfg), stop=stop)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--master-port", str(port),
+               str(script)] + ([resume] if resume else [])
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def assert_close(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_match_one_process_and_resume_across_world_sizes(assets, tmp_path):
+    """3 sequences a step over 2 ranks (one rank holds two, the other one), P-EAGLE with 3 partitions (its mask row
+    is unused in some segments): DDP's reduction must give the single process's weights. Then a 2-rank run stopped
+    of 4 steps stopped at step 2 resumes on 2 ranks, and on 1 process, both equal to an uninterrupted single process
+    (the data order is global and sharded by slot, so a different world size sees the same sequences)."""
+    import shutil
+
+    half = train(config(assets, tmp_path / "one-half", max_steps=2), progress=False)
+    torchrun(tmp_path, config(assets, tmp_path / "two-half", max_steps=2), port=29531)
+    assert_close(weights(half.checkpoint), weights(tmp_path / "two-half"))
+
+    single = train(config(assets, tmp_path / "one", max_steps=4, save_every=2), progress=False)
+    torchrun(tmp_path, config(assets, tmp_path / "two", max_steps=4, save_every=2), port=29532, stop=2)
+    assert ckpt.resolve(tmp_path / "two").name == ckpt.step_name(2)
+    shutil.copytree(tmp_path / "two", tmp_path / "two-again")
+    cfg = config(assets, tmp_path / "two", max_steps=4, save_every=2)
+    torchrun(tmp_path, cfg, port=29533, resume=str(tmp_path / "two"))
+    again = config(assets, tmp_path / "two-again", max_steps=4, save_every=2)
+    train(again, resume=str(tmp_path / "two-again"), progress=False)
+    assert_close(weights(single.checkpoint), weights(tmp_path / "two"))
+    assert_close(weights(single.checkpoint), weights(tmp_path / "two-again"))
+
+
+@pytest.mark.slow
+def test_a_rank_without_a_sequence_still_joins_the_reduction(assets, tmp_path):
+    """batch size 1 on 2 ranks: rank 1 holds nothing each step, yet DDP's collective must not hang or skew."""
+    single = train(config(assets, tmp_path / "one", batch_size=1), progress=False)
+    torchrun(tmp_path, config(assets, tmp_path / "two", batch_size=1), port=29534)
+    assert_close(weights(single.checkpoint), weights(tmp_path / "two"))
+
+
+# --- precision ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sharp(assets):
+    """The tiny target with a peaked output distribution (a random one is near uniform: the loss would say little)."""
+    from tests.drafter_helpers import tiny_target
+
+    return tiny_target(assets[0].parent)
+
+
+def losses(assets, target, tmp_path, name: str, dtype: str, steps: int = 20) -> list[float]:
+    options = dict(SMALL[name])
+    if "draft_vocab_size" in options:
+        options["draft_vocab_size"] = 64
+    run = train(config(assets, tmp_path / f"{name}-{dtype}", drafter=name, dtype=dtype, max_steps=steps, batch_size=2,
+                       partitioner="none", partitions=1, lr=3e-3, max_examples=4, val_examples=1,
+                       drafter_options=options), target=target, progress=False)
+    return [m["train_loss"] for m in run.metrics]
+
+
+# bf16 keeps 8 bits of mantissa: over 20 steps every step's loss stays within 5% of fp32's first-step loss
+BF16_TOLERANCE = 0.05
+
+
+def check_bf16(fp32: list[float], bf16: list[float]) -> None:
+    assert all(math.isfinite(x) for x in bf16)
+    assert bf16[-1] < 0.8 * bf16[0], bf16  # it trains
+    for a, b in zip(fp32, bf16, strict=True):
+        assert abs(b - a) <= BF16_TOLERANCE * fp32[0], (fp32, bf16)
+    assert fp32 != bf16  # autocast really ran in bf16
+
+
+def test_bf16_tracks_fp32_and_trains(assets, sharp, tmp_path):
+    check_bf16(losses(assets, sharp, tmp_path, "peagle", "fp32"), losses(assets, sharp, tmp_path, "peagle", "bf16"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [d for d in DRAFTERS if d != "peagle"])
+def test_bf16_every_drafter(assets, sharp, tmp_path, name):
+    check_bf16(losses(assets, sharp, tmp_path, name, "fp32"), losses(assets, sharp, tmp_path, name, "bf16"))
+
+
+def test_fp16_trains_with_a_grad_scaler(assets, sharp, tmp_path):
+    fp16 = losses(assets, sharp, tmp_path, "peagle", "fp16", steps=10)
+    assert all(math.isfinite(x) for x in fp16) and fp16[-1] < fp16[0], fp16
