@@ -1,6 +1,9 @@
 """P-EAGLE and EAGLE-3 train/serve parity: a drafter trained with the engine's indexing, served by vLLM and by the reference
 engine, must draft and be accepted identically round by round (DESIGN.md section 8: an off-by-one between training
-shift, export and vLLM's parallel drafting sends vLLM's acceptance to zero while every internal test passes)."""
+shift, export and vLLM's parallel drafting sends vLLM's acceptance to zero while every internal test passes).
+
+vLLM serves the speculators-format export from the folder alone (``LLM(model=EXPORT)``: verifier, method and
+parallel drafting read from its config.json), so the parity covers the format too."""
 
 from __future__ import annotations
 
@@ -52,7 +55,9 @@ def _overfit(drafter, model, tok, prompts):
 
 # a reduced draft vocabulary, so the exported d2t / t2d maps are exercised on both sides
 OPTIONS = {"peagle": {"layers": 2, "k_train": K, "draft_vocab_size": 160},
-           "eagle3": {"layers": 1, "ttt_steps": K, "draft_vocab_size": 160}}
+           "eagle3": {"layers": 1, "ttt_steps": K, "draft_vocab_size": 160},
+           # served through specframe's vLLM general plugin model (each slot its own mask embedding)
+           "parallelspec": {"layers": 1, "k_train": K, "draft_vocab_size": 160}}
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
@@ -62,7 +67,7 @@ def test_served_by_vllm_matches_the_reference_engine(tmp_path, name):
     from specframe import plugins
     from specframe.inference import generate
     from specframe.vllm import parity
-    from specframe.vllm.engine import run_in_subprocess
+    from specframe.vllm.engine import drafter_job, run_jobs
     from tests.vllm_fixtures import LAYERS, build_target
 
     torch.manual_seed(0)
@@ -80,10 +85,13 @@ def test_served_by_vllm_matches_the_reference_engine(tmp_path, name):
         generate(model, torch.tensor(p), verifier, drafter, k=K, max_new_tokens=MAX_NEW, eos_token_id=())
         for p in prompts
     ]
-    served = run_in_subprocess(
-        target_dir, prompts, export.speculative_config(tmp_path / name, K), max_new_tokens=MAX_NEW,
-        ignore_eos=True,
-    )
+    if name == "parallelspec":  # no speculators type: the target with an explicit speculative config
+        job = drafter_job(tmp_path / name, K, target_dir)
+    else:
+        job = drafter_job(tmp_path / name, K)  # the export folder alone, its verifier the target folder
+        assert job.target == str((tmp_path / name).resolve())
+        assert export.read_manifest(tmp_path / name).verifier == str(target_dir.resolve())
+    (served,) = run_jobs([job], prompts, max_new_tokens=MAX_NEW, ignore_eos=True)
     accepted = 0
     for prompt, ref, got in zip(prompts, reference, served.generations, strict=True):
         gaps = parity.top2_gaps(model, prompt, ref.tokens)

@@ -247,3 +247,45 @@ def test_train_init_from_a_speculators_export_warm_starts(tmp_path):
     assert code == 0, text
     assert (tmp_path / "e2" / "model.safetensors").read_bytes() == (tmp_path / "e" / "model.safetensors").read_bytes()
     assert (tmp_path / "e2" / "config.json").read_text() == (tmp_path / "e" / "config.json").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ ParallelSpec
+
+
+def test_parallelspec_slot_inputs_give_each_mask_its_own_embedding_and_the_anchor_state():
+    """What specframe's vLLM plugin model does to vLLM's flattened parallel-drafting batch: per request
+    [tokens | bonus | mask x (k-1) | rejected padding]."""
+    from specframe.vllm.vllm_plugin import slot_inputs
+
+    M = 99
+    ids = torch.tensor([5, 6, M, M, M, 0, 7, 8, M, M])
+    hidden = torch.arange(10.0)[:, None].repeat(1, 4)
+    embeds = -torch.arange(10.0)[:, None].repeat(1, 4)
+    masks = torch.tensor([[100.0] * 4, [200.0] * 4, [300.0] * 4])
+    e, h = slot_inputs(ids, hidden, embeds, M, masks)
+    assert e[:, 0].tolist() == [0, -1, 100, 200, 300, -5, -6, -7, 100, 200]
+    assert h[:, 0].tolist() == [0, 1, 1, 1, 1, 5, 6, 7, 7, 7]
+
+
+def test_parallelspec_export_round_trips_and_refuses_the_standalone_backbone(target, tmp_path):
+    cls = plugins.get("drafter", "parallelspec")
+    torch.manual_seed(0)
+    drafter = cls(target.config, cls.Options(layers=1, aux_layer_ids=AUX, draft_vocab_size=DRAFT_VOCAB, k_train=4))
+    drafter.mask_token_ids = [3, 4, 5]
+    drafter.model.set_draft_vocab(torch.arange(0, 2 * DRAFT_VOCAB, 2))
+    manifest = drafter.export_vllm(tmp_path / "ps", target.tok)
+    assert (manifest["layout"], manifest["method"], manifest["parallel_drafting"]) == ("parallelspec", "eagle3", True)
+    cfg = json.loads((tmp_path / "ps" / "config.json").read_text())
+    assert cfg["architectures"] == [export.PARALLELSPEC_ARCHITECTURE] and cfg["pard_token"] == 3
+    assert cfg["parallelspec_num_masks"] == 3
+    assert export.speculative_config(tmp_path / "ps", 4)["parallel_drafting"] is True
+    with pytest.raises(SpecframeError, match="at most 4 tokens per step"):
+        export.speculative_config(tmp_path / "ps", 5)
+    copy = imports.load_drafter(tmp_path / "ps", target.config, target.tok)
+    assert copy.mask_token_ids == [3, 4, 5]
+    copy.export_vllm(tmp_path / "ps2", target.tok)
+    assert (tmp_path / "ps" / "model.safetensors").read_bytes() == (tmp_path / "ps2" / "model.safetensors").read_bytes()
+    standalone = cls(target.config, cls.Options(backbone="standalone", layers=1, draft_vocab_size=DRAFT_VOCAB))
+    standalone.mask_token_ids = [3, 4, 5, 6]
+    with pytest.raises(SpecframeError, match="backbone 'standalone' cannot be exported to vLLM"):
+        standalone.export_vllm(tmp_path / "st", target.tok)

@@ -162,14 +162,46 @@ class ParallelSpecDrafter(api.Drafter):
         return api.eagle.shifted_supervision(example.loss_mask, example.doc)
 
     def export_vllm(self, directory: Any, tokenizer: Any) -> dict[str, Any]:
-        # vLLM's parallel drafting (P-EAGLE, PARD) feeds one mask token id to every draft slot, and its drafter
-        # models have no notion of which slot they fill; ParallelSpec's slots each read their own learned
-        # [MASK]_i embedding, so no layout vLLM loads can represent it without a new vLLM drafter model.
-        raise api.SpecframeError(
-            "drafter 'parallelspec' cannot be exported to vLLM: vLLM's parallel drafting feeds the same mask token "
-            f"to every draft slot, and ParallelSpec's {self.options.masks} slots each need their own learned mask "
-            "embedding; serve it with the reference engine (`specframe generate`, `specframe bench acceptance`)"
+        """The EAGLE backbone for vLLM's parallel drafting (eagle3 method), served by specframe's vLLM general plugin
+        model ``ParallelSpecLlamaForCausalLMEagle3``, which gives each draft slot its own learned [MASK]_d
+        embedding and its anchor's hidden state (``specframe.vllm.vllm_plugin``). vLLM needs the target beside it
+        (an explicit speculative config). The standalone backbone has no vLLM model (vLLM's draft-model proposer
+        feeds every slot the same mask token)."""
+        if self.mask_token_ids is None:
+            raise api.SpecframeError("parallelspec: no mask tokens chosen (train the drafter or load a checkpoint first)")
+        if not self.reads_features:
+            raise api.SpecframeError(
+                "drafter 'parallelspec' with backbone 'standalone' cannot be exported to vLLM: vLLM's draft-model "
+                "parallel drafting feeds the same mask token to every slot and specframe ships a vLLM model only for "
+                "the eagle backbone; serve it with the reference engine (`specframe generate`, `bench acceptance`)"
+            )
+        layouts = api.vllm_layouts
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        config = layouts.llama_config(self.target_config, self.options.layers)
+        return layouts.write_parallelspec(
+            directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
+            mask_token_ids=self.mask_token_ids, target_num_layers=int(self.target_config.num_hidden_layers),
+            tokenizer=tokenizer, drafter=self.name,
         )
+
+    def import_weights(self, imported: Any) -> None:
+        """Load a ParallelSpec export (``write_parallelspec``; ``specframe.vllm.imports``) of this drafter's shape,
+        with its mask token ids."""
+        from specframe.vllm import imports
+
+        if imported.layout != "parallelspec":
+            raise api.SpecframeError(
+                f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not parallelspec"
+            )
+        imports.check_target(imported, self.target_config)
+        imports.check_shape(imported, self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
+                            draft_vocab_size=self.draft_vocab_size)
+        # mask_hidden is only there for vLLM's loader (the plugin model replaces it by the anchor's hidden state)
+        tensors = {k: v for k, v in imported.tensors.items() if k != "mask_hidden"}
+        state = imports.eagle_state(attrs.evolve(imported, tensors=tensors), self.model.state_dict(),
+                                    self.target_config, own_embedding_is_target=self._target_head is not None)
+        self.model.load_state_dict(state)
+        self.mask_token_ids = [int(i) for i in imported.config["parallelspec_mask_token_ids"]]
 
     def check_training(self, depth: int, mask_builder: str, partitioner: str) -> None:
         self._check_depth(depth)

@@ -205,6 +205,9 @@ class VllmEngine:
     ) -> None:
         configure_environment(options)
         LLM = import_llm()
+        from specframe.vllm.vllm_plugin import register
+
+        register()  # specframe's drafter models (ParallelSpec); the vllm.general_plugins entry point does the same
         self.speculative_config = dict(speculative_config) if speculative_config else None
         kwargs: dict[str, Any] = {}
         if self.speculative_config:

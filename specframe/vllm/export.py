@@ -50,7 +50,9 @@ from specframe import __version__
 from specframe.errors import SpecframeError
 
 WEIGHTS = "model.safetensors"
-LAYOUTS = ("eagle3", "peagle", "pard")
+LAYOUTS = ("eagle3", "peagle", "pard", "parallelspec")
+#: the architecture of specframe's vLLM general plugin model for ParallelSpec (``specframe.vllm.vllm_plugin``)
+PARALLELSPEC_ARCHITECTURE = "ParallelSpecLlamaForCausalLMEagle3"
 #: the speculators layouts (``speculators_model_type``) and the architecture name the speculators library gives them
 SPECULATORS = {"eagle3": "Eagle3DraftModel", "peagle": "PEagleDraftModel"}
 DEFAULT_SPECULATIVE_TOKENS = 5
@@ -94,6 +96,8 @@ class Manifest:
     verifier: str | None = None
     speculative_tokens: int | None = None
     specframe_version: str = __version__
+    #: the most draft tokens per step the drafter can serve (ParallelSpec: its masks + 1), None: no limit
+    max_speculative_tokens: int | None = None
 
     @property
     def speculators(self) -> bool:
@@ -105,6 +109,11 @@ class Manifest:
         (the target is then vLLM's ``model``)."""
         if num_speculative_tokens < 1:
             raise SpecframeError(f"num_speculative_tokens must be positive, got {num_speculative_tokens}")
+        if self.max_speculative_tokens is not None and num_speculative_tokens > self.max_speculative_tokens:
+            raise SpecframeError(
+                f"this {self.layout} export drafts at most {self.max_speculative_tokens} tokens per step (its mask "
+                f"tokens + 1), not {num_speculative_tokens}"
+            )
         config: dict[str, Any] = {
             "method": self.method,
             "model": str(Path(directory).resolve()),
@@ -115,7 +124,12 @@ class Manifest:
         return config
 
 
-_METHODS = {"eagle3": ("eagle3", False), "peagle": ("eagle3", True), "pard": ("draft_model", True)}
+_METHODS = {
+    "eagle3": ("eagle3", False),
+    "peagle": ("eagle3", True),
+    "pard": ("draft_model", True),
+    "parallelspec": ("eagle3", True),
+}
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
@@ -136,6 +150,8 @@ def layout_of(cfg: Mapping[str, Any]) -> str | None:
     kind = cfg.get("speculators_model_type")
     if kind is not None:
         return kind if kind in SPECULATORS else None
+    if PARALLELSPEC_ARCHITECTURE in (cfg.get("architectures") or []):
+        return "parallelspec"
     return "pard" if "pard_token" in cfg else None
 
 
@@ -159,10 +175,12 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
         methods = spec.get("proposal_methods")
         if isinstance(methods, list) and methods and isinstance(methods[0], dict):
             tokens = methods[0].get("speculative_tokens")
+    masks = cfg.get("parallelspec_num_masks") if layout == "parallelspec" else None
     return Manifest(
         layout=layout, method=method, parallel_drafting=parallel, drafter=provenance.get("drafter"),
         verifier=verifier, speculative_tokens=tokens,
         specframe_version=provenance.get("version", "unknown"),
+        max_speculative_tokens=int(masks) + 1 if isinstance(masks, int) else None,
     )
 
 
@@ -358,6 +376,51 @@ def write_pard(
     return _write(directory, tensors, cfg, tokenizer)
 
 
+def write_parallelspec(
+    directory: str | os.PathLike,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    config: Mapping[str, Any],
+    aux_layer_ids: Sequence[int],
+    target_hidden_size: int,
+    mask_token_ids: Sequence[int],
+    target_num_layers: int | None = None,
+    tokenizer: Any = None,
+    drafter: str | None = "parallelspec",
+) -> dict[str, Any]:
+    """Write a ParallelSpec drafter (EAGLE backbone) for vLLM's eagle3 method with ``parallel_drafting``, served by
+    specframe's vLLM general plugin model ``ParallelSpecLlamaForCausalLMEagle3`` (``specframe.vllm.vllm_plugin``):
+    ``write_eagle3``'s tensors plus ``mask_embeddings`` [masks, H] (slot d's own [MASK]_d embedding), a flat Llama
+    config with that architecture, ``pard_token`` (the id vLLM feeds every mask slot: ``mask_token_ids[0]``) and
+    ``parallelspec_num_masks``. vLLM needs the target beside it and an explicit ``speculative_config`` (no
+    speculators type exists for it); at most ``masks + 1`` draft tokens."""
+    weights = dict(weights)
+    masks = weights.pop("mask_embeddings", None)
+    tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
+    _parallelspec_parts(tensors, cfg, masks, mask_token_ids)
+    cfg.update(architectures=[PARALLELSPEC_ARCHITECTURE], model_type="llama", tie_word_embeddings=False, **_FIXED_FLAGS)
+    cfg[PROVENANCE] = {"drafter": drafter, "version": __version__}
+    return _write(directory, tensors, cfg, tokenizer)
+
+
+def _parallelspec_parts(
+    tensors: dict[str, torch.Tensor], cfg: dict[str, Any], masks: torch.Tensor | None, mask_token_ids: Sequence[int]
+) -> None:
+    hidden, vocab = _require_ints(cfg, "hidden_size", "vocab_size")
+    ids = [_token_id("mask token id", i, vocab) for i in mask_token_ids]
+    if masks is None:
+        raise SpecframeError("a ParallelSpec export needs 'mask_embeddings' ([masks, H], one row per draft slot)")
+    if masks.dim() != 2 or masks.shape[1] != hidden or masks.shape[0] != len(ids) or not ids:
+        raise SpecframeError(
+            f"mask_embeddings has shape {list(masks.shape)}, expected [{len(ids)}, {hidden}] (one row per mask token id)"
+        )
+    tensors["mask_embeddings"] = masks.detach().cpu().contiguous()
+    width = len(cfg["eagle_aux_hidden_state_layer_ids"]) * int(cfg["target_hidden_size"])
+    # vLLM's parallel drafting requires mask_hidden; the plugin model replaces it by the anchor's hidden state
+    tensors.setdefault("mask_hidden", torch.zeros(1, 1, width))
+    cfg.update(pard_token=ids[0], parallelspec_mask_token_ids=ids, parallelspec_num_masks=len(ids))
+
+
 # ------------------------------------------------------------------------------------------------------ validation
 
 
@@ -389,6 +452,15 @@ def check_layout(directory: str | os.PathLike, target_config: Any = None) -> tup
             _peagle_parts(tensors, flat, flat.get("mask_token_id"))
         elif "mask_hidden" in tensors:
             raise SpecframeError("an autoregressive EAGLE-3 export has no mask_hidden")
+    elif manifest.layout == "parallelspec":
+        flat = {k: v for k, v in cfg.items() if k not in (PROVENANCE, "architectures", "model_type", *_FIXED_FLAGS)}
+        aux = flat.get("eagle_aux_hidden_state_layer_ids")
+        if not isinstance(aux, list):
+            raise SpecframeError("config.json lacks eagle_aux_hidden_state_layer_ids")
+        masks = tensors.pop("mask_embeddings", None)
+        tensors, flat = _eagle3_parts(tensors, flat, aux, _require_ints(flat, "target_hidden_size")[0],
+                                      getattr(target_config, "num_hidden_layers", None))
+        _parallelspec_parts(tensors, flat, masks, list(flat.get("parallelspec_mask_token_ids") or []))
     else:
         flat = {k: v for k, v in cfg.items() if k != PROVENANCE}
         _pard_parts(tensors, flat, flat.get("pard_token"))
@@ -403,6 +475,10 @@ def check_export(directory: str | os.PathLike, target_config: Any = None) -> Man
 
     vLLM meets a damaged or mismatched drafter folder with a long traceback from deep inside model loading, often
     after minutes of start-up; this runs the writers' own shape and id checks on what is on disk instead."""
+    from specframe.engine.checkpoint import check_safetensors
+
+    if (Path(directory) / WEIGHTS).is_file():
+        check_safetensors(Path(directory) / WEIGHTS)  # its message names the file already
     try:
         return check_layout(directory, target_config)[0]
     except SpecframeError as e:

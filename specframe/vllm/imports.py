@@ -94,6 +94,8 @@ def format_of(directory: str | os.PathLike) -> str | None:
         return "speculators"
     if FLAT_EAGLE3_ARCHITECTURE in (cfg.get("architectures") or []):
         return "eagle3-flat"
+    if layouts.layout_of(cfg) == "parallelspec":
+        return "parallelspec"
     if "pard_token" in cfg:
         return "pard"
     return None
@@ -140,9 +142,9 @@ def _read(directory: Path, target_config: Any) -> Imported:
         manifest, tensors, flat = layouts.check_layout(directory)
         return Imported(directory, fmt, manifest.layout, flat, tensors, manifest.verifier, manifest.drafter,
                         manifest.speculative_tokens)
-    if fmt == "pard":
+    if fmt in ("pard", "parallelspec"):
         manifest, tensors, flat = layouts.check_layout(directory)
-        return Imported(directory, fmt, "pard", flat, tensors, None, manifest.drafter)
+        return Imported(directory, fmt, manifest.layout, flat, tensors, None, manifest.drafter)
     return _read_flat_eagle3(directory, target_config)
 
 
@@ -302,6 +304,9 @@ def drafter_options(imported: Imported, cls: type) -> Any:
     values: dict[str, Any] = {"layers": imported.num_layers}
     if imported.layout != "pard":
         values.update(aux_layer_ids=imported.aux_layer_ids, draft_vocab_size=imported.draft_vocab_size)
+    if imported.layout == "parallelspec":
+        masks = int(imported.config["parallelspec_num_masks"])
+        values.update(backbone="eagle", num_masks=masks, k_train=masks + 1, k_infer=masks + 1)
     if "init_from_target" in names:
         values["init_from_target"] = False
     if imported.speculative_tokens is not None:
