@@ -6,8 +6,10 @@ reference engine's figures for the same checkpoint, prompts and K beside them, i
 vLLM side: ``specframe.bench.compare_vllm`` (the code behind `specframe bench acceptance --engine vllm`): the
 checkpoint is exported (`specframe export`), vLLM runs plain and then speculative decoding over the MT-Bench prompts,
 AL and per-position acceptance come from vLLM's spec-decode counters, speedup is OTPS(speculative) / OTPS(plain) per
-repeat. Reference side: ``specframe.bench.compare`` on the same prompts at the same K. ParallelSpec is not exported
-(vLLM's parallel drafting feeds one mask token; see README) and is measured by the reference engine only.
+repeat. Reference side: ``specframe.bench.compare`` on the same prompts at the same K. EAGLE-3 and P-EAGLE are
+exported in the speculators format, PARD as a causal LM, ParallelSpec (eagle backbone) for specframe's vLLM general
+plugin model (each draft slot its own mask embedding; see README); every one is served beside the target with an
+explicit speculative config.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from harness import command, fingerprint, saved_metrics
 from specframe import bench
 
-EXPORTABLE = ("peagle", "eagle3", "pard")
+EXPORTABLE = ("peagle", "eagle3", "pard", "parallelspec")
 
 
 def pytest_generate_tests(metafunc):
