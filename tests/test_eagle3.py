@@ -195,7 +195,8 @@ def test_vllm_export_layout(target, tmp_path):
     assert manifest["method"] == "eagle3" and not manifest.get("parallel_drafting")
     config = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == drafter.aux_layer_ids
-    assert config["draft_vocab_size"] == 128 and config["num_hidden_layers"] == 1
+    assert config["draft_vocab_size"] == 128 and config["transformer_layer_config"]["num_hidden_layers"] == 1
+    assert config["speculators_model_type"] == "eagle3"
 
 
 @pytest.mark.parametrize("builder", ["dense", "precomputed", "chunked"])

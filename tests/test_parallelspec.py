@@ -153,8 +153,11 @@ def test_train_command(tmp_path):
     assert (out / "latest").exists()
 
 
-def test_vllm_export_is_refused_clearly(target, tmp_path):
+def test_vllm_export_for_the_plugin_model(target, tmp_path):
+    """The eagle backbone exports for specframe's vLLM general plugin model (each slot its own mask embedding)."""
     drafter, _ = make("parallelspec", target)
-    with pytest.raises(api.SpecframeError, match="cannot be exported to vLLM: vLLM's parallel drafting feeds the "
-                       "same mask token to every draft slot"):
-        drafter.export_vllm(tmp_path / "vllm", target.tokenizer)
+    manifest = drafter.export_vllm(tmp_path / "vllm", target.tokenizer)
+    assert (manifest["layout"], manifest["method"], manifest["parallel_drafting"]) == ("parallelspec", "eagle3", True)
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert config["architectures"] == ["ParallelSpecLlamaForCausalLMEagle3"]
+    assert config["parallelspec_mask_token_ids"] == drafter.mask_token_ids
