@@ -10,8 +10,10 @@
 - ``humaneval``: the 164 HumanEval prompts as one user message each.
 - ``default``: the committed self-distilled default training set (see ``specframe.data.default``).
 
-Anything else is a local JSON / JSONL(.gz) file or a hub dataset id whose records hold ``messages`` (or ShareGPT
-style ``conversations``). A malformed JSONL line stops loading with its line number unless ``skip_bad_lines``.
+Anything else is a local JSON / JSONL(.gz) file, a parquet or arrow file, a folder written by ``datasets``'
+``save_to_disk`` (its ``train`` split if it holds several), or a hub dataset id (``NAME``, ``NAME:CONFIG`` or
+``NAME:CONFIG:SPLIT``; default split ``train``), whose records hold ``messages`` (or ShareGPT style
+``conversations``). A malformed JSONL line stops loading with its line number unless ``skip_bad_lines``.
 """
 
 from __future__ import annotations
@@ -277,23 +279,54 @@ def load_data(
 
         return load_default(limit=limit)
     p = Path(s).expanduser()
+    if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
+        import datasets
+
+        try:
+            ds = datasets.load_from_disk(str(p))
+        except Exception as exc:  # noqa: BLE001 - datasets raises several types for a damaged folder
+            raise SpecframeError(f"data folder {p}: not a readable datasets folder ({exc})") from None
+        if isinstance(ds, datasets.DatasetDict):
+            if "train" not in ds:
+                raise SpecframeError(f"data folder {p} holds splits {', '.join(ds)} but no 'train'")
+            ds = ds["train"]
+        return _conversations(ds, str(p), limit)
+    if p.is_file() and p.suffix in (".parquet", ".arrow"):
+        import datasets
+
+        try:
+            ds = datasets.Dataset.from_parquet(str(p)) if p.suffix == ".parquet" else datasets.Dataset.from_file(str(p))
+        except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged file vary
+            raise SpecframeError(f"data file {p}: not a readable {p.suffix[1:]} file ({exc})") from None
+        return _conversations(ds, str(p), limit)
     if p.exists():
         return load_chat_file(p, limit=limit, skip_bad_lines=skip_bad_lines, stats=stats)
-    if s.startswith((".", "/", "~")) or s.endswith((".jsonl", ".json", ".gz")) or s.count("/") != 1:
-        raise SpecframeError(f"data '{s}' is neither a built-in name ({', '.join(BUILTIN)}), a file, nor a hub id")
+    name, _, rest = s.partition(":")
+    config, _, split = rest.partition(":")
+    if s.startswith((".", "/", "~")) or s.endswith((".jsonl", ".json", ".gz", ".parquet", ".arrow")) \
+            or name.count("/") != 1 or rest.count(":") > 1:
+        raise SpecframeError(f"data '{s}' is neither a built-in name ({', '.join(BUILTIN)}), a file or datasets "
+                             "folder, nor a hub id (NAME, NAME:CONFIG or NAME:CONFIG:SPLIT)")
     import datasets
 
     try:
-        ds = datasets.load_dataset(s, split="train")
+        ds = datasets.load_dataset(name, config or None, split=split or "train")
     except Exception as exc:  # noqa: BLE001 - hub / network errors vary
         raise SpecframeError(f"cannot load dataset '{s}': {exc}") from exc
+    return _conversations(ds, s, limit)
+
+
+def _conversations(ds: Any, where: str, limit: int | None) -> Any:
+    """A ``datasets.Dataset`` with a ``messages`` (or ShareGPT ``conversations``) column as specframe records."""
     col = "messages" if "messages" in ds.column_names else "conversations"
     if col not in ds.column_names:
-        raise SpecframeError(f"dataset '{s}' has no 'messages' or 'conversations' column")
+        raise SpecframeError(f"dataset '{where}' has no 'messages' or 'conversations' column "
+                             f"(columns: {', '.join(ds.column_names)})")
     records = []
     for i, r in enumerate(ds):
         if limit is not None and len(records) >= limit:
             break
         rid = str(r.get("id", i))
-        records.append({"source": s, "id": rid, "messages": normalize_messages(r[col], f"{s} record {rid}")})
+        records.append({"source": str(r.get("source") or where), "id": rid,
+                        "messages": normalize_messages(r[col], f"{where} record {rid}")})
     return _dataset(records)
