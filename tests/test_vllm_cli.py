@@ -156,15 +156,26 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (make setup VLLM=cpu|gpu installs it)")
-@pytest.mark.parametrize("kind", ["pard", "eagle3-folder"])
+@pytest.mark.parametrize("kind", ["pard", "eagle3-folder", "parallelspec"])
 def test_serve_answers_a_completion_on_loopback(checkpoint, tmp_path, kind):
-    """PARD beside its target; a speculators EAGLE-3 export served alone (`vllm serve EXPORT`)."""
+    """PARD beside its target; a speculators EAGLE-3 export served alone (`vllm serve EXPORT`); ParallelSpec through
+    specframe's vLLM general plugin (loaded by the server process from the entry point)."""
     from tests.vllm_fixtures import build_drafter
 
     make, target = checkpoint
     out = tmp_path / "exported"
     if kind == "pard":
         assert CliRunner().invoke(main, ["export", "--checkpoint", str(make("toypard")), "--output", str(out)]).exit_code == 0
+        where = ["--target", str(target), "--k", "3"]
+    elif kind == "parallelspec":
+        from specframe import plugins
+        from tests.vllm_fixtures import AUX, target_parts
+
+        config, tok = target_parts(target)
+        cls = plugins.get("drafter", "parallelspec")
+        drafter = cls(config, cls.Options(layers=1, aux_layer_ids=AUX, draft_vocab_size=160, k_train=4))
+        drafter.mask_token_ids = [tok.convert_tokens_to_ids(f"<|reserved_{i}|>") for i in range(3)]
+        drafter.export_vllm(out, tok)
         where = ["--target", str(target), "--k", "3"]
     else:
         build_drafter("eagle3", target, out, k=3)
