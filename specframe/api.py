@@ -30,8 +30,8 @@ from specframe.features import FeatureSpec
 from specframe.hookspecs import hookimpl
 from specframe.inference.tree import DraftTree, dynamic_tree
 
-# The checkpoint layouts vLLM loads (EAGLE-3, P-EAGLE, PARD): a drafter's ``export_vllm`` calls one of
-# ``vllm_layouts.write_eagle3`` / ``write_peagle`` / ``write_pard``.
+# The checkpoint layouts vLLM loads (speculators EAGLE-3 / P-EAGLE, PARD, ParallelSpec): a drafter's ``export_vllm``
+# calls one of ``vllm_layouts.write_eagle3`` / ``write_peagle`` / ``write_pard`` / ``write_parallelspec``.
 from specframe.vllm import export as vllm_layouts
 
 
@@ -551,8 +551,9 @@ class Drafter(Component, ABC):
         vLLM engine read the manifest to build vLLM's ``speculative_config``.
 
         Implementations gather their tensors under the layout's names and call ``vllm_layouts.write_eagle3``,
-        ``write_peagle`` or ``write_pard`` (they validate shapes and ids and write atomically). Default: refuse, for
-        drafters vLLM has no model for (those belong in a vLLM general plugin, DESIGN.md section 5).
+        ``write_peagle``, ``write_pard`` or ``write_parallelspec`` (they validate shapes and ids and write
+        atomically). Default: refuse, for drafters vLLM has no model for (those belong in a vLLM general plugin, as
+        ``specframe.vllm.vllm_plugin`` does for ParallelSpec).
         """
         raise SpecframeError(
             f"drafter '{self.name}' cannot be exported to vLLM: it does not implement Drafter.export_vllm "
