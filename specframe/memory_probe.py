@@ -53,6 +53,8 @@ class ProbeSpec:
     skip_check: bool = False
     #: ``cuda``: the step runs on the GPU and ``peak_bytes`` is ``torch.cuda.max_memory_allocated`` during it
     device: str = "cpu"
+    #: the run's --dtype (autocast of the step; the target's weights are loaded in it)
+    dtype: str = "fp32"
 
 
 def _reset_hwm() -> None:
@@ -136,7 +138,7 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
             spec.seq_len)), seq_len=spec.seq_len, depth=spec.depth, mask_builder=spec.mask_builder,
             partitioner=spec.partitioner, partitions=spec.partitions, memory_budget=spec.memory_budget,
             max_steps=spec.steps, batch_size=1, max_examples=1, val_examples=0, drafter_options=spec.drafter_options,
-            mask_builder_options=spec.mask_builder_options, device=spec.device,
+            mask_builder_options=spec.mask_builder_options, device=spec.device, dtype=spec.dtype,
         )
         if spec.skip_check:
             os.environ["SPECFRAME_SKIP_MEMORY_CHECK"] = "1"

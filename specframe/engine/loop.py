@@ -546,16 +546,16 @@ class _DrafterLoss(torch.nn.Module):
         if len(args) == 1 and args[0] is None:
             zero = sum(p.reshape(-1)[0] * 0.0 for p in self.inner.parameters() if p.requires_grad)
             return zero, None
-        terms = self.drafter.loss(*args)
-        return terms.loss_sum, terms
+        return _split(self.drafter.loss(*args))
 
     @staticmethod
-    def call(drafter: api.Drafter) -> Callable[..., tuple[torch.Tensor, Any]]:
-        def run(*args: Any) -> tuple[torch.Tensor, Any]:
-            terms = drafter.loss(*args)
-            return terms.loss_sum, terms
+    def call(drafter: api.Drafter) -> Callable[..., tuple[torch.Tensor | None, Any]]:
+        return lambda *args: _split(drafter.loss(*args))
 
-        return run
+
+def _split(terms: Any) -> tuple[torch.Tensor | None, Any]:
+    # a broken plugin may return something else: validate.check_loss_terms names it, not an AttributeError here
+    return (terms.loss_sum if isinstance(terms, api.LossTerms) else None), terms
 
 
 class Precision:

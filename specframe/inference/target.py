@@ -66,11 +66,13 @@ class TargetSession:
         features: dict[str, torch.Tensor] = {}
         if self.aux_layers:
             # hidden_states[i] is the input of decoder layer i (0 = embeddings): the aux layer id convention.
-            features["aux_hidden"] = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1)
+            features["aux_hidden"] = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1).cpu()
         if self.final_hidden:
             # transformers' last hidden state is taken after the final norm (checked in tests/test_decoding.py).
-            features["final_hidden"] = out.hidden_states[-1][0]
-        return Forward(out.logits[0].float(), features)
+            features["final_hidden"] = out.hidden_states[-1][0].cpu()
+        # the target may run on a GPU (--device); drafting and verification stay on the CPU, where the reference
+        # engine's bookkeeping lives (it judges acceptance and losslessness; vLLM is where speed is measured)
+        return Forward(out.logits[0].float().cpu(), features)
 
     def prefill(self, prompt_ids: torch.Tensor) -> Forward:
         """Read the whole prompt; row i of the result belongs to prompt position i."""

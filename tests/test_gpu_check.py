@@ -1,0 +1,39 @@
+"""`make gpu-check` stays runnable: without a GPU it refuses clearly, and its CPU parts run and pass here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run for real")
+def test_without_a_gpu_it_refuses_with_one_clear_line(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "r.json")], capture_output=True,
+                          text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: gpu-check needs a CUDA GPU (torch.cuda.is_available() is False); --device cpu runs the CPU parts"]
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow
+def test_cpu_parts_run_and_pass(tmp_path):
+    out = tmp_path / "gpu-check.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--long-context", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    status = {p["part"].split(" (")[0].split(":")[0]: p["status"] for p in result["parts"]}
+    assert status == {"bf16 training": "ok", "mask builders agree": "ok", "2 ranks": "skipped",
+                      "lossless decoding, target on the device": "ok", "vLLM speculative decoding": "skipped"}
+    agree = next(p for p in result["parts"] if p["part"].startswith("mask builders"))["detail"]
+    assert set(agree) == {"peagle", "eagle3", "pard", "parallelspec"}
+    assert result["failed"] == [] and result["provenance"]["git_commit"]
