@@ -145,7 +145,8 @@ def set_config(**values) -> Callable[[Path], None]:
 CASES = [
     Case("data-missing", "--data names no file",
          "error: data '{tmp}/nope.jsonl' is neither a built-in name (sharegpt, gsm8k, gsm8k-eval, "
-         "mt-bench, humaneval, default), a file, nor a hub id", lambda c: train(c, data="{tmp}/nope.jsonl")),
+         "mt-bench, humaneval, default), a file or datasets folder, nor a hub id (NAME, NAME:CONFIG or "
+         "NAME:CONFIG:SPLIT)", lambda c: train(c, data="{tmp}/nope.jsonl")),
     Case("data-empty", "an empty --data file",
          "error: {tmp}/empty.jsonl holds no conversations", lambda c: train(c, data="{tmp}/empty.jsonl"),
          write("empty.jsonl", "")),
