@@ -199,12 +199,14 @@ class Trainer:
         self.train_ids = list(range(n - n_val))
         self.val_ids = list(range(n - n_val, n))
         self.total_steps = resolve_steps(cfg, len(self.train_ids))
-        # online features stay in memory only when a training sequence is visited more than once (validation ones
-        # are visited at every evaluation); one epoch or less computes each on use and lets it go
-        repeated = self.total_steps * cfg.batch_size > len(self.train_ids)
+        # online features stay in memory only for the training sequences the run visits more than once (and the
+        # validation ones, visited at every evaluation); the others are computed on use and let go, so one epoch
+        # over a dataset of any size holds a step's features, not the dataset's
+        revisited = self.revisited()
         if cfg.cache is None:
-            self.source.keep_features(None if repeated else self.val_ids)
-        kept = (len(self.train_ids) if repeated else min(cfg.batch_size, len(self.train_ids))) + len(self.val_ids)
+            self.source.keep_features(None if revisited is None else [*revisited, *self.val_ids])
+        kept = (len(self.train_ids) if revisited is None else len(revisited) + min(cfg.batch_size, len(self.train_ids))) \
+            + len(self.val_ids)
         from specframe.memory import engine_guard
 
         # refuse a configuration that cannot fit --memory-budget before any feature is computed or file written
@@ -300,15 +302,29 @@ class Trainer:
         check_partition(elems, segs, self.partitioner.name)
         return [seg for seg in segs if seg.elements.numel()]  # an empty segment has nothing to forward
 
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The seeded permutation of the training sequences in ``epoch`` (indices into ``train_ids``)."""
+        n = len(self.train_ids)
+        return torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch))
+
     def batch_indices(self, step: int) -> list[int]:
         n = len(self.train_ids)
         out = []
         for slot in range(self.cfg.batch_size):
             position = step * self.cfg.batch_size + slot
             epoch, offset = divmod(position, n)
-            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch))
-            out.append(self.train_ids[int(perm[offset])])
+            out.append(self.train_ids[int(self.epoch_order(epoch)[offset])])
         return out
+
+    def revisited(self) -> set[int] | None:
+        """The training sequences the whole run visits more than once (None: every one, from two epochs on). A run
+        of one epoch plus part of a batch revisits only that part's sequences, not the dataset."""
+        n = len(self.train_ids)
+        visits = self.total_steps * self.cfg.batch_size
+        if visits >= 2 * n:
+            return None
+        order = self.epoch_order(1)
+        return {self.train_ids[int(order[offset])] for offset in range(max(0, visits - n))}
 
     # ------------------------------------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, Any]:
