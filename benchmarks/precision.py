@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--drafters", nargs="+", default=list(DRAFTERS))
     ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--depth", type=int, default=7)
+    ap.add_argument("--depth", type=int, default=None, help="training depth (default: each drafter's own k_train)")
     ap.add_argument("--steps", type=int, default=3, help="engine steps per measurement (the first is a warm-up)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
