@@ -37,7 +37,7 @@ def test_every_builtin_plugin_folder_has_an_entry_point():
     assert all(name == value.removeprefix("specframe_plugins.") for name, value in entry_points.items())
 
 
-# A path that climbs out of the package (../shared, Path(__file__).parents[2], ...) works on a developer's machine
+# A path that climbs out of the package (a sibling folder, Path(__file__).parents[2], ...) works on a developer's machine
 # and nowhere else: a user's clone or pip install has nothing beside it.
 _OUTSIDE = re.compile(r"\.\./|(?<![\w.])shared/data|\bparents\[[2-9]\]|\.parent\.parent\.parent")
 
