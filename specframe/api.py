@@ -24,7 +24,7 @@ from specframe import modeling, vocab
 
 # The feature-reading drafters' shared backbone (vLLM EAGLE-3 names), draft vocabulary and depth bookkeeping.
 from specframe import eagle
-from specframe.elements import ElementSet, full_grid, visible
+from specframe.elements import VISIBILITY_RULES, ElementSet, full_grid, visible
 from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError, read_json
 from specframe.features import FeatureSpec
 from specframe.hookspecs import hookimpl
@@ -35,7 +35,16 @@ from specframe.inference.tree import DraftTree, dynamic_tree
 from specframe.vllm import export as vllm_layouts
 
 
-API_VERSION = "1"
+#: Version history and the compatibility rule (a plugin states the version it was written for in its docs):
+#:
+#: - "1": the four component interfaces.
+#: - "2" (additive): drafter-declared visibility. ``Drafter.visibility`` ("chain", the default, or "block"),
+#:   carried to mask builders and partitioners as ``ElementSet.visibility``; ``MaskBuilder.visibilities`` says
+#:   which rules a builder applies. A version-1 plugin runs unchanged: its drafters are chain drafters, and its
+#:   mask builders are taken as chain-only, so a block drafter is refused with them (``UsageError`` at the first
+#:   segment) rather than trained under the wrong rule; a partitioner that ignores the rule is caught by the
+#:   engine's causal-completeness check (``specframe.elements.check_partition``), which applies the set's rule.
+API_VERSION = "2"
 
 __all__ = [
     "API_VERSION",
@@ -57,6 +66,7 @@ __all__ = [
     "SpecframeError",
     "TrainingExample",
     "UsageError",
+    "VISIBILITY_RULES",
     "Verification",
     "Verifier",
     "dynamic_tree",
@@ -116,7 +126,8 @@ class Component:
 class Attention(Protocol):
     """Masked attention for one segment: ``q`` [B, heads, Nq, D], ``k`` / ``v`` [B, heads, Nk, D] -> [B, heads, Nq, D].
 
-    Query i may attend key j iff ``visible(query, key)[i, j]``; scores are scaled by 1/sqrt(D). Heads are already
+    Query i may attend key j iff ``visible(query, key)[i, j]`` (under the rule the element sets carry, chain or
+    block); scores are scaled by 1/sqrt(D). Heads are already
     expanded (grouped-query attention repeats k / v before the call), unless the callable has a true ``grouped_kv``
     attribute: then k / v come with their own head count (``heads`` a multiple of it, query head h reading k / v head
     ``h // (heads // kv_heads)``), which saves the repeated copies at long context.
@@ -126,10 +137,14 @@ class Attention(Protocol):
 
 
 class MaskBuilder(Component, ABC):
-    """Turns the element sets of a segment into an attention function that applies the shared visibility rule."""
+    """Turns the element sets of a segment into an attention function that applies their visibility rule
+    (``ElementSet.visibility``: the drafter's declared ``chain`` or ``block``, see ``specframe.elements``)."""
 
     #: devices (``torch.device.type``) the builder supports for training (forward and backward)
     devices: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})
+    #: the visibility rules the builder applies (``VISIBILITY_RULES``); a builder that predates API 2 applies only
+    #: the chain rule, so that is the default, and ``SegmentAttention.build`` refuses it a block drafter's elements
+    visibilities: ClassVar[frozenset[str]] = frozenset({"chain"})
 
     @abstractmethod
     def build(self, query: ElementSet, key: ElementSet) -> Attention:
@@ -150,6 +165,7 @@ class SegmentAttention:
 
     @classmethod
     def build(cls, builder: MaskBuilder, elements: ElementSet) -> SegmentAttention:
+        check_builder_visibility(builder, elements.visibility)
         return cls(builder, builder.build(elements, elements))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -160,7 +176,20 @@ class SegmentAttention:
         return bool(getattr(self.attention, "grouped_kv", False))
 
     def subset(self, query: ElementSet, key: ElementSet) -> Attention:
+        check_builder_visibility(self.builder, query.visibility)
         return self.builder.build(query, key)
+
+
+def check_builder_visibility(builder: MaskBuilder, rule: str) -> None:
+    """Refuse (``UsageError``) a mask builder that does not declare ``rule`` in its ``visibilities``: it would
+    otherwise attend by another rule than the drafter's, which trains silently on the wrong masks."""
+    rules = getattr(builder, "visibilities", frozenset({"chain"}))
+    if rule not in rules:
+        raise UsageError(
+            f"mask builder '{getattr(builder, 'name', type(builder).__name__)}' applies the "
+            f"{', '.join(sorted(rules))} visibility rule(s), not the drafter's '{rule}' rule; choose a builder "
+            f"that declares it (dense, precomputed, chunked and flex apply every rule)"
+        )
 
 
 # ------------------------------------------------------------------------------------------------------ partitioners
@@ -413,6 +442,11 @@ class Drafter(Component, ABC):
     #: True when ``propose_tree`` builds a real tree (several candidates per level); False when it falls back to the
     #: chain ``propose`` (benchmarks then report the drafter at chain K only, never as a tree)
     builds_trees: ClassVar[bool] = False
+    #: how the drafter's elements see each other in training (``VISIBILITY_RULES``, API 2): ``chain``, causal along
+    #: each anchor's chain, or ``block``, bidirectional inside each anchor's block (DFlash). Both see the context
+    #: (depth-0 elements up to the anchor). The engine stamps it on the element sets, so every mask builder and
+    #: partitioner applies it (``specframe.elements`` states both rules).
+    visibility: ClassVar[str] = "chain"
 
     def __init__(self, target_config: Any, options: Any = None) -> None:
         super().__init__(options)

@@ -3,6 +3,17 @@
 Element (a, d) asks the drafter for the token d steps beyond a plain next-token prediction at anchor a; its rotary
 position is a + d. Elements are laid out position-major (index a*K + d in the full grid), and every element also
 carries the document it belongs to, so packed sequences never attend across documents.
+
+Every element set also carries the visibility rule its drafter declared (``Drafter.visibility``), so the mask
+builders and partitioners that receive it apply that rule without being told separately (``visible`` below):
+
+- ``chain`` (the default; P-EAGLE, EAGLE-3, PARD, ParallelSpec): (a, d) sees the context (depth-0 elements of its
+  document up to its anchor) and its own anchor's chain up to its depth, (a, 0) .. (a, d).
+- ``block`` (DFlash's block diffusion): (a, d) sees the context and every element of its own anchor's block,
+  (a, 0) .. (a, K-1), whatever their depth: inside a block attention is bidirectional.
+
+Both rules share the context clause, so a depth-0 key at an earlier anchor is visible to every deeper query of the
+same document under either rule; they differ only inside one anchor's elements.
 """
 
 from __future__ import annotations
@@ -16,16 +27,28 @@ import torch
 
 from specframe.errors import PluginError, UsageError
 
+#: the visibility rules a drafter may declare (module docstring); ``chain`` is the default
+VISIBILITY_RULES = ("chain", "block")
+
+
+def check_visibility(rule: Any, who: str = "visibility") -> str:
+    """``rule`` if it names a visibility rule, else a ``PluginError`` naming ``who`` and the rules there are."""
+    if not isinstance(rule, str) or rule not in VISIBILITY_RULES:
+        raise PluginError(f"{who} must be one of {', '.join(VISIBILITY_RULES)}, got {rule!r}")
+    return rule
+
 
 @attrs.frozen
 class ElementSet:
-    """The elements of one training sequence (or a subset of them), as parallel int64 vectors."""
+    """The elements of one training sequence (or a subset of them), as parallel int64 vectors, and the visibility
+    rule they attend by (``chain`` or ``block``, see the module docstring)."""
 
     anchor: torch.Tensor
     depth: torch.Tensor
     doc: torch.Tensor
     seq_len: int
     max_depth: int
+    visibility: str = attrs.field(default="chain", kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         n = self.anchor.shape[0]
@@ -34,6 +57,7 @@ class ElementSet:
                 f"anchor, depth and doc must be 1-D and equally long, got "
                 f"{tuple(self.anchor.shape)}, {tuple(self.depth.shape)}, {tuple(self.doc.shape)}"
             )
+        check_visibility(self.visibility, "an element set's visibility")
 
     def __len__(self) -> int:
         return int(self.anchor.shape[0])
@@ -45,14 +69,24 @@ class ElementSet:
 
     def subset(self, index: torch.Tensor) -> ElementSet:
         """The elements at ``index`` (int64 indices or a bool mask), order kept."""
-        return ElementSet(self.anchor[index], self.depth[index], self.doc[index], self.seq_len, self.max_depth)
+        return ElementSet(
+            self.anchor[index], self.depth[index], self.doc[index], self.seq_len, self.max_depth,
+            visibility=self.visibility,
+        )
+
+    def with_visibility(self, rule: str) -> ElementSet:
+        """The same elements under visibility rule ``rule`` (how the engine applies ``Drafter.visibility``)."""
+        return attrs.evolve(self, visibility=rule)
 
 
-def full_grid(seq_len: int, max_depth: int, doc: torch.Tensor | None = None) -> ElementSet:
+def full_grid(
+    seq_len: int, max_depth: int, doc: torch.Tensor | None = None, *, visibility: str = "chain"
+) -> ElementSet:
     """Every element (a, d) with 0 <= d < max_depth and a + d < seq_len, position-major.
 
     ``doc`` gives the document id of each of the ``seq_len`` positions (default: one document); an element belongs to
     its anchor's document, and elements whose reference position a + d falls in another document are dropped.
+    ``visibility`` is the rule the set attends by.
     """
     if seq_len < 1 or max_depth < 1:
         raise ValueError(f"seq_len and max_depth must be positive, got {seq_len} and {max_depth}")
@@ -65,7 +99,7 @@ def full_grid(seq_len: int, max_depth: int, doc: torch.Tensor | None = None) -> 
     pos = anchor + depth
     keep = pos < seq_len
     keep[keep.clone()] &= doc[pos[keep]] == doc[anchor[keep]]
-    return ElementSet(anchor[keep], depth[keep], doc[anchor[keep]], seq_len, max_depth)
+    return ElementSet(anchor[keep], depth[keep], doc[anchor[keep]], seq_len, max_depth, visibility=visibility)
 
 
 def position_docs(doc: torch.Tensor, n: int) -> torch.Tensor:
@@ -91,18 +125,41 @@ def position_docs(doc: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cumsum(changed, 0) - 1
 
 
+def shared_visibility(query: ElementSet, key: ElementSet) -> str:
+    """The rule two element sets attend by; they must agree (both come from one drafter's sequence)."""
+    if query.visibility != key.visibility:
+        raise PluginError(
+            f"query and key elements carry different visibility rules ({query.visibility!r} and {key.visibility!r}); "
+            "both must come from the same drafter's element set"
+        )
+    return query.visibility
+
+
+def rule_matrix(
+    rule: str, qa: torch.Tensor, qd: torch.Tensor, ka: torch.Tensor, kd: torch.Tensor
+) -> torch.Tensor:
+    """The rule on broadcastable anchor / depth tensors, documents left out (one document): the single source the
+    builders that evaluate it themselves (chunked, precomputed, flex) call, so no builder restates it.
+
+    chain: (k is depth 0 and k.anchor <= q.anchor) or (same anchor and k.depth <= q.depth).
+    block: (k is depth 0 and k.anchor <= q.anchor) or same anchor.
+    """
+    context = (kd == 0) & (ka <= qa)
+    if rule == "block":
+        return context | (ka == qa)
+    return context | ((ka == qa) & (kd <= qd))
+
+
 def visible(query: ElementSet, key: ElementSet) -> torch.Tensor:
     """The reference visibility rule as a dense bool matrix [len(query), len(key)].
 
-    q may see k iff same document and ((k is depth 0 and k.anchor <= q.anchor) or (same anchor and
-    k.depth <= q.depth)). A precomputed single-document mask combines with packed documents by AND-ing this
-    block-diagonal document condition.
+    q may see k iff same document and the sets' rule (``rule_matrix``) holds. A precomputed single-document mask
+    combines with packed documents by AND-ing this block-diagonal document condition.
     """
+    rule = shared_visibility(query, key)
     qa, qd, qdoc = query.anchor[:, None], query.depth[:, None], query.doc[:, None]
     ka, kd, kdoc = key.anchor[None, :], key.depth[None, :], key.doc[None, :]
-    context = (kd == 0) & (ka <= qa)
-    chain = (ka == qa) & (kd <= qd)
-    return (qdoc == kdoc) & (context | chain)
+    return (qdoc == kdoc) & rule_matrix(rule, qa, qd, ka, kd)
 
 
 def cod_sample(
@@ -113,6 +170,7 @@ def cod_sample(
     *,
     generator: torch.Generator | None = None,
     doc: torch.Tensor | None = None,
+    visibility: str = "chain",
 ) -> ElementSet:
     """Conditional drop-token sampling (COD, DESIGN.md section 8), position-major.
 
@@ -164,7 +222,7 @@ def cod_sample(
     depth = torch.cat(depths)
     order = torch.argsort(anchor * max_depth + depth)
     anchor, depth = anchor[order], depth[order]
-    return ElementSet(anchor, depth, doc[anchor], seq_len, max_depth)
+    return ElementSet(anchor, depth, doc[anchor], seq_len, max_depth, visibility=visibility)
 
 
 def check_partition(elements: ElementSet, segments: Sequence[Any], partitioner: str = "?") -> None:
@@ -172,8 +230,9 @@ def check_partition(elements: ElementSet, segments: Sequence[Any], partitioner: 
 
     Valid means: at least one segment; each segment's ``elements`` is a strictly increasing int64 index into
     ``elements`` with a bool ``loss_mask`` of the same length; every element is charged in exactly one segment; and
-    every segment is causally complete (every key visible to one of its elements is forwarded by it too). The check is
-    O(number of elements) per segment, so the engine can afford it on every sequence.
+    every segment is causally complete (every key visible to one of its elements, under the set's visibility rule, is
+    forwarded by it too). The check is O(number of elements) per segment, so the engine can afford it on every
+    sequence.
     """
     n = len(elements)
     where = f"partitioner '{partitioner}'"
@@ -206,10 +265,13 @@ def check_partition(elements: ElementSet, segments: Sequence[Any], partitioner: 
         last = torch.full((n_docs,), -1, dtype=torch.long)
         last.scatter_reduce_(0, doc_idx[idx], elements.anchor[idx], reduce="amax")
         need = is_root & (elements.anchor <= last[doc_idx])
-        # Chain: every key of a query's own chain up to the query's depth.
+        # Chain: every key of a query's own chain up to the query's depth; block: every key of a query's block.
         deepest = torch.full((n_docs * elements.seq_len,), -1, dtype=torch.long)
         deepest.scatter_reduce_(0, chain_id[idx], elements.depth[idx], reduce="amax")
-        need |= elements.depth <= deepest[chain_id]
+        if elements.visibility == "block":
+            need |= deepest[chain_id] >= 0
+        else:
+            need |= elements.depth <= deepest[chain_id]
         missing = need & ~inside
         if bool(missing.any()):
             i = int(missing.nonzero()[0])

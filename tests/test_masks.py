@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from specframe import plugins
-from specframe.elements import cod_sample, full_grid, visible
+from specframe.elements import VISIBILITY_RULES, cod_sample, full_grid, visible
 from specframe.masks import default_mask_builder
 
 
@@ -26,13 +26,14 @@ def builder(name: str, **options):
 def element_sets(draw):
     seq_len = draw(st.integers(1, 48))
     max_depth = draw(st.integers(1, 5))
+    rule = draw(st.sampled_from(VISIBILITY_RULES))  # every builder is held to dense under both rules
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     doc = torch.cumsum((torch.rand(seq_len, generator=g) < draw(st.sampled_from([0.0, 0.1, 0.3]))).long(), 0)
     if draw(st.booleans()):
-        return full_grid(seq_len, max_depth, doc), g
+        return full_grid(seq_len, max_depth, doc, visibility=rule), g
     supervised = torch.rand(seq_len, generator=g) < draw(st.floats(0.3, 1.0))
     ratio, min_ratio = draw(st.floats(0.2, 1.0)), draw(st.floats(0.0, 0.5))
-    return cod_sample(supervised, max_depth, ratio, min_ratio, generator=g, doc=doc), g
+    return cod_sample(supervised, max_depth, ratio, min_ratio, generator=g, doc=doc, visibility=rule), g
 
 
 def _attend(attention, q, k, v, grad_out):
@@ -64,12 +65,13 @@ def test_builders_match_dense(sample, dtype, chunk_size, query_subset):
             torch.testing.assert_close(x, y, **tol, msg=lambda m, name=name, what=what: f"{name} {what}: {m}")
 
 
-def test_flex_forward_matches_dense_on_cpu():
+@pytest.mark.parametrize("rule", VISIBILITY_RULES)
+def test_flex_forward_matches_dense_on_cpu(rule):
     # FlexAttention has no CPU backward and its eager CPU path retraces per shape (seconds each), hence forward only
     # on two fixed cases: a full grid of one document, and a COD sample of packed documents with a query subset.
     g = torch.Generator().manual_seed(0)
-    grid = full_grid(20, 4)
-    cod = cod_sample(torch.rand(30, generator=g) < 0.8, 4, generator=g, doc=torch.arange(30) // 11)
+    grid = full_grid(20, 4, visibility=rule)
+    cod = cod_sample(torch.rand(30, generator=g) < 0.8, 4, generator=g, doc=torch.arange(30) // 11, visibility=rule)
     for query, key in ((grid, grid), (cod.subset(torch.arange(0, len(cod), 2)), cod)):
         q = torch.randn(1, 2, len(query), 8, generator=g, dtype=torch.float64)
         k, v = (torch.randn(1, 2, len(key), 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -93,6 +95,44 @@ def test_precomputed_caches_and_grows():
     assert torch.equal(mask, visible(long, long))
     deeper = full_grid(10, 5, torch.tensor([0] * 4 + [1] * 6))
     assert torch.equal(b.build(deeper, deeper).mask, visible(deeper, deeper))
+    # a block drafter's sets rebuild the cache under the block rule, and a chain set after them gets chain again
+    block = full_grid(10, 5, torch.tensor([0] * 4 + [1] * 6), visibility="block")
+    assert torch.equal(b.build(block, block).mask, visible(block, block))
+    assert not torch.equal(visible(block, block), visible(deeper, deeper))
+    assert torch.equal(b.build(deeper, deeper).mask, visible(deeper, deeper))
+
+
+def test_chunked_band_holds_the_whole_block_under_the_block_rule():
+    # A block query sees its anchor's deeper keys: they must be in its chunk's band, never left to a prefix that
+    # holds depth-0 keys only. One anchor per chunk makes the band exactly its block's other elements.
+    elements = full_grid(6, 4, visibility="block")
+    attention = builder("chunked", chunk_size=4).build(elements, elements)
+    for chunk in attention.plan.chunks:
+        anchor = int(elements.anchor[chunk.start])
+        band = chunk.band
+        assert set(zip(elements.anchor[band].tolist(), elements.depth[band].tolist())) >= {
+            (anchor, d) for d in range(1, 4) if anchor + d < 6
+        }
+
+
+class _ChainOnly(type(builder("dense"))):
+    name = "chain-only"
+    visibilities = frozenset({"chain"})
+
+
+def test_a_builder_that_does_not_declare_the_block_rule_is_refused_a_block_drafter():
+    from specframe.api import SegmentAttention
+    from specframe.errors import UsageError
+
+    block = full_grid(4, 2, visibility="block")
+    with pytest.raises(UsageError, match="'chain-only' applies the chain visibility rule.*not the drafter's 'block'"):
+        SegmentAttention.build(_ChainOnly(), block)
+    chain = full_grid(4, 2)
+    attention = SegmentAttention.build(_ChainOnly(), chain)  # the rule it declares still works, subsets too
+    with pytest.raises(UsageError, match="'block'"):
+        attention.subset(block, block)
+    for name in ("dense", "precomputed", "chunked", "flex"):
+        assert set(VISIBILITY_RULES) <= plugins.get("mask builder", name).visibilities
 
 
 class _LargestTensor(TorchDispatchMode):

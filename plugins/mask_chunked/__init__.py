@@ -14,6 +14,11 @@ largest anchor plus the deeper keys of its anchors), is short and gets the rule 
 parts are merged by log-sum-exp. Where the fused kernel is not available (another device, float64) the prefix runs
 through the same plain-torch path without a mask, with identical results.
 
+Both visibility rules (``specframe.elements``: ``chain`` and DFlash's ``block``) split this way: they share the
+context clause that makes the prefix, and differ only among one anchor's own keys, all of which are in the band (its
+depth-0 key lies between the smallest and largest anchor, its deeper keys are the band's deep part); the band applies
+the set's rule exactly.
+
 Grouped-query attention is handled inside (``grouped_kv``): k / v arrive with their own (fewer) heads and each
 group's query heads are stacked along the query axis, so k and v are never repeated.
 """
@@ -26,6 +31,7 @@ import attrs
 import torch
 
 from specframe import api
+from specframe.elements import rule_matrix, shared_visibility
 
 
 @attrs.define
@@ -59,21 +65,24 @@ class _Plan:
     k_anchor: torch.Tensor
     k_depth: torch.Tensor
     k_doc: torch.Tensor
+    rule: str = "chain"
 
     def to(self, device: torch.device) -> _Plan:
         chunks = tuple(attrs.evolve(c, band=c.band.to(device)) for c in self.chunks)
-        return _Plan(chunks, *(t.to(device) for t in attrs.astuple(self, recurse=False)[1:]))
+        tensors = attrs.astuple(self, recurse=False)[1:-1]
+        return _Plan(chunks, *(t.to(device) for t in tensors), rule=self.rule)
 
     def visible(self, chunk: _Chunk) -> torch.Tensor:
         """The rule of ``specframe.api.visible`` for one chunk's band, bool [chunk queries, band keys]."""
         sl = slice(chunk.start, chunk.stop)
         qa, qd, qdoc = self.q_anchor[sl, None], self.q_depth[sl, None], self.q_doc[sl, None]
         ka, kd, kdoc = (t[chunk.band][None, :] for t in (self.k_anchor, self.k_depth, self.k_doc))
-        return (qdoc == kdoc) & (((kd == 0) & (ka <= qa)) | ((ka == qa) & (kd <= qd)))
+        return (qdoc == kdoc) & rule_matrix(self.rule, qa, qd, ka, kd)
 
 
 def plan(query: api.ElementSet, key: api.ElementSet, chunk_size: int) -> _Plan:
     """Cut the queries into chunks and find each one's prefix and band (CPU, once per segment)."""
+    rule = shared_visibility(query, key)
     root = (key.depth == 0).nonzero().squeeze(1)
     root = root[torch.argsort(key.anchor[root], stable=True)]
     deep = (key.depth > 0).nonzero().squeeze(1)
@@ -104,7 +113,7 @@ def plan(query: api.ElementSet, key: api.ElementSet, chunk_size: int) -> _Plan:
         d0 = int(torch.searchsorted(deep_anchor, a_min))
         d1 = int(torch.searchsorted(deep_anchor, a_max, right=True))
         chunks.append(_Chunk(start, stop, p0, p1, torch.cat([root[p1:r1], deep[d0:d1]])))
-    return _Plan(tuple(chunks), root, query.anchor, query.depth, query.doc, key.anchor, key.depth, key.doc)
+    return _Plan(tuple(chunks), root, query.anchor, query.depth, query.doc, key.anchor, key.depth, key.doc, rule)
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -258,6 +267,7 @@ class ChunkedAttention:
 class ChunkedMaskBuilder(api.MaskBuilder):
     name = "chunked"
     Options = ChunkedOptions
+    visibilities = frozenset(api.VISIBILITY_RULES)
 
     def build(self, query: api.ElementSet, key: api.ElementSet) -> ChunkedAttention:
         return ChunkedAttention(plan(query, key, self.options.chunk_size))

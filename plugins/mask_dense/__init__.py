@@ -23,6 +23,7 @@ class DenseAttention:
 
 class DenseMaskBuilder(api.MaskBuilder):
     name = "dense"
+    visibilities = frozenset(api.VISIBILITY_RULES)  # api.visible applies whichever rule the sets carry
 
     def build(self, query: api.ElementSet, key: api.ElementSet) -> DenseAttention:
         return DenseAttention(api.visible(query, key))

@@ -1,6 +1,6 @@
 """``flex``: FlexAttention with a block mask built from the (anchor, depth, doc) vectors (DESIGN.md section 3).
 
-``create_block_mask`` evaluates the shared visibility rule block by block, so fully masked blocks (most of the
+``create_block_mask`` evaluates the element sets' visibility rule (chain or block) block by block, so fully masked blocks (most of the
 context beyond a chunk's anchors, and almost every deeper key) are skipped by the fused kernel, and no element^2 mask
 exists. Training needs CUDA: torch's CPU FlexAttention has no backward ("FlexAttention does not support backward on
 CPU"); its CPU forward works and is tested against ``dense``.
@@ -12,6 +12,7 @@ import attrs
 import torch
 
 from specframe import api
+from specframe.elements import rule_matrix, shared_visibility
 
 
 @attrs.define
@@ -22,11 +23,10 @@ class FlexOptions:
 
 def _mask_mod(query: api.ElementSet, key: api.ElementSet):
     qa, qd, qdoc, ka, kd, kdoc = query.anchor, query.depth, query.doc, key.anchor, key.depth, key.doc
+    rule = shared_visibility(query, key)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        context = (kd[kv_idx] == 0) & (ka[kv_idx] <= qa[q_idx])
-        chain = (ka[kv_idx] == qa[q_idx]) & (kd[kv_idx] <= qd[q_idx])
-        return (qdoc[q_idx] == kdoc[kv_idx]) & (context | chain)
+        return (qdoc[q_idx] == kdoc[kv_idx]) & rule_matrix(rule, qa[q_idx], qd[q_idx], ka[kv_idx], kd[kv_idx])
 
     return mask_mod
 
@@ -34,7 +34,7 @@ def _mask_mod(query: api.ElementSet, key: api.ElementSet):
 def _on(elements: api.ElementSet, device: torch.device) -> api.ElementSet:
     return api.ElementSet(
         elements.anchor.to(device), elements.depth.to(device), elements.doc.to(device), elements.seq_len,
-        elements.max_depth,
+        elements.max_depth, visibility=elements.visibility,
     )
 
 
@@ -80,6 +80,7 @@ class FlexMaskBuilder(api.MaskBuilder):
     name = "flex"
     Options = FlexOptions
     devices = frozenset({"cuda"})
+    visibilities = frozenset(api.VISIBILITY_RULES)
 
     def build(self, query: api.ElementSet, key: api.ElementSet) -> FlexAttention:
         return FlexAttention(query, key, self.options.compile)

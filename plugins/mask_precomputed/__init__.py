@@ -2,7 +2,8 @@
 
 The visibility mask of the complete (anchor, depth) grid is built once for ``max_len`` positions, in the
 position-major layout (element (a, d) at index a*K + d), and cached; it grows on demand when a longer sequence
-arrives. Within one document visibility depends only on the two elements' (anchor, depth), never on the sequence
+arrives. Within one document visibility depends only on the two elements' (anchor, depth) and the drafter's rule (chain or
+block, ``specframe.elements``; the cache is built for one rule and rebuilt if the rule changes), never on the sequence
 length, so the mask of a length-L sequence is the top-left (L*K) x (L*K) block of the cached one and the mask of any
 element subset (a COD sample, a segment) is a row/column gather of that block.
 
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specframe import api
+from specframe.elements import rule_matrix, shared_visibility
 
 # Growth is rounded up so slightly longer sequences do not each trigger a rebuild.
 _GROW_MULTIPLE = 128
@@ -48,8 +50,8 @@ class PrecomputedAttention:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self._on[q.device])
 
 
-def grid_mask(max_len: int, max_depth: int) -> torch.Tensor:
-    """Single-document visibility of the complete grid, bool [max_len*K, max_len*K], index a*K + d."""
+def grid_mask(max_len: int, max_depth: int, rule: str = "chain") -> torch.Tensor:
+    """Single-document visibility of the complete grid under ``rule``, bool [max_len*K, max_len*K], index a*K + d."""
     n = max_len * max_depth
     anchor = torch.arange(max_len).repeat_interleave(max_depth)
     depth = torch.arange(max_depth).repeat(max_len)
@@ -57,9 +59,7 @@ def grid_mask(max_len: int, max_depth: int) -> torch.Tensor:
     for start in range(0, n, _BUILD_ROWS):
         qa = anchor[start : start + _BUILD_ROWS, None]
         qd = depth[start : start + _BUILD_ROWS, None]
-        context = (depth[None, :] == 0) & (anchor[None, :] <= qa)
-        chain = (anchor[None, :] == qa) & (depth[None, :] <= qd)
-        mask[start : start + _BUILD_ROWS] = context | chain
+        mask[start : start + _BUILD_ROWS] = rule_matrix(rule, qa, qd, anchor[None, :], depth[None, :])
     return mask
 
 
@@ -67,18 +67,23 @@ class PrecomputedMaskBuilder(api.MaskBuilder):
     name = "precomputed"
     Options = PrecomputedOptions
 
+    visibilities = frozenset(api.VISIBILITY_RULES)
+
     def __init__(self, options: PrecomputedOptions | None = None) -> None:
         super().__init__(options)
         self._mask: torch.Tensor | None = None
         self._len = 0
         self._depth = 0
+        self._rule = "chain"
 
-    def cached_mask(self, seq_len: int, max_depth: int) -> torch.Tensor:
-        """The cached grid mask covering at least ``seq_len`` positions at depth ``max_depth`` (built if needed)."""
-        if self._mask is None or max_depth != self._depth or seq_len > self._len:
-            length = max(self.options.max_len, self._len if max_depth == self._depth else 0, seq_len)
+    def cached_mask(self, seq_len: int, max_depth: int, rule: str = "chain") -> torch.Tensor:
+        """The cached grid mask covering at least ``seq_len`` positions at depth ``max_depth`` under ``rule`` (built
+        if needed; a builder serves one drafter, so a change of depth or rule rebuilds rather than keeping both)."""
+        same = max_depth == self._depth and rule == self._rule
+        if self._mask is None or not same or seq_len > self._len:
+            length = max(self.options.max_len, self._len if same else 0, seq_len)
             length = math.ceil(length / _GROW_MULTIPLE) * _GROW_MULTIPLE if length > self.options.max_len else length
-            self._mask, self._len, self._depth = grid_mask(length, max_depth), length, max_depth
+            self._mask, self._len, self._depth, self._rule = grid_mask(length, max_depth, rule), length, max_depth, rule
         return self._mask
 
     def build(self, query: api.ElementSet, key: api.ElementSet) -> PrecomputedAttention:
@@ -89,7 +94,7 @@ class PrecomputedMaskBuilder(api.MaskBuilder):
             )
         depth = query.max_depth
         width = query.seq_len * depth
-        block = self.cached_mask(query.seq_len, depth)[:width, :width]
+        block = self.cached_mask(query.seq_len, depth, shared_visibility(query, key))[:width, :width]
         qi = query.anchor * depth + query.depth
         ki = key.anchor * depth + key.depth
         mask = block[qi[:, None], ki[None, :]]

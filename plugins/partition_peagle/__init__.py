@@ -9,6 +9,12 @@ pass, and with every segment's loss divided by the whole sequence's count the ac
 
 Cuts balance the owned element count, not positions: with COD most deep elements sit at supervised positions, so
 equal position ranges could leave one segment with most of the chains.
+
+Under the ``block`` visibility rule (DFlash, ``specframe.elements``) an element sees every element of its anchor's
+block, the root included, and the root sees its block. So a segment owns whole blocks (every element is owned at its
+anchor), and the context it recomputes must be complete too: an earlier root is only exact with its block, so a
+segment forwards every earlier element of its documents. That keeps the gradients exact; the saving is then on the
+charged side only (the loss and its logits), not the recomputed context.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from specframe import api
 
 
 def owner_position(elements: api.ElementSet) -> torch.Tensor:
-    """The position whose segment is charged with each element: a for depth 0, a + 1 (clamped) deeper."""
+    """The position whose segment is charged with each element: a for depth 0, a + 1 (clamped) deeper; under the
+    block rule a for every depth, since a block's root and deeper elements see each other."""
+    if elements.visibility == "block":
+        return elements.anchor
     return torch.where(elements.depth == 0, elements.anchor, (elements.anchor + 1).clamp(max=elements.seq_len - 1))
 
 
@@ -65,11 +74,15 @@ class PeaglePartitioner(api.Partitioner):
         owner = owner_position(elements)
         starts = cut_positions(owner, elements.seq_len, num_segments)
         owner_seg = torch.bucketize(owner, starts, right=True) - 1
+        block = elements.visibility == "block"
         root_seg = torch.where(elements.depth == 0, owner_seg, torch.full_like(owner_seg, len(starts)))
         segments = []
         for s in range(len(starts)):
             owned = owner_seg == s
-            forwarded = owned | (root_seg < s)
+            if block:  # earlier roots need their blocks: every earlier element of the documents this segment owns
+                forwarded = owned | ((owner_seg < s) & torch.isin(elements.doc, elements.doc[owned]))
+            else:
+                forwarded = owned | (root_seg < s)
             index = forwarded.nonzero().squeeze(1)
             segments.append(api.Segment(index, owned[index]))
         return segments

@@ -293,7 +293,8 @@ class Trainer:
             elems = cod_sample(sup, self.depth, ratio, min_ratio, generator=generator, doc=doc)
         else:
             elems = full_grid(n, self.depth, doc)
-        return elems, sup
+        # the drafter's declared visibility rule (api 2) travels with its elements to the partitioner and builder
+        return elems.with_visibility(self.drafter.visibility), sup
 
     def segments(self, elems: Any) -> list[api.Segment]:
         from specframe.elements import check_partition
