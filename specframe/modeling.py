@@ -8,6 +8,7 @@ at each element's position (anchor + depth). Parameter names follow the Llama / 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Callable
@@ -20,6 +21,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: the engine's phase timer while ``specframe train --profile`` runs (``specframe.engine.profile``), else None: the
+#: loss kernels below time themselves as the "loss" phase
+phase_timer: Callable[[str], Any] | None = None
+
+
+def _phase(name: str) -> Any:
+    return phase_timer(name) if phase_timer is not None else contextlib.nullcontext()
 
 
 @attrs.frozen
@@ -338,75 +347,191 @@ def chunked_forward_kl(
     reference_top1: Callable[[torch.Tensor], torch.Tensor] | None = None,
     chunk: int = 256,
     position_mask: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    target_index: torch.Tensor | None = None,
+    row_weight: torch.Tensor | None = None,
 ) -> KLResult:
     """Sum over rows of KL(p_target || q_draft) over the draft vocabulary, in row chunks.
 
     ``hidden`` [N, H] are the drafter's normalised final states and ``head`` [Vd, H] its lm_head; the target
     distribution is softmax(target_hidden @ target_head.T) with ``target_head`` the target's lm_head rows of the draft
-    vocabulary. Each chunk's logits, draft and target alike, are recomputed in backward, so what is kept per row is
-    its two hidden states (O(H)), and O(chunk x Vd) only while a chunk is being worked on.
-    ``reference_top1(target_hidden_chunk)`` gives the draft-vocabulary id a hit must match (default: the target's
+    vocabulary. ``target_index`` [N] (optional): ``target_hidden`` then holds one row per *position* and row i is
+    taught by ``target_hidden[target_index[i]]``. The teacher (its log-probabilities, ``position_mask`` and
+    ``reference_top1``) is computed once per distinct position, in blocks of ``chunk`` positions, and shared by every
+    row that reads it: the target's distribution at a position is the same for every depth that predicts it, and a
+    parallel drafter has up to K rows per position. Without ``target_index`` every row has a teacher row of its own.
+    ``row_weight`` [N] (optional) scales each row's term (EAGLE-3's per-depth weights, in one call for all depths).
+
+    The gradient of a row's KL with respect to its draft logits is w (q sum(p) - p) (log-softmax's backward), so it
+    is formed right in the forward chunk by chunk and only the gradients of ``hidden`` [N, H] and ``head`` [Vd, H] are
+    kept for backward: no chunk's logits are recomputed and no teacher is held across the step. Memory is
+    O(N x H + Vd x H), plus O(chunk x Vd) while a chunk is being worked on.
+    ``reference_top1(target_hidden_rows)`` gives the draft-vocabulary id a hit must match (default: the target's
     argmax within the draft vocabulary); rows where it returns -1 can never be hit.
-    ``position_mask(target_hidden_chunk)`` (bool per row) keeps only the rows it marks in the loss, as the EAGLE-3 and
+    ``position_mask(target_hidden_rows)`` (bool per row) keeps only the rows it marks in the loss, as the EAGLE-3 and
     P-EAGLE reference trainers do with ``t2d[target argmax]``: a row whose target top-1 lies outside the draft
     vocabulary contributes nothing (its hit verdict is still reported); ``dropped`` counts the rows left out.
     """
-    losses = []
-    correct = []
-    dropped = 0
-    for start in range(0, hidden.shape[0], chunk):
-        h = hidden[start : start + chunk]
-        th = target_hidden[start : start + chunk]
-        keep = None
-        if position_mask is not None:
-            with torch.no_grad():
-                keep = position_mask(th).to(torch.bool)
-            dropped += int((~keep).sum())
-        if torch.is_grad_enabled() and h.requires_grad:
-            loss, top, target_top = checkpoint(_kl_chunk, h, head, th, target_head, keep, use_reentrant=False)
-        else:
-            loss, top, target_top = _kl_chunk(h, head, th, target_head, keep)
-        with torch.no_grad():
-            ref = reference_top1(th) if reference_top1 is not None else target_top
-        losses.append(loss)
-        correct.append(top == ref)
-    if not losses:
+    n = hidden.shape[0]
+    if n == 0:
         return KLResult(hidden.new_zeros(()) + 0.0 * head.sum(), torch.zeros(0, dtype=torch.bool))
-    return KLResult(torch.stack(losses).sum(), torch.cat(correct), dropped)
+    with _phase("loss"):
+        teacher = _PositionTeacher(target_hidden, target_head, target_index, n, chunk, reference_top1, position_mask)
+        return _kl(hidden, head, teacher, chunk, row_weight)
 
 
-def _kl_chunk(
-    h: torch.Tensor, head: torch.Tensor, th: torch.Tensor, target_head: torch.Tensor, keep: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class _PositionTeacher:
+    """The target's side of the KL: the rows grouped by the position that teaches them, and per block of ``chunk``
+    positions its log-probabilities over the draft vocabulary, keep mask and reference top-1."""
+
+    def __init__(self, target_hidden, target_head, target_index, n, chunk, reference_top1, position_mask) -> None:
+        self.target_hidden, self.target_head = target_hidden, target_head
+        self.reference_top1, self.position_mask = reference_top1, position_mask
+        device = target_hidden.device
+        if target_index is None:  # one teacher row per row, in order
+            self.positions = None
+            self.inverse = torch.arange(n, device=device)
+            self.order = self.inverse
+            count = n
+        else:
+            self.positions, self.inverse = torch.unique(target_index.to(device), return_inverse=True)
+            # rows sorted by their teacher (stable: the rows of one position keep their order)
+            self.order = torch.argsort(self.inverse, stable=True)
+            count = int(self.positions.numel())
+        starts = torch.arange(0, count, chunk, device=device)
+        # first sorted row of each block of positions, and the end
+        sorted_inverse = self.inverse[self.order]
+        self.row_bounds = [*torch.searchsorted(sorted_inverse, starts).tolist(), n]
+        self.blocks = [(int(s), min(int(s) + chunk, count)) for s in starts.tolist()]
+
+    @torch.no_grad()
+    def block(self, b: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Block ``b``'s teacher log-probabilities [positions, Vd], keep mask (None: keep all) and reference top-1."""
+        lo, hi = self.blocks[b]
+        th = self.target_hidden[lo:hi] if self.positions is None else self.target_hidden[self.positions[lo:hi]]
+        t_logp = torch.log_softmax((th @ self.target_head.T).float(), dim=-1)
+        keep = self.position_mask(th).to(torch.bool) if self.position_mask is not None else None
+        ref = self.reference_top1(th) if self.reference_top1 is not None else t_logp.argmax(-1)
+        return t_logp, keep, ref
+
+
+class _PrecomputedGrad(torch.autograd.Function):
+    """``loss`` whose gradients with respect to ``hidden`` and ``head`` were formed in the forward: backward only
+    scales them by the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, head, loss, grad_hidden, grad_head):
+        ctx.save_for_backward(grad_hidden, grad_head)
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_hidden, grad_head = ctx.saved_tensors
+        scale = (lambda g: None if g is None else (g * grad).to(g.dtype))
+        return scale(grad_hidden), scale(grad_head), None, None, None
+
+
+def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chunk: int,
+        row_weight: torch.Tensor | None) -> KLResult:
+    n = hidden.shape[0]
+    grad_on = torch.is_grad_enabled()
+    need_h = grad_on and hidden.requires_grad
+    need_head = grad_on and head.requires_grad
+    loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    correct = torch.zeros(n, dtype=torch.bool, device=hidden.device)
+    dropped = 0
+    grad_h = torch.zeros_like(hidden) if need_h else None
+    grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if need_head else None
     with torch.no_grad():
-        t_logp = torch.log_softmax((th @ target_head.T).float(), dim=-1)
-    logq = torch.log_softmax(_FlushSubnormalGrad.apply(h @ head.T).float(), dim=-1)
-    terms = t_logp.exp() * (t_logp - logq)
-    kl = terms.sum() if keep is None else (terms.sum(-1) * keep).sum()
-    return kl, logq.argmax(-1), t_logp.argmax(-1)
+        for b in range(len(teacher.blocks)):
+            t_logp_block, keep_block, ref_block = teacher.block(b)
+            lo = teacher.blocks[b][0]
+            for start in range(teacher.row_bounds[b], teacher.row_bounds[b + 1], chunk):
+                rows = teacher.order[start : min(start + chunk, teacher.row_bounds[b + 1])]
+                local = teacher.inverse[rows] - lo
+                t_logp = t_logp_block[local]
+                h = hidden[rows]
+                # under autocast the matmul runs in the autocast dtype, as ``h @ head.T`` did under autograd
+                z = h @ head.T
+                logq = torch.log_softmax(z.float(), dim=-1)
+                p = t_logp.exp()
+                kl = (p * (t_logp - logq)).sum(-1)
+                weight = None
+                if keep_block is not None:
+                    keep = keep_block[local]
+                    dropped += int((~keep).sum())
+                    weight = keep.to(kl.dtype)
+                if row_weight is not None:
+                    w = row_weight[rows].to(kl.dtype)
+                    weight = w if weight is None else weight * w
+                loss += kl.sum() if weight is None else (kl * weight).sum()
+                correct[rows] = logq.argmax(-1) == ref_block[local]
+                if need_h or need_head:
+                    # d KL / d z = w (q sum(p) - p); subnormal entries are zeroed (see flush_subnormal)
+                    g = logq.exp() * p.sum(-1, keepdim=True) - p
+                    if weight is not None:
+                        g = g * weight[:, None]
+                    g = flush_subnormal(g.to(z.dtype))
+                    if need_h:
+                        grad_h[rows] = (g @ head.to(z.dtype)).to(hidden.dtype)
+                    if need_head:
+                        grad_head += (g.T @ h.to(z.dtype)).float()
+    if need_h or need_head:
+        loss = _PrecomputedGrad.apply(hidden, head, loss, grad_h,
+                                      None if grad_head is None else grad_head.to(head.dtype))
+    return KLResult(loss, correct, dropped)
 
 
-class _FlushSubnormalGrad(torch.autograd.Function):
-    """Identity whose backward sets subnormal gradient entries to zero.
+def chunked_cross_entropy(
+    hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, chunk: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum over rows of the hard cross-entropy of softmax(hidden @ head.T) at ``labels``, and each row's top-1 hit,
+    in row chunks. As in ``chunked_forward_kl`` the logits' gradient (q - onehot) is formed in the forward, so each
+    chunk's logits are computed once, not again in backward; memory O(N x H + V x H), O(chunk x V) per chunk."""
+    n = hidden.shape[0]
+    if n == 0:
+        return hidden.sum() * 0.0 + head.sum() * 0.0, torch.zeros(0, dtype=torch.bool)
+    with _phase("loss"):
+        return _cross_entropy(hidden, head, labels, chunk)
 
-    The logits' gradient is q - p over the draft vocabulary; once either distribution is peaked (a gap of ~87 nats
-    in float32) most entries are subnormal, and the two matmuls that consume it ran about 200x slower on x86 CPUs
-    (microcode assists; ``torch.set_flush_denormal`` only reaches the calling thread, not the OpenMP workers).
-    Entries below the smallest normal number move the gradient by less than that number times a weight, so zeroing
-    them changes nothing a float can hold.
-    """
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return flush_subnormal(grad)
+def _cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, chunk: int):
+    n = hidden.shape[0]
+    grad_on = torch.is_grad_enabled()
+    need_h, need_head = grad_on and hidden.requires_grad, grad_on and head.requires_grad
+    loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    hits = []
+    grad_h = torch.zeros_like(hidden) if need_h else None
+    grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if need_head else None
+    with torch.no_grad():
+        for start in range(0, n, chunk):
+            h, y = hidden[start : start + chunk], labels[start : start + chunk]
+            z = h @ head.T
+            logq = torch.log_softmax(z.float(), dim=-1)
+            loss += -logq.gather(1, y[:, None]).sum()
+            hits.append(logq.argmax(-1) == y)
+            if need_h or need_head:
+                g = logq.exp()
+                g[torch.arange(len(y), device=g.device), y] -= 1.0
+                g = flush_subnormal(g.to(z.dtype))
+                if need_h:
+                    grad_h[start : start + chunk] = (g @ head.to(z.dtype)).to(hidden.dtype)
+                if need_head:
+                    grad_head += (g.T @ h.to(z.dtype)).float()
+    if need_h or need_head:
+        loss = _PrecomputedGrad.apply(hidden, head, loss, grad_h,
+                                      None if grad_head is None else grad_head.to(head.dtype))
+    return loss, torch.cat(hits)
 
 
 def flush_subnormal(x: torch.Tensor) -> torch.Tensor:
-    """``x`` with entries whose magnitude is below its dtype's smallest normal number set to zero."""
+    """``x`` with entries whose magnitude is below its dtype's smallest normal number set to zero.
+
+    Applied to the logits' gradient (q - p over the draft vocabulary): once either distribution is peaked (a gap of
+    ~87 nats in float32) most entries are subnormal, and the two matmuls that consume it ran about 200x slower on x86
+    CPUs (microcode assists; ``torch.set_flush_denormal`` only reaches the calling thread, not the OpenMP workers).
+    Entries below the smallest normal number move the gradient by less than that number times a weight, so zeroing
+    them changes nothing a float can hold.
+    """
     if not x.is_floating_point():
         return x
     # hardshrink: one pass and one output, no mask or abs() temporaries of the [chunk, Vd] size

@@ -181,17 +181,16 @@ class Eagle3Drafter(api.Drafter):
         hits = torch.zeros(len(sub), dtype=torch.bool)
         passes = int(depth.max()) + 1 if len(sub) else 0
 
+        # each pass's charged outputs wait here and the loss runs once over all depths, so the target's distribution
+        # at a position is computed once for every depth that predicts it (with depth d's weight per row)
+        charged_out: list[torch.Tensor] = []
+        charged_rows: list[torch.Tensor] = []
+
         def charge(d: int, out: torch.Tensor, rows: torch.Tensor) -> None:
-            """Add the loss of the charged depth-``d`` elements ``rows`` (indices); ``out``: their pre-norm outputs."""
-            nonlocal loss_sum, masked
+            """Queue the charged depth-``d`` elements ``rows`` (indices); ``out``: their pre-norm outputs."""
             if rows.numel():
-                result = modeling.chunked_forward_kl(
-                    model.norm(out), model.lm_head.weight, final[pos[rows] + 1], draft_head,
-                    reference_top1=reference, chunk=self.options.loss_chunk, position_mask=keep,
-                )
-                masked += result.dropped
-                loss_sum = loss_sum + weights[d] * result.loss_sum
-                hits[rows.cpu()] = result.correct.cpu()
+                charged_out.append(out)
+                charged_rows.append(rows)
 
         subset = getattr(attention, "subset", None)
         if subset is None:
@@ -224,6 +223,16 @@ class Eagle3Drafter(api.Drafter):
                     row[sel] = torch.arange(len(sel), device=device)
                     nxt = (depth == d + 1).nonzero().squeeze(1)
                     hidden = hidden.index_copy(0, nxt, out[row[parent[nxt]]])
+        if charged_rows:
+            rows = torch.cat(charged_rows)
+            result = modeling.chunked_forward_kl(
+                model.norm(torch.cat(charged_out)), model.lm_head.weight, final, draft_head,
+                reference_top1=reference, chunk=self.options.loss_chunk, position_mask=keep,
+                target_index=pos[rows] + 1, row_weight=weights[depth[rows]],
+            )
+            masked = result.dropped
+            loss_sum = loss_sum + result.loss_sum
+            hits[rows.cpu()] = result.correct.cpu()
         d_ch = sub.depth[charged.cpu()]
         correct, total = eagle.per_depth(d_ch, hits[charged.cpu()], k)
         return api.LossTerms(loss_sum, int(charged.sum()), correct, total, hit=hits[charged.cpu()], masked=masked)

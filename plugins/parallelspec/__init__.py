@@ -240,9 +240,11 @@ class ParallelSpecDrafter(api.Drafter):
         target_head = self._target_head.to(device=device, dtype=dtype)
         reference = None if model.training else eagle.full_vocab_top1(model.t2d, target_head)
         result = modeling.chunked_forward_kl(
-            model.norm(out[charged]), model.lm_head.weight, final[pos[charged] + 1], target_head[model.draft_ids()],
+            model.norm(out[charged]), model.lm_head.weight, final, target_head[model.draft_ids()],
             reference_top1=reference, chunk=self.options.loss_chunk,
             position_mask=eagle.in_draft_vocab(model.t2d, target_head) if self.options.vocab_position_mask else None,
+            # the target's distribution at a + d + 1, once per position for every depth that predicts it
+            target_index=pos[charged] + 1,
         )
         correct, total = eagle.per_depth(sub.depth[charged.cpu()], result.correct, elements.max_depth)
         return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu(),

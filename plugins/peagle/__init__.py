@@ -166,12 +166,15 @@ class PEagleDrafter(api.Drafter):
         result = modeling.chunked_forward_kl(
             hidden[charged],
             model.lm_head.weight,
-            final[pos[charged] + 1],
+            final,
             target_head[draft_ids],
             reference_top1=reference,
             chunk=self.options.loss_chunk,
             position_mask=api.eagle.in_draft_vocab(model.t2d, target_head) if self.options.vocab_position_mask
             else None,
+            # element (a, d) is taught by the target's distribution at reference position a + d + 1, computed
+            # once per position for all the depths that predict it
+            target_index=pos[charged] + 1,
         )
         k = elements.max_depth
         d = depth[charged].cpu()
