@@ -211,3 +211,29 @@ def test_every_registered_drafter_trains_through_the_engine(assets, tmp_path):
             assert "no trainable parameters" in str(exc), (name, exc)
             continue
         assert result.steps == 2 and result.final_train_loss is not None and result.last_eval is not None, name
+
+
+def test_fp16_resume_restores_the_gradient_scaler(assets, tmp_path):
+    """fp16's scaler (scale, growth tracker) is saved with every checkpoint and restored on resume, so the resumed
+    run's scaler is the uninterrupted run's (a fresh one would restart its growth count and scale)."""
+    whole = train(config(assets, tmp_path / "whole", dtype="fp16", max_steps=4), progress=False)
+    from specframe.engine.loop import Trainer
+
+    cut = Trainer(config(assets, tmp_path / "cut", dtype="fp16", max_steps=4))  # stopped after step 2
+    try:
+        cut.guarded_step()
+        cut.guarded_step()
+        cut.save()
+    finally:
+        cut.close()
+    saved = json.loads((ckpt.resolve(tmp_path / "cut") / "scaler.json").read_text())
+    assert saved["_growth_tracker"] + int(saved["scale"] < 65536.0) > 0  # two steps moved the scaler's state
+    resumed = train(config(assets, tmp_path / "cut", dtype="fp16", max_steps=4), resume=str(tmp_path / "cut"),
+                    progress=False)
+    want = json.loads((whole.checkpoint / "scaler.json").read_text())
+    assert json.loads((resumed.checkpoint / "scaler.json").read_text()) == want
+    a, b = weights(whole.checkpoint), weights(resumed.checkpoint)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    fp32 = train(config(assets, tmp_path / "fp32", max_steps=1), progress=False)
+    assert not (fp32.checkpoint / "scaler.json").exists()  # no scaler, no file

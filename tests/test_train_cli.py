@@ -73,3 +73,19 @@ def test_help_documents_every_option():
                  "--partitioner", "--partitions", "--memory-budget", "--max-steps", "--output", "--resume",
                  "--config", "--lr", "--batch-size", "--save-every", "--eval-every", "--seed", "--json"):
         assert flag in text
+
+
+def test_profile_prints_time_per_phase(assets, tmp_path):
+    code, text = run(*base(assets, tmp_path / "run", "--max-steps", 2, "--eval-every", 1, "--profile"))
+    assert code == 0, text
+    table = text[text.index("profile: 2 steps"):]
+    rows = {line.split()[0]: [float(x.rstrip("%")) for x in line.split()[1:]]
+            for line in table.splitlines()[2:] if line.split() and line.split()[0] in
+            ("data", "forward", "loss", "backward", "optimizer", "eval", "checkpoint")}
+    assert set(rows) == {"data", "forward", "loss", "backward", "optimizer", "eval", "checkpoint"}
+    # every phase this run goes through took time (eval twice, one checkpoint), and the shares add up to the whole
+    assert all(seconds > 0 for seconds, _, _ in rows.values()), rows
+    assert abs(sum(share for _, share, _ in rows.values()) - 100.0) < 0.5
+    assert "training tokens/s" in table
+    code, text = run(*base(assets, tmp_path / "plain", "--max-steps", 1))
+    assert code == 0 and "profile:" not in text

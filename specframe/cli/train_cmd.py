@@ -112,9 +112,11 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
 @click.option("--chat-template", default=None, type=click.Path(exists=True, dir_okay=False),
               help="A Jinja chat template file replacing the target tokenizer's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (and no progress bar).")
+@click.option("--profile", is_flag=True, help="Time every phase of training (data, forward, loss, backward, "
+              "optimizer, eval, checkpoint) and print the table at the end (under --json: as 'profile').")
 @click.pass_context
 def train(ctx: click.Context, resume: str | None, config_file: str | None, print_config: bool, as_json: bool,
-          **flags: Any) -> None:
+          profile: bool, **flags: Any) -> None:
     """Train a drafter on the shared long-context engine.
 
     Every run writes OUTPUT/config.json (the resolved config), OUTPUT/metrics.jsonl and checkpoints
@@ -151,13 +153,15 @@ def train(ctx: click.Context, resume: str | None, config_file: str | None, print
     # --json, whose stdout is the result alone)
     bar = not as_json and sys.stdout.isatty()
     lines = None if bar else (lambda line: click.echo(line, err=as_json))
-    result = run_training(cfg, resume=resume, progress=bar, log_lines=lines)
+    result = run_training(cfg, resume=resume, progress=bar, log_lines=lines, profile=profile)
     summary = {
         "steps": result.steps,
         "checkpoint": str(result.checkpoint),
         "final_train_loss": result.final_train_loss,
         "eval": result.last_eval,
     }
+    if result.profile is not None:
+        summary["profile"] = result.profile
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
@@ -167,3 +171,5 @@ def train(ctx: click.Context, resume: str | None, config_file: str | None, print
             accs = " ".join(f"{a:.3f}" for a in ev["val_accuracy"])
             click.echo(f"validation loss {ev['val_loss']:.4f}; top-1 by depth {accs}; "
                        f"expected AL {ev['val_expected_al']:.3f}")
+        if result.profile is not None:
+            click.echo(result.profile)

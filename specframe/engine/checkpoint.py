@@ -8,7 +8,8 @@ Layout of an output directory::
     OUT/latest                name of the newest complete checkpoint
     OUT/step-00000040/        one checkpoint: the drafter's own files (``Drafter.save``: weights safetensors +
                               JSON), config.json, optimizer.safetensors + optimizer.json, scheduler.json,
-                              rng.safetensors, state.json (step, data position)
+                              rng.safetensors, state.json (step, data position), and with --dtype fp16
+                              scaler.json (the gradient scaler's scale and growth tracker)
 
 A checkpoint is written into a temporary sibling, fsynced, renamed into place with ``os.replace``, and only then is
 ``latest`` switched (itself by ``os.replace``) and the previous checkpoint removed: a kill at any point leaves the
@@ -148,8 +149,11 @@ def save(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     config: dict[str, Any],
     state: dict[str, Any],
+    scaler: torch.amp.GradScaler | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically and make it the latest; the previous one is removed afterwards."""
+    """Write checkpoint ``step`` atomically and make it the latest; the previous one is removed afterwards.
+    ``scaler``: fp16's gradient scaler, whose scale (lowered on overflow, raised after a run of good steps) a
+    resumed run must start from to take the steps the uninterrupted run takes."""
     final = out / step_name(step)
     tmp = out / f".{step_name(step)}.tmp"
     if has_checkpoint(out) and (out / LATEST).read_text().strip() == tmp.name:
@@ -164,6 +168,8 @@ def save(
         (tmp / "optimizer.json").write_text(json.dumps(meta))
         (tmp / "scheduler.json").write_text(json.dumps(scheduler.state_dict()))
         save_file(rng_state(), str(tmp / "rng.safetensors"))
+        if scaler is not None:
+            (tmp / "scaler.json").write_text(json.dumps(scaler.state_dict()))
         (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
         _fsync_tree(tmp)
     except OSError as exc:  # a full disk or a lost mount: the half-written copy goes, the last good one stays
@@ -242,9 +248,12 @@ def check_files(directory: Path) -> None:
 
 
 def load_training_state(
-    directory: Path, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
+    directory: Path, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, Any]:
-    """Restore optimizer, scheduler and RNG state from a checkpoint; returns its ``state.json``."""
+    """Restore optimizer, scheduler, RNG and (fp16) gradient-scaler state from a checkpoint; returns its
+    ``state.json``. A checkpoint written without a scaler (another precision, or before scalers were saved) leaves
+    ``scaler`` at its initial scale."""
     optimizer.load_state_dict(
         optimizer_from_files(
             load_file(str(directory / "optimizer.safetensors")),
@@ -253,6 +262,8 @@ def load_training_state(
     )
     scheduler.load_state_dict(read_json(directory / "scheduler.json", "the checkpoint's LR scheduler state"))
     set_rng_state(load_file(str(directory / "rng.safetensors")))
+    if scaler is not None and (directory / "scaler.json").exists():
+        scaler.load_state_dict(read_json(directory / "scaler.json", "the checkpoint's gradient scaler state"))
     return read_json(directory / "state.json", "the checkpoint's training state")
 
 

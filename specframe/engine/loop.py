@@ -44,6 +44,8 @@ class TrainResult:
     metrics: list[dict[str, Any]]
     final_train_loss: float | None
     last_eval: dict[str, Any] | None
+    #: ``--profile``: the time-per-phase table (``specframe.engine.profile``), else None
+    profile: str | None = None
 
 
 def expected_acceptance_length(accuracy: list[float]) -> float:
@@ -111,13 +113,19 @@ class _Dist:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, *, resume: str | None = None, target: Any = None, log: Callable = print):
+    def __init__(self, cfg: TrainConfig, *, resume: str | None = None, target: Any = None, log: Callable = print,
+                 profile: bool = False):
         self.cfg = cfg
         self.log = log
+        self.profile_requested = profile
         memory.pin_mmap_threshold()
         from specframe.devices import resolve_device
 
         self.device = resolve_device(cfg.device)
+        from specframe.engine.profile import PhaseTimer
+
+        # time per phase (``--profile``); disabled, every phase is a no-op context
+        self.timer = PhaseTimer(self.device, enabled=profile)
         self.dist = _Dist(self.device)
         self.out = Path(cfg.output)
         # a tracker whose library is missing is refused before anything is written
@@ -180,6 +188,13 @@ class Trainer:
         if self.device.type not in builder_cls.devices:
             raise UsageError(f"mask builder '{builder_name}' does not train on {self.device.type}")
         self.builder = builder_cls(structure_options(cfg.mask_builder_options, builder_cls.Options, "mask builder"))
+        # no builder named: small attention calls take the dense path (engine.attention), large ones the default
+        self.attention_builder: Any = self.builder
+        if cfg.mask_builder is None and builder_name != "dense" and self.device.type == "cpu":
+            from specframe.engine.attention import SizedMaskBuilder
+
+            self.attention_builder = SizedMaskBuilder(plugins.get("mask builder", "dense")(), self.builder,
+                                                      int(target.config.num_attention_heads))
         part_cls = plugins.get("partitioner", cfg.partitioner)
         self.partitioner = part_cls(structure_options(cfg.partitioner_options, part_cls.Options, "partitioner"))
         self.drafter.check_training(self.depth, builder_name, cfg.partitioner)
@@ -235,7 +250,8 @@ class Trainer:
         self.tokens_seen = 0  # training tokens (all ranks) so far: the drafter's token budget, kept across resumes
         if self.resume_from is not None:
             self.drafter.load(self.resume_from)
-            state = checkpoint.load_training_state(self.resume_from, self.optimizer, self.scheduler)
+            state = checkpoint.load_training_state(self.resume_from, self.optimizer, self.scheduler,
+                                                   self.precision.scaler)
             self.step = int(state["step"])
             self.tokens_seen = int(state.get("tokens_seen", 0))
         self.metrics_path = self.out / "metrics.jsonl"
@@ -340,9 +356,10 @@ class Trainer:
             if slot % self.dist.world != self.dist.rank:
                 continue
             gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 4096 + slot)
-            example = self.source.example(idx)
-            elems, sup = self.elements(example, gen)
-            segs = self.segments(elems)
+            with self.timer("data"):
+                example = self.source.example(idx)
+                elems, sup = self.elements(example, gen)
+                segs = self.segments(elems)
             local_count += int(sup[elems.position].sum())
             local_tokens += int(example.input_ids.numel())
             work.append((example, elems, segs, sup))
@@ -360,9 +377,10 @@ class Trainer:
             # gradients accumulate locally over segments and sequences; only the last backward reduces across ranks
             last = j == len(jobs) - 1
             with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
-                with self.precision.autocast():
+                with self.precision.autocast(), self.timer("forward"):
                     terms = self._segment_loss(example, elems, seg, sup, training=True)
-                self.precision.backward(terms.loss_sum.float() * scale)
+                with self.timer("backward"):
+                    self.precision.backward(terms.loss_sum.float() * scale)
             stats[0] += terms.loss_sum.detach().float().cpu().reshape(())
             stats[1 : 1 + self.depth] += terms.correct.float().cpu()
             stats[1 + self.depth :] += terms.total.float().cpu()
@@ -372,17 +390,18 @@ class Trainer:
         self.dist.sum_(stats)
         loss_sum = stats[:1]
         correct, total = stats[1 : 1 + self.depth], stats[1 + self.depth :]
-        self.precision.unscale(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
-        lr = self.scheduler.get_last_lr()[0]
-        if global_count > 0:
-            # fp16's scaler skips a step with overflowed gradients by itself (and lowers its scale); a non-finite
-            # loss is an error in every precision
-            validate.check_finite(step + 1, float(loss_sum.item()),
-                                  0.0 if self.precision.scaler is not None else float(grad_norm))
-            self.precision.step(self.optimizer)
-        self.plugins_checked = True
-        self.scheduler.step()
+        with self.timer("optimizer"):
+            self.precision.unscale(self.optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+            lr = self.scheduler.get_last_lr()[0]
+            if global_count > 0:
+                # fp16's scaler skips a step with overflowed gradients by itself (and lowers its scale); a
+                # non-finite loss is an error in every precision
+                validate.check_finite(step + 1, float(loss_sum.item()),
+                                      0.0 if self.precision.scaler is not None else float(grad_norm))
+                self.precision.step(self.optimizer)
+            self.plugins_checked = True
+            self.scheduler.step()
         self.step += 1
         self.tokens_seen += global_tokens
         loss = float(loss_sum.item() / global_count) if global_count > 0 else None
@@ -415,7 +434,7 @@ class Trainer:
         self, example: api.TrainingExample, elems: Any, seg: api.Segment, sup: torch.Tensor, *, training: bool
     ) -> api.LossTerms:
         sub = elems.subset(seg.elements)
-        attention = api.SegmentAttention.build(self.builder, sub)
+        attention = api.SegmentAttention.build(self.attention_builder, sub)
         # under DDP a training loss runs through the wrapper's forward, which arms the gradient reduction
         loss = self.ddp if training and self.ddp is not None else _DrafterLoss.call(self.drafter)
         if getattr(self, "plugins_checked", False):
@@ -498,6 +517,7 @@ class Trainer:
             path = checkpoint.save(
                 self.out, self.step, self.drafter, self.optimizer, self.scheduler, self.config_dict(),
                 {"data_position": self.step * self.cfg.batch_size, "tokens_seen": self.tokens_seen},
+                self.precision.scaler,
             )
         self.dist.barrier()
         return path
@@ -514,6 +534,16 @@ class Trainer:
     def run(self, progress: bool = True, log_lines: Callable[[str], None] | None = None) -> TrainResult:
         """Train to the end. ``progress``: a rich progress bar; ``log_lines``: where to send a plain progress line
         every ``--log-every`` steps (for logs and pipes; the CLI uses it when stdout is not a terminal)."""
+        from specframe import modeling
+
+        # the loss kernels report to the run's timer (the "loss" phase, subtracted from the drafter's forward)
+        modeling.phase_timer = self.timer if self.timer.enabled else None
+        try:
+            return self._run(progress, log_lines)
+        finally:
+            modeling.phase_timer = None
+
+    def _run(self, progress: bool, log_lines: Callable[[str], None] | None) -> TrainResult:
         cfg, total = self.cfg, self.total_steps
         history: list[dict[str, Any]] = []
         last_eval = None
@@ -531,21 +561,28 @@ class Trainer:
                 bar.update(task, completed=self.step, description=f"loss {entry['train_loss'] or 0:.4f}")
                 lines.step(entry)
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < total:
-                    last_eval = self.evaluate()
+                    with self.timer("eval"):
+                        last_eval = self.evaluate()
                     if last_eval:
                         self.record(last_eval)
                         lines.evaluation(last_eval)
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < total:
-                    last_ckpt = self.save()
-        final_eval = self.evaluate()
+                    with self.timer("checkpoint"):
+                        last_ckpt = self.save()
+        with self.timer("eval"):
+            final_eval = self.evaluate()
         if final_eval:
             self.record(final_eval)
             lines.evaluation(final_eval)
             last_eval = final_eval
         if last_ckpt is None or last_ckpt.name != checkpoint.step_name(self.step):
-            last_ckpt = self.save()
+            with self.timer("checkpoint"):
+                last_ckpt = self.save()
         losses = [h["train_loss"] for h in history if h["train_loss"] is not None]
-        return TrainResult(self.step, last_ckpt, history, losses[-1] if losses else None, last_eval)
+        profile = None
+        if self.timer.enabled:
+            profile = self.timer.report(len(history), sum(int(h.get("tokens") or 0) for h in history))
+        return TrainResult(self.step, last_ckpt, history, losses[-1] if losses else None, last_eval, profile)
 
 
 class _DrafterLoss(torch.nn.Module):
@@ -686,11 +723,12 @@ def _progress(enabled: bool) -> Any:
 
 def train(
     cfg: TrainConfig, *, resume: str | None = None, target: Any = None, progress: bool = True,
-    log_lines: Callable[[str], None] | None = None,
+    log_lines: Callable[[str], None] | None = None, profile: bool = False,
 ) -> TrainResult:
     """Train (or, with ``resume``, continue) a drafter as ``cfg`` says; returns where the last checkpoint is.
-    ``log_lines`` receives a plain progress line every ``cfg.log_every`` steps (see ``Trainer.run``)."""
-    trainer = Trainer(cfg, resume=resume, target=target)
+    ``log_lines`` receives a plain progress line every ``cfg.log_every`` steps (see ``Trainer.run``); ``profile``
+    times every phase and returns the table in ``TrainResult.profile``."""
+    trainer = Trainer(cfg, resume=resume, target=target, profile=profile)
     try:
         return trainer.run(progress=progress, log_lines=log_lines)
     finally:
