@@ -1,0 +1,277 @@
+"""``dflash``: DFlash block diffusion drafting (arXiv 2602.06036, z-lab/dflash) as a third-party specframe plugin.
+
+It imports only ``specframe.api``. What it declares, and why (README.md has the sources):
+
+- ``visibility = "block"``: inside a draft block attention is bidirectional. The engine stamps the rule on the element
+  sets, so every mask builder and the ``peagle`` partitioner apply it (API 2).
+- Elements: element (a, d) is mask slot d + 1 of the block anchored on token x_{a+1} (drafter position a reads feature
+  g_a and token x_{a+1}, the EAGLE pairing), so it predicts x_{a+2+d}, exactly what the core's (anchor, depth) model
+  asks of depth d; the training depth is ``block_size - 1``.
+- Attention inside ``loss``: a block's queries are its anchor slot and mask slots; its keys are the context (the
+  target's features at positions <= a, never run through a layer) and the block itself. The drafter expresses that
+  as element sets under the block rule (context = depth-0 keys, block slot s = depth s + 1) and asks the segment's
+  mask builder for it (``attention.subset``), so the configured builder's memory behaviour carries over.
+- Loss: cross-entropy against the data token with the target's frozen lm_head, weight exp(-d / gamma) at depth d
+  (``loss_decay_gamma``; off by default, as in SpecForge), normalised by the engine's supervised count.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from specframe import api
+
+from .model import DFlashModel
+
+AUX = "aux_hidden"
+_positive = api.positive_int("dflash")
+
+
+def default_aux_layers(num_layers: int, draft_layers: int) -> list[int]:
+    """DFlash's target layers: one per draft layer, evenly spaced over decoder outputs 1 .. L-3 (the middle one for a
+    single draft layer), as z-lab's ``build_target_layer_ids``; returned as specframe aux ids (the hidden state
+    *entering* a layer, i.e. DFlash's output index + 1), clamped into the target."""
+    if draft_layers == 1:
+        outputs = [num_layers // 2]
+    else:
+        start, end = 1, max(1, num_layers - 3)
+        outputs = [int(round(start + i * (end - start) / (draft_layers - 1))) for i in range(draft_layers)]
+    return [min(o + 1, num_layers - 1) for o in outputs]
+
+
+@attrs.define
+class DFlashOptions:
+    """DFlash settings (the ``[drafter_options]`` table of ``specframe train --config``)."""
+
+    layers: int = attrs.field(default=5, validator=_positive, metadata={
+        "help": "draft decoder layers (z-lab's released drafters have 5)"})
+    block_size: int = attrs.field(default=16, validator=_positive, metadata={
+        "help": "block: one anchor token plus block_size - 1 mask tokens, so block_size - 1 draft tokens per round "
+                "(16 as in z-lab's b16 drafters and SpecForge's default)"})
+    k_infer: int | None = attrs.field(default=None, metadata={
+        "help": "tokens drafted per round at inference (null: block_size - 1)"})
+    aux_layer_ids: list[int] | None = attrs.field(default=None, metadata={
+        "help": "target aux layer ids (hidden state entering that layer); null: DFlash's evenly spaced layers"})
+    loss_decay_gamma: float | None = attrs.field(default=None, metadata={
+        "help": "weight exp(-d / gamma) on depth d (the paper's position decay); null: uniform (SpecForge default)"})
+
+    def __attrs_post_init__(self) -> None:
+        if self.block_size < 2:
+            raise api.UsageError(f"dflash option 'block_size' must be at least 2 (an anchor and a mask), got {self.block_size}")
+        if self.k_infer is not None and not 1 <= self.k_infer <= self.block_size - 1:
+            raise api.UsageError(f"dflash option 'k_infer' must be in 1..block_size - 1 ({self.block_size - 1}), got {self.k_infer}")
+        g = self.loss_decay_gamma
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int | float) or not g > 0):
+            raise api.UsageError(f"dflash option 'loss_decay_gamma' must be a positive number or null, got {g!r}")
+
+    @property
+    def k_train(self) -> int:
+        """The training depth the engine uses when --depth is not given: every mask slot of a block."""
+        return self.block_size - 1
+
+
+class DFlashDrafter(api.Drafter):
+    name = "dflash"
+    Options = DFlashOptions
+    parallel = True
+    visibility = "block"
+
+    def __init__(self, target_config: Any, options: DFlashOptions | None = None) -> None:
+        super().__init__(target_config, options)
+        opts = self.options
+        n_layers = int(target_config.num_hidden_layers)
+        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else default_aux_layers(n_layers, opts.layers)
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < n_layers]
+        if not ids or bad:
+            raise api.UsageError(
+                f"dflash aux layer ids {ids} are invalid for a target with {n_layers} layers (valid: 0..{n_layers - 1})"
+            )
+        self.aux_layer_ids = ids
+        self.shape = api.modeling.LayerShape.from_config(target_config)
+        self.vocab_size = int(target_config.vocab_size)
+        self.model = DFlashModel(self.shape, self.vocab_size, len(ids), opts.layers, self.shape.hidden)
+        self.mask_token_id: int | None = None
+        self._reset_inference()
+
+    # ------------------------------------------------------------------------------------------------ description
+    def feature_spec(self) -> Any:
+        return api.FeatureSpec(aux_layers=tuple(self.aux_layer_ids))
+
+    def module(self) -> torch.nn.Module:
+        return self.model
+
+    @property
+    def depth(self) -> int:
+        return self.options.block_size - 1
+
+    # ---------------------------------------------------------------------------------------------------- training
+    def check_training(self, depth: int, mask_builder: str, partitioner: str) -> None:
+        # element (a, d) is mask slot d + 1: a block has block_size - 1 of them, so a deeper grid has no slot to train
+        if depth > self.depth:
+            raise api.UsageError(
+                f"dflash trains at most block_size - 1 = {self.depth} depths (its mask slots), got --depth {depth}"
+            )
+
+    def prepare(self, target: Any, examples: Any) -> None:
+        """Take the target's embedding and lm_head (frozen: DFlash shares them) and pick the mask token by
+        ``api.vocab``'s rule (a special or reserved token never seen in the training data)."""
+        emb = target.model.get_input_embeddings().weight.detach()
+        head = target.model.get_output_embeddings().weight.detach()
+        counts = api.vocab.count_tokens(list(examples), self.vocab_size, masked_only=False)
+        self.mask_token_id = api.vocab.mask_token_ids(
+            target.tokenizer, 1, data_counts=counts, embedding_rows=self.vocab_size
+        )[0]
+        with torch.no_grad():
+            self.model.embed_tokens.weight.copy_(emb[: self.vocab_size].to(self.model.embed_tokens.weight.dtype))
+            self.model.lm_head.weight.copy_(head[: self.vocab_size].to(self.model.lm_head.weight.dtype))
+
+    def supervision(self, example: api.TrainingExample) -> torch.Tensor:
+        # position i reads x_{i+1} with g_i and is charged with x_{i+2}: the EAGLE indexing, so the EAGLE rule
+        return api.eagle.shifted_supervision(example.loss_mask, example.doc)
+
+    def loss(
+        self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: Any
+    ) -> api.LossTerms:
+        if self.mask_token_id is None:
+            raise api.SpecframeError("dflash: prepare(target, examples) must run before loss()")
+        model = self.model
+        device = model.fc.weight.device
+        k = elements.max_depth
+        if k > self.depth:
+            raise api.UsageError(f"dflash: element depth {k} exceeds block_size - 1 = {self.depth}")
+        sub = elements.subset(segment.elements)
+        pos = sub.anchor + sub.depth
+        sup = self.supervision(example)
+        charged = segment.loss_mask.cpu() & sup[pos]
+        anchor, depth = sub.anchor[charged], sub.depth[charged]
+        if anchor.numel() == 0:
+            zero = model.fc.weight.sum() * 0.0  # keeps the graph (and DDP) intact for a segment with nothing charged
+            return api.LossTerms(zero, 0, torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long),
+                                 hit=torch.zeros(0, dtype=torch.bool))
+        # Blocks are independent given the target's features: only the charged elements' blocks are run.
+        blocks, block_of = torch.unique(anchor, return_inverse=True)
+        slots = self.depth + 1  # the anchor token and every mask slot, whatever the grid's depth
+        doc_of = self._position_docs(elements)
+        last = int(blocks.max())
+        ctx_pos = torch.arange(last + 1)
+        # attention sets under the block rule: context = depth 0 at its own position; block slot s = depth s + 1
+        width = slots + 1
+        ctx_set = api.ElementSet(ctx_pos, torch.zeros_like(ctx_pos), doc_of[ctx_pos], elements.seq_len, width,
+                                 visibility="block")
+        b_anchor = blocks.repeat_interleave(slots)
+        b_slot = torch.arange(slots).repeat(blocks.numel())
+        block_set = api.ElementSet(b_anchor, b_slot + 1, doc_of[b_anchor], elements.seq_len, width, visibility="block")
+        key_set = api.ElementSet(
+            torch.cat([ctx_set.anchor, block_set.anchor]), torch.cat([ctx_set.depth, block_set.depth]),
+            torch.cat([ctx_set.doc, block_set.doc]), elements.seq_len, width, visibility="block",
+        )
+        attend = attention.subset(block_set, key_set) if hasattr(attention, "subset") else attention
+
+        aux = example.features[AUX].to(device=device, dtype=model.fc.weight.dtype)
+        states = model.context_states(aux[: last + 1])
+        context_kv = model.context_kv(states, ctx_pos.to(device))
+        ids = example.input_ids
+        tokens = torch.full((b_anchor.numel(),), self.mask_token_id, dtype=torch.long)
+        tokens[b_slot == 0] = ids[blocks + 1]  # the anchor token x_{a+1}
+        hidden = model(tokens.to(device), (b_anchor + 1 + b_slot).to(device), context_kv, attend)
+        # element (a, d) is slot d + 1 of block a and predicts x_{a+2+d}
+        rows = (block_of * slots + depth + 1).to(device)
+        logits = model.lm_head(hidden[rows])
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: softmax in fp32
+        target = ids[anchor + depth + 2].to(device)
+        per = F.cross_entropy(logits, target, reduction="none")
+        gamma = self.options.loss_decay_gamma
+        if gamma is not None:
+            per = per * torch.exp(-depth.to(device=device, dtype=per.dtype) / gamma)
+        hit = (logits.argmax(-1) == target).cpu()
+        total = torch.bincount(depth, minlength=k)[:k]
+        correct = torch.bincount(depth[hit], minlength=k)[:k]
+        return api.LossTerms(per.sum(), int(anchor.numel()), correct, total, hit=hit)
+
+    @staticmethod
+    def _position_docs(elements: api.ElementSet) -> torch.Tensor:
+        """Document of each drafter position, from the depth-0 elements (every position has one, COD or not)."""
+        doc = torch.full((elements.seq_len,), -1, dtype=torch.long)
+        roots = elements.depth == 0
+        doc[elements.anchor[roots]] = elements.doc[roots]
+        return doc
+
+    # --------------------------------------------------------------------------------------------------- inference
+    def _reset_inference(self) -> None:
+        self._context: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._cached = 0
+        self._anchor: int | None = None
+        self._pending = api.eagle.PendingInputs(self.name)
+
+    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        if self.mask_token_id is None:
+            raise api.SpecframeError("dflash: no mask token chosen (train the drafter or load a checkpoint first)")
+        self._reset_inference()
+        self._pending.start(prompt_ids, features)
+
+    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        self._pending.accept(emitted, features)
+
+    @torch.no_grad()
+    def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
+        if k < 1:
+            raise api.UsageError(f"dflash.propose: k must be positive, got {k}")
+        k = min(k, self.depth)  # a block drafts at most block_size - 1 tokens
+        model = self.model
+        device = model.fc.weight.device
+        tokens, aux = self._pending.take()
+        p = int(tokens.shape[0])
+        # the new (token, feature) pairs extend the context: features at positions cached .. cached + p - 1
+        states = model.context_states(aux.to(device=device, dtype=model.fc.weight.dtype))
+        new = model.context_kv(states, torch.arange(self._cached, self._cached + p, device=device))
+        if self._context is None:
+            self._context = new
+        else:
+            self._context = [(torch.cat([ck, nk], 1), torch.cat([cv, nv], 1))
+                             for (ck, cv), (nk, nv) in zip(self._context, new, strict=True)]
+        self._cached += p
+        anchor = int(tokens[-1])  # x_{t+1}, the token the target committed last; its feature is not known yet
+        block = torch.full((k + 1,), self.mask_token_id, dtype=torch.long, device=device)
+        block[0] = anchor
+        position = torch.arange(self._cached, self._cached + k + 1, device=device)
+        # one block sees all of the context and all of itself: no mask at inference
+        hidden = model(block, position, self._context, _full_attention)
+        draft = model.lm_head(hidden[1:]).argmax(-1)
+        return api.Draft(tokens=draft.cpu())
+
+    # -------------------------------------------------------------------------------------------------- checkpoints
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "mask_token_id": self.mask_token_id,
+            "aux_layer_ids": list(self.aux_layer_ids),
+            "vocab_size": self.vocab_size,
+            **self.shape.config_fields(),
+            "num_hidden_layers": self.options.layers,
+        }
+
+    def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
+        if list(info.get("aux_layer_ids", [])) != list(self.aux_layer_ids):
+            raise api.SpecframeError(
+                f"{directory} was trained with aux layers {info.get('aux_layer_ids')}, this drafter has "
+                f"{self.aux_layer_ids}"
+            )
+
+    def restore_checkpoint(self, info: dict[str, Any]) -> None:
+        self.mask_token_id = info["mask_token_id"]
+
+
+def _full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+@api.hookimpl
+def register_drafters(register):
+    register(DFlashDrafter)

@@ -1,0 +1,333 @@
+"""The ``dflash`` drafter from the separate ``specframe-dflash`` distribution (packages/specframe-dflash).
+
+Skipped as a whole when that distribution is not installed (``pip install --no-deps -e packages/specframe-dflash``).
+What is checked: it is found through the ``specframe`` entry-point group; its training attention, built by every mask
+builder from element sets under the block rule, equals a per-block oracle written without any builder; partitioned
+gradients equal the single pass; it overfits; an overfit drafter is accepted through the inference protocol and
+decoding stays lossless; and its proposals are what its training forward predicts.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specframe import api, plugins
+from specframe.elements import check_partition, full_grid, position_docs
+
+try:
+    DIST = importlib.metadata.distribution("specframe-dflash")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on the environment
+    pytest.skip("the specframe-dflash distribution is not installed (pip install --no-deps -e "
+                "packages/specframe-dflash)", allow_module_level=True)
+
+from tests.drafter_helpers import features, tiny_target  # noqa: E402
+
+SMALL = {"layers": 2, "block_size": 4, "aux_layer_ids": [1, 3]}
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    torch.set_num_threads(1)
+    return tiny_target(tmp_path_factory.mktemp("dflash"))
+
+
+def make(target, length: int = 18, docs: int = 1, seed: int = 0, **options):
+    torch.manual_seed(seed)
+    cls = plugins.get("drafter", "dflash")
+    drafter = cls(target.config, cls.Options(**{**SMALL, **options}))
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(7, target.config.vocab_size, (length,), generator=g)
+    mask = torch.ones(length, dtype=torch.bool)
+    mask[:2] = False
+    doc = torch.arange(length) * docs // length
+    plain = api.TrainingExample(ids, mask, doc)
+    drafter.prepare(target, [plain])
+    drafter.module().double()
+    ex = api.TrainingExample(ids, mask, doc, {k: v.double() for k, v in features(target, ids, drafter).items()})
+    return drafter, ex
+
+
+def grid(drafter, ex, depth=None):
+    sup = drafter.supervision(ex)
+    n = sup.shape[0]
+    return full_grid(n, depth or drafter.depth, position_docs(ex.doc, n)).with_visibility(drafter.visibility), sup
+
+
+def run(drafter, ex, elems, sup, builder="dense", partitioner="none", parts=1, **builder_options):
+    """The engine's per-sequence accumulation (segments, global count): (normalised loss, grads, hits)."""
+    cls = plugins.get("mask builder", builder)
+    b = cls(cls.Options(**builder_options)) if builder_options else cls()
+    segments = plugins.get("partitioner", partitioner)().partition(elems, parts)
+    check_partition(elems, segments, partitioner)
+    count = int(sup[elems.position].sum())
+    drafter.module().zero_grad(set_to_none=True)
+    total, hits = 0.0, 0
+    for seg in segments:
+        terms = drafter.loss(ex, elems, seg, api.SegmentAttention.build(b, elems.subset(seg.elements)))
+        (terms.loss_sum / count).backward()
+        total += float(terms.loss_sum.detach())
+        hits += int(terms.correct.sum())
+        assert terms.count == int((seg.loss_mask & sup[elems.subset(seg.elements).position]).sum())
+    grads = {n: p.grad.clone() for n, p in drafter.module().named_parameters() if p.grad is not None}
+    return total / count, grads, hits
+
+
+def oracle_loss(drafter, ex, elems, sup):
+    """DFlash's forward written per block, with no mask builder: block a = [x_{a+1}, MASK x (B-1)] at positions
+    a+1 .., attending with full attention to the context g_c (c <= a, same document) and to itself; element (a, d)
+    is slot d + 1 and its target x_{a+2+d}. Returns the summed cross-entropy over supervised elements."""
+    model = drafter.model
+    docs = position_docs(ex.doc, sup.shape[0])
+    B = drafter.options.block_size
+    total = torch.zeros((), dtype=torch.float64)
+    for a in sorted(set(elems.anchor.tolist())):
+        want = [(int(d)) for aa, d in zip(elems.anchor.tolist(), elems.depth.tolist()) if aa == a and sup[a + d]]
+        if not want:
+            continue
+        ctx = [c for c in range(a + 1) if docs[c] == docs[a]]
+        states = model.context_states(ex.features["aux_hidden"][ctx])
+        kv = model.context_kv(states, torch.tensor(ctx))
+        tokens = torch.full((B,), drafter.mask_token_id)
+        tokens[0] = ex.input_ids[a + 1]
+        hidden = model(tokens, torch.arange(a + 1, a + 1 + B), kv, lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
+        logits = model.lm_head(hidden[[d + 1 for d in want]])
+        total = total + F.cross_entropy(logits, ex.input_ids[[a + 2 + d for d in want]], reduction="sum")
+    return total
+
+
+# ------------------------------------------------------------------------------------------------------ packaging
+
+
+def test_listed_by_specframe_plugins_from_its_own_distribution():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECFRAME_")}
+    out = subprocess.run([sys.executable, "-m", "specframe", "plugins", "--json"], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    report = json.loads(out)
+    entry = next(p for p in report["plugins"] if p["name"] == "dflash")
+    assert entry["distribution"] == "specframe-dflash" and entry["builtin"] is False and entry["error"] is None
+    assert entry["registers"] == {"drafters": ["dflash"]}
+    blocked = subprocess.run([sys.executable, "-m", "specframe", "plugins", "--json"], capture_output=True, text=True,
+                             check=True, env={**env, "SPECFRAME_DISABLE_PLUGINS": "dflash"}).stdout
+    assert "dflash" not in json.loads(blocked)["drafters"]
+
+
+def test_the_package_imports_only_the_public_api():
+    import specframe_dflash
+
+    root = os.path.dirname(specframe_dflash.__file__)
+    for name in os.listdir(root):
+        if name.endswith(".py"):
+            text = open(os.path.join(root, name)).read()
+            imports = [line for line in text.splitlines() if line.startswith(("import specframe", "from specframe"))]
+            assert all(line == "from specframe import api" for line in imports), (name, imports)
+
+
+def test_declares_the_block_rule_and_its_depth(target):
+    drafter, _ = make(target)
+    assert drafter.visibility == "block" and drafter.parallel
+    assert drafter.options.k_train == 3 == drafter.depth
+    with pytest.raises(api.UsageError, match="at most block_size - 1 = 3"):
+        drafter.check_training(4, "dense", "none")
+    with pytest.raises(api.UsageError, match="block_size"):
+        plugins.get("drafter", "dflash").Options(block_size=1)
+
+
+# ------------------------------------------------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("docs", [1, 2])
+def test_training_loss_equals_the_per_block_oracle(target, docs):
+    drafter, ex = make(target, docs=docs)
+    elems, sup = grid(drafter, ex)
+    loss, _, _ = run(drafter, ex, elems, sup)
+    expected = float(oracle_loss(drafter, ex, elems, sup).detach()) / int(sup[elems.position].sum())
+    assert math.isclose(loss, expected, rel_tol=1e-10)
+
+
+def test_the_oracle_tells_a_causal_block_apart(target):
+    """The comparison above can fail: a builder that applied the chain rule to DFlash's sets (a causal block, the
+    default rule before API 2) gives another loss."""
+    drafter, ex = make(target)
+    elems, sup = grid(drafter, ex)
+    dense = plugins.get("mask builder", "dense")()
+
+    class ChainAnyway:
+        def __call__(self, q, k, v):
+            return dense.build(elems.with_visibility("chain"), elems.with_visibility("chain"))(q, k, v)
+
+        def subset(self, query, key):
+            return dense.build(query.with_visibility("chain"), key.with_visibility("chain"))
+
+    seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    with torch.no_grad():
+        causal = drafter.loss(ex, elems, seg, ChainAnyway())
+        block = drafter.loss(ex, elems, seg, api.SegmentAttention.build(dense, elems))
+        expected = oracle_loss(drafter, ex, elems, sup)
+    assert math.isclose(float(block.loss_sum), float(expected), rel_tol=1e-10)
+    assert not math.isclose(float(causal.loss_sum), float(expected), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("partitioner,parts", [("none", 1), ("peagle", 1), ("peagle", 3)])
+@pytest.mark.parametrize("builder", ["dense", "precomputed", "chunked"])
+def test_every_builder_and_partition_matches_dense(target, builder, partitioner, parts):
+    drafter, ex = make(target, docs=2)
+    elems, sup = grid(drafter, ex)
+    ref_loss, ref_grads, _ = run(drafter, ex, elems, sup)
+    options = {"chunked": {"chunk_size": 5}, "precomputed": {"max_len": 8}}.get(builder, {})
+    loss, got, _ = run(drafter, ex, elems, sup, builder, partitioner, parts, **options)
+    assert math.isclose(loss, ref_loss, rel_tol=1e-10)
+    assert got.keys() == ref_grads.keys() and "fc.weight" in got and "embed_tokens.weight" not in got
+    for name in got:
+        torch.testing.assert_close(got[name], ref_grads[name], atol=1e-12, rtol=1e-9, msg=name)
+
+
+def test_flex_forward_matches_dense(target):
+    """FlexAttention has no CPU backward: the forward loss only, through the flex builder's CPU path."""
+    import warnings
+
+    drafter, ex = make(target)
+    elems, sup = grid(drafter, ex)
+    seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
+        flex = plugins.get("mask builder", "flex")(plugins.get("mask builder", "flex").Options(compile=False))
+        got = drafter.loss(ex, elems, seg, api.SegmentAttention.build(flex, elems))
+        ref = drafter.loss(ex, elems, seg, api.SegmentAttention.build(plugins.get("mask builder", "dense")(), elems))
+    assert math.isclose(float(got.loss_sum), float(ref.loss_sum), rel_tol=1e-9)
+
+
+def test_overfits_one_example(target):
+    drafter, ex = make(target, length=14)
+    drafter.module().float()
+    ex = api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc, {k: v.float() for k, v in ex.features.items()})
+    elems, sup = grid(drafter, ex)
+    opt = torch.optim.Adam([p for p in drafter.module().parameters() if p.requires_grad], lr=1e-2)
+    losses, hits = [], 0
+    for _ in range(80):
+        opt.zero_grad()
+        loss, _, hits = run(drafter, ex, elems, sup)
+        losses.append(loss)
+        opt.step()
+    assert losses[-1] < 0.05 * losses[0], (losses[0], losses[-1])
+    assert hits == int(sup[elems.position].sum())  # every supervised element's top-1 is its data token
+
+
+# ------------------------------------------------------------------------------------------------------ inference
+
+
+def _overfit_on_greedy(target, steps: int, block_size: int = 4):
+    """A float32 drafter overfit through ``loss`` on the target's own greedy continuation of a prompt."""
+    from specframe.features import capture_features
+    from specframe.inference.engine import generate
+
+    torch.manual_seed(0)
+    prompt = torch.tensor([1, 50, 60, 70, 80])
+    verifier = plugins.get("verifier", "greedy")()
+    plain = generate(target.model, prompt, verifier, max_new_tokens=40, eos_token_id=())
+    seq = torch.cat([prompt, torch.tensor(plain.tokens)])
+    mask = torch.arange(len(seq)) >= len(prompt)
+    cls = plugins.get("drafter", "dflash")
+    drafter = cls(target.config, cls.Options(**{**SMALL, "block_size": block_size}))
+    ex = api.TrainingExample(seq, mask, torch.zeros_like(seq))
+    drafter.prepare(target, [ex])
+    f = capture_features(target, seq[None], drafter.feature_spec(), dtype=torch.float32)
+    ex = api.TrainingExample(seq, mask, ex.doc, {"aux_hidden": f.aux[0]})
+    elems, sup = grid(drafter, ex)
+    opt = torch.optim.AdamW([p for p in drafter.module().parameters() if p.requires_grad], lr=3e-3)
+    for _ in range(steps):
+        opt.zero_grad()
+        run(drafter, ex, elems, sup)
+        opt.step()
+    drafter.module().eval()
+    return drafter, ex, prompt, plain, verifier
+
+
+def test_propose_drafts_what_the_training_forward_predicts(target):
+    """The inference protocol (start / accept / propose, context cached across rounds) against the training forward:
+    after committing tokens up to x_{t+1}, the draft is the training argmax of block t's mask slots. An off-by-one
+    between the two indexings (context up to t vs t + 1, the anchor token, rotary positions) breaks the equality."""
+    drafter, ex, prompt, _, _ = _overfit_on_greedy(target, steps=0)
+    seq, aux = ex.input_ids, ex.features["aux_hidden"]
+    elems, sup = grid(drafter, ex)
+    seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    dense = plugins.get("mask builder", "dense")()
+    n0 = len(prompt)
+    drafter.start(seq[:n0], {"aux_hidden": aux[: n0 - 1]})
+    drafter.accept(seq[n0 : n0 + 1], {"aux_hidden": aux[n0 - 1 : n0]})
+    committed = n0 + 1
+    for step in (1, 3, 2):  # three rounds; each commits ``step`` more tokens with their feature rows
+        draft = drafter.propose(3).tokens
+        t = committed - 2  # drafter position of the last committed (token, feature) pair: x_{t+1} is the anchor
+        block = elems.subset((elems.anchor == t).nonzero().squeeze(1))
+        with torch.no_grad():
+            hidden = _slot_argmax(drafter, ex, block)
+        assert draft.tolist() == hidden.tolist(), (committed, draft, hidden)
+        drafter.accept(seq[committed : committed + step], {"aux_hidden": aux[committed - 1 : committed - 1 + step]})
+        committed += step
+
+
+def _slot_argmax(drafter, ex, block):
+    """The training forward's argmax at block ``t``'s mask slots (the oracle's per-block form)."""
+    model = drafter.model
+    a = int(block.anchor[0])
+    states = model.context_states(ex.features["aux_hidden"][: a + 1])
+    kv = model.context_kv(states, torch.arange(a + 1))
+    B = drafter.options.block_size
+    tokens = torch.full((B,), drafter.mask_token_id)
+    tokens[0] = ex.input_ids[a + 1]
+    hidden = model(tokens, torch.arange(a + 1, a + 1 + B), kv, lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
+    return model.lm_head(hidden[1:]).argmax(-1)
+
+
+@pytest.mark.slow
+def test_overfit_drafter_decodes_losslessly_and_is_accepted(target):
+    """Trained through ``loss`` and served through ``start`` / ``accept`` / ``propose`` on the reference engine: the
+    output equals plain greedy decoding, and the drafts are accepted almost always (an indexing slip between training
+    and inference sends acceptance to about zero)."""
+    from specframe.inference.engine import generate
+
+    drafter, _, prompt, plain, verifier = _overfit_on_greedy(target, steps=150)
+    spec = generate(target.model, prompt, verifier, drafter, k=3, max_new_tokens=40, eos_token_id=())
+    assert spec.tokens == plain.tokens
+    assert spec.decode_tokens / len(spec.rounds) > 3.0  # at most 4 (3 drafts + bonus)
+    # an untrained drafter is still lossless, and accepted far less often
+    untrained, *_ = _overfit_on_greedy(target, steps=0)
+    cold = generate(target.model, prompt, verifier, untrained, k=3, max_new_tokens=40, eos_token_id=())
+    assert cold.tokens == plain.tokens
+    assert cold.decode_tokens / len(cold.rounds) < 2.0
+
+
+# ----------------------------------------------------------------------------------------------- the shared engine
+
+
+@pytest.mark.parametrize("builder,partitioner,parts", [("dense", "none", 1), ("precomputed", "peagle", 2),
+                                                      ("chunked", "peagle", 3)])
+def test_trains_on_the_shared_engine(tmp_path, builder, partitioner, parts):
+    """``specframe train``'s engine with the drafter from the plugin: the block rule reaches the builder and the
+    partitioner (the engine's completeness check would refuse a chain partition of block elements), every step's
+    loss is finite, and the run's checkpoint reloads as a block drafter with its mask token."""
+    from specframe.engine import TrainConfig, train
+    from tests.train_fixtures import build
+
+    target_dir, chat = build(tmp_path / "assets")
+    out = tmp_path / "run"
+    train(TrainConfig(drafter="dflash", target=str(target_dir), data=str(chat), output=str(out), seq_len=32,
+                      max_steps=6, batch_size=1, val_examples=1, lr=3e-3, mask_builder=builder,
+                      partitioner=partitioner, partitions=parts, drafter_options=dict(SMALL)), progress=False)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["train_loss"] for m in metrics if m.get("train_loss") is not None]
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+    from specframe.engine.checkpoint import load_drafter
+    from specframe.targets import load_target
+
+    reloaded = load_drafter(out, load_target(target_dir).config)
+    assert reloaded.mask_token_id is not None and reloaded.visibility == "block"
