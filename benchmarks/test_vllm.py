@@ -4,9 +4,9 @@ reference engine's figures for the same checkpoint, prompts and K beside them, i
     .venv/bin/pytest benchmarks/test_vllm.py --preset cpu --benchmark-only -p no:cacheprovider
 
 vLLM side: ``specframe.bench.compare_vllm`` (the code behind `specframe bench acceptance --engine vllm`): the
-checkpoint is exported (`specframe export`), vLLM runs plain and then speculative decoding over the MT-Bench prompts,
-AL and per-position acceptance come from vLLM's spec-decode counters, speedup is OTPS(speculative) / OTPS(plain) per
-repeat. Reference side: ``specframe.bench.compare`` on the same prompts at the same K. EAGLE-3 and P-EAGLE are
+checkpoint is exported (`specframe export`), vLLM serves plain and speculative decoding, both engines started once and
+warmed up, the MT-Bench prompt turns interleaved between them; AL and per-position acceptance come from vLLM's
+per-request spec-decode counters, speedup is OTPS(speculative) / OTPS(plain) per repeat. Reference side: ``specframe.bench.compare`` on the same prompts at the same K. EAGLE-3 and P-EAGLE are
 exported in the speculators format, PARD as a causal LM, ParallelSpec (eagle backbone) for specframe's vLLM general
 plugin model (each draft slot its own mask embedding; see README); every one is served beside the target with an
 explicit speculative config.
@@ -53,13 +53,14 @@ def test_vllm_against_reference(benchmark, workspace, trained, drafter):
     box = {}
 
     def once():
-        vllm_summary, rows = bench.compare_vllm(record["run"], workspace.target(), prompts, k=p.speed_k,
-                                                repeats=p.vllm_repeats, max_new_tokens=p.max_new_tokens)
+        served = bench.compare_vllm(workspace.target(), prompts, [method], repeats=p.vllm_repeats,
+                                    max_new_tokens=p.max_new_tokens)
+        vllm_summary, rows = bench.json_safe(served.summary()), served.per_prompt()
         reference = bench.compare(target.model, target.tokenizer, prompts, [method], bench.make_verifier("greedy"),
                                   repeats=p.vllm_repeats, max_new_tokens=p.max_new_tokens)
         ref = bench.json_safe(reference.summary())
         box["metrics"] = {"methods": {
-            "vllm": vllm_summary["methods"]["vllm"], "vllm/plain": vllm_summary["methods"]["plain"],
+            "vllm": vllm_summary["methods"][method.label], "vllm/plain": vllm_summary["methods"]["plain"],
             "reference": ref["methods"][method.label], "reference/plain": ref["methods"]["plain"],
         }, "engine": "vllm+reference"}
         box["rows"] = rows

@@ -377,6 +377,8 @@ class Comparison:
     repeats: int
     greedy: bool
     remeasured: int = 0
+    #: engine facts worth keeping beside the figures (vLLM: the CPUs its threads were pinned to, start-up times)
+    engine_info: dict[str, Any] = attrs.Factory(dict)
 
     def by_repeat(self, label: str, repeat: int) -> list[Record]:
         return [r for r in self.records[label] if r.repeat == repeat]
@@ -471,6 +473,7 @@ class Comparison:
             "remeasured_repeats": self.remeasured,
             "prompt_turns": len(self.by_repeat(PLAIN, 0)),
             "greedy": self.greedy,
+            **self.engine_info,
         }
 
     def per_prompt(self) -> list[dict[str, Any]]:
@@ -515,8 +518,10 @@ def compare(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     max_remeasure: int = MAX_REMEASURE,
+    warmup: int = 1,
 ) -> Comparison:
-    """Decode every prompt turn with plain decoding and every method, interleaved, ``repeats`` times.
+    """Decode every prompt turn with plain decoding and every method, interleaved, ``repeats`` times, after
+    ``warmup`` short untimed decodes of the first prompt by every method (first calls pay for lazy initialisation).
 
     A later turn is asked after plain decoding's answer to the earlier turns in the first repeat (the target's own
     answer, the same context for every method). Each prompt turn gets one seed, shared by all methods. Repeats whose
@@ -562,6 +567,11 @@ def compare(
                 if progress is not None:
                     progress(f"repeat {repeat + 1}/{repeats} prompt {prompt.id} turn {turn + 1}")
 
+    if prompts and warmup:
+        first = chat_ids(tokenizer, [{"role": "user", "content": prompts[0].turns[0]}])
+        for method in every:
+            for _ in range(warmup):
+                decode(model, first, verifier, method, max_new_tokens=min(max_new_tokens, 16), seed=seed)
     for repeat in range(repeats):
         run_repeat(repeat)
     comparison = Comparison(list(every), records, repeats, is_greedy(verifier))
@@ -591,19 +601,26 @@ def remeasure(comparison: Comparison, run_repeat: Callable[[int], None], max_rou
 
 
 def compare_vllm(
-    checkpoint: str | Path,
     target: str,
     prompts: Sequence[BenchPrompt],
+    methods: Sequence[Method],
     *,
-    k: int,
     repeats: int = 1,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    warmup: int = 1,
+    threads: int | None = None,
+    chat_template: str | None = None,
     max_remeasure: int = MAX_REMEASURE,
-) -> dict[str, Any]:
-    """Plain and speculative vLLM (``specframe.vllm.engine.compare``, greedy) on the same chat-templated prompts,
-    ``repeats`` times. Later turns follow vLLM plain decoding's answer in the first repeat. Returns the summary
-    (same keys per method as ``Comparison.summary``: R, break-even AL and ``speed_flags`` included; flagged repeats
-    are measured again as ``compare`` does) and per-prompt rows."""
+    progress: Callable[[str], None] | None = None,
+) -> Comparison:
+    """``compare`` on vLLM (greedy): plain vLLM and each method served by vLLM, every engine started once and warmed
+    up, prompt turns interleaved across the engines, ``repeats`` times (``specframe.vllm.engine.run_interleaved``).
+    Trained checkpoints are exported (`specframe export`) and served at each method's K; the ``ngram`` plugin is
+    served as vLLM's own prompt-lookup method with the plugin's n-gram sizes. vLLM's threads are pinned to the first
+    ``threads`` CPUs (all this process may use by default). The result is a ``Comparison`` like the reference
+    engine's (AL and per-slot acceptance from vLLM's per-request counters, lossless = equal to plain vLLM's tokens;
+    the drafter's own time per round is not observable inside vLLM and is left undefined); flagged repeats are
+    measured again the same way."""
     import tempfile
 
     from specframe.vllm import vllm_available
@@ -613,87 +630,71 @@ def compare_vllm(
             "--engine vllm needs vLLM, which is not installed in this environment: run `make setup VLLM=cpu` (or "
             "VLLM=gpu), or use --engine reference"
         )
-    from transformers import AutoTokenizer
-
-    from specframe.cli.export_cmd import export_checkpoint, target_source
-    from specframe.vllm.engine import compare as vllm_compare
-    from specframe.vllm.export import speculative_config
+    if repeats < 1:
+        raise UsageError(f"--repeats must be positive, got {repeats}")
+    labels = [m.label for m in methods]
+    if PLAIN in labels or len(set(labels)) != len(labels):
+        raise UsageError(f"method labels must be distinct and not '{PLAIN}': {labels}")
+    from specframe.cli.export_cmd import target_source
+    from specframe.vllm.engine import Conversation, EngineOptions, cpu_binding, run_interleaved
 
     source = target_source(target)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    plain: list[list[PromptMetrics]] = [[] for _ in range(repeats)]
-    spec: list[list[PromptMetrics]] = [[] for _ in range(repeats)]
-    rows: list[dict[str, Any]] = []
-    equal = True
+    every = [Method(PLAIN), *methods]
+    options = EngineOptions(threads_bind=cpu_binding(threads))
+    conversations = [Conversation(p.id, tuple(p.turns)) for p in prompts]
+    records: dict[str, list[Record]] = {m.label: [] for m in every}
+    contexts: dict[str, list[int]] = {}
+    info: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="specframe-bench-") as tmp:
-        export = Path(tmp) / "export"
-        export_checkpoint(checkpoint, export, target)
-        config = speculative_config(export, k)
-        histories: dict[str, list[dict[str, str]]] = {p.id: [] for p in prompts}
-        turn_ids: list[list[torch.Tensor]] = []
-        for turn in range(max(len(p.turns) for p in prompts)):
-            asked = [p for p in prompts if turn < len(p.turns)]
-            ids = [chat_ids(tokenizer, [*histories[p.id], {"role": "user", "content": p.turns[turn]}]) for p in asked]
-            turn_ids.append(ids)
-            for repeat in range(repeats):
-                result = vllm_compare(source, [i.tolist() for i in ids], config, max_new_tokens=max_new_tokens)
-                equal = equal and result.outputs_equal
-                plain[repeat] += [g.prompt_metrics() for g in result.plain.generations]
-                spec[repeat] += [g.prompt_metrics() for g in result.speculative.generations]
-                if repeat == 0:
-                    pairs = zip(result.plain.generations, result.speculative.generations)
-                    for p, (g_plain, g_spec), i in zip(asked, pairs, ids):
-                        answer = tokenizer.decode(list(g_plain.tokens), skip_special_tokens=True).strip()
-                        histories[p.id] += [{"role": "user", "content": p.turns[turn]},
-                                            {"role": "assistant", "content": answer}]
-                        m = g_spec.prompt_metrics()
-                        rows.append({"method": "vllm", "id": p.id, "turn": turn + 1, "prompt_tokens": len(i),
-                                     "new_tokens": len(g_spec.tokens), "acceptance_length": m.acceptance_length,
-                                     "forwards": m.forwards, "accepted": sum(m.accepted),
-                                     "plain_decode_seconds": g_plain.decode_seconds,
-                                     "decode_seconds": g_spec.decode_seconds})
+        jobs = _vllm_jobs(every, source, Path(tmp))
 
-        def ratios() -> list[float]:
-            return [aggregate(s, k).otps / aggregate(p, 0).otps for s, p in zip(spec, plain)]
+        def run(indices: Sequence[int]) -> None:
+            result = run_interleaved(jobs, conversations, source, plain=PLAIN, repeats=indices, contexts=contexts,
+                                     warmup=warmup, max_new_tokens=max_new_tokens, chat_template=chat_template,
+                                     options=options)
+            contexts.update(result.contexts)
+            info.update(vllm_threads_bind=result.threads_bind, vllm_startup_seconds=result.startup_seconds)
+            for t in result.trials:
+                g = t.generation
+                # nan: the drafter's share of a vLLM round is not observable from outside the engine
+                records[t.label].append(Record(t.conversation, t.turn, t.repeat, t.prompt_tokens, g.tokens,
+                                               g.prompt_metrics(), float("nan")))
+            if progress is not None:
+                progress(f"vLLM: repeat(s) {', '.join(str(i + 1) for i in indices)} of {repeats} measured")
 
-        remeasured = 0
-        for _ in range(max_remeasure):
-            bad = sorted({f["repeat"] for f in speed_flags(ratios(), [aggregate(s, k).acceptance_length
-                                                                       for s in spec])})
-            if not bad:
-                break
-            for repeat in bad:  # measure the whole repeat again, every turn, same prompts
-                plain[repeat], spec[repeat] = [], []
-                for ids in turn_ids:
-                    result = vllm_compare(source, [i.tolist() for i in ids], config, max_new_tokens=max_new_tokens)
-                    equal = equal and result.outputs_equal
-                    plain[repeat] += [g.prompt_metrics() for g in result.plain.generations]
-                    spec[repeat] += [g.prompt_metrics() for g in result.speculative.generations]
-                remeasured += 1
-    values = ratios()
-    flags = speed_flags(values, [aggregate(s, k).acceptance_length for s in spec])
-    excluded = sorted({f["repeat"] for f in flags})
-    kept = [i for i in range(repeats) if i not in excluded]
-    pooled_plain = [m for i in kept for m in plain[i]]
-    agg = aggregate([m for i in kept for m in spec[i]], k, pooled_plain)
-    every_plain = [m for r in plain for m in r]
-    vllm_entry = {**agg.as_dict(), "k": k, "checkpoint": str(checkpoint), "lossless": equal,
-                  "speedup_interval": Interval.of([values[i] for i in kept]).as_dict(), "speed_flags": flags,
-                  **round_cost(aggregate([m for r in spec for m in r], k), aggregate(every_plain, 0))}
-    if excluded:
-        vllm_entry["speedup_excluded_repeats"] = excluded
-    return {
-        "methods": {
-            PLAIN: {**aggregate(every_plain, 0, every_plain).as_dict(), "k": 0},
-            "vllm": vllm_entry,
-        },
-        "ratios": {},
-        "repeats": repeats,
-        "remeasured_repeats": remeasured,
-        "prompt_turns": len(rows),
-        "greedy": True,
-        "engine": "vllm",
-    }, rows
+        run(range(repeats))
+        comparison = Comparison(list(every), records, repeats, True, engine_info=info)
+        remeasure(comparison, lambda repeat: run([repeat]), max_remeasure, progress)
+    return comparison
+
+
+def _vllm_jobs(methods: Sequence[Method], source: str, workdir: Path) -> dict[str, Any]:
+    """One vLLM engine job per method: plain, a trained checkpoint (exported once into ``workdir``, served at the
+    method's K) or the ``ngram`` baseline (vLLM's prompt lookup with the plugin's n-gram sizes)."""
+    from specframe.cli.export_cmd import export_checkpoint
+    from specframe.vllm.engine import Job
+    from specframe.vllm.export import speculative_config
+
+    exports: dict[str, Path] = {}
+    jobs = {}
+    for m in methods:
+        if m.drafter is None:
+            jobs[m.label] = Job(source)
+        elif m.tree is not None:
+            raise UsageError("--engine vllm drafts chains only: drop the --tree-* options")
+        elif m.checkpoint is not None:
+            if m.checkpoint not in exports:
+                exports[m.checkpoint] = workdir / f"export-{len(exports)}"
+                export_checkpoint(m.checkpoint, exports[m.checkpoint], source)
+            jobs[m.label] = Job(source, speculative_config(exports[m.checkpoint], m.k))
+        elif m.drafter.name == "ngram":
+            jobs[m.label] = Job(source, {"method": "ngram", "num_speculative_tokens": int(m.k),
+                                         "prompt_lookup_max": int(m.drafter.options.n_max),
+                                         "prompt_lookup_min": int(m.drafter.options.n_min)})
+        else:
+            raise UsageError(f"--engine vllm serves trained checkpoints and the ngram baseline, not the untrained "
+                             f"drafter '{m.drafter.name}'")
+    return jobs
 
 
 # ------------------------------------------------------------------------------------------------------- results

@@ -84,10 +84,12 @@ def test_unknown_names_and_bad_values_are_refused(tmp_path):
 def test_comparison_is_interleaved_lossless_and_answers_later_turns(target, prompt_file, monkeypatch):
     prompts = bench.load_prompts(str(prompt_file), 2)
     calls: list[tuple[str, tuple[int, ...]]] = []
+    budgets: list[int] = []
     real_decode = bench.decode
 
     def spy(model, ids, verifier, method, **kw):
         calls.append((method.label, tuple(ids.tolist())))
+        budgets.append(kw["max_new_tokens"])
         return real_decode(model, ids, verifier, method, **kw)
 
     monkeypatch.setattr(bench, "decode", spy)
@@ -95,6 +97,12 @@ def test_comparison_is_interleaved_lossless_and_answers_later_turns(target, prom
                bench.plugin_method("ngram", target.config, k=5, label="ngram5")]
     result = bench.compare(target.model, target.tokenizer, prompts, methods, bench.make_verifier("greedy"),
                            repeats=3, max_new_tokens=24, max_remeasure=0)  # timing noise must not add repeats
+
+    # first, one short untimed warm-up decode of the first prompt per method, none of it recorded
+    assert [label for label, _ in calls[:3]] == ["plain", "ngram3", "ngram5"] and budgets[:3] == [16] * 3
+    assert len({ids for _, ids in calls[:3]}) == 1 and budgets[3:] == [24] * (len(budgets) - 3)
+    assert sum(len(v) for v in result.records.values()) == len(calls) - 3
+    del calls[:3]
 
     # every prompt turn runs each method back to back; the order rotates per repeat
     orders = [[label for label, _ in calls[i:i + 3]] for i in range(0, len(calls), 3)]

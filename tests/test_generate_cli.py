@@ -144,8 +144,14 @@ def test_clear_errors(assets, tmp_path):
                      "--k", -1)
     assert code == 2 and "--k must be positive" in text
     code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
-                     "--engine", "vllm")
-    assert code == 2 and "exactly one --checkpoint" in text
+                     "--engine", "vllm", "--verifier", "sampling")
+    assert code == 2 and "greedy chain drafting only" in text
+    code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
+                     "--k", 2, "--k", 2)
+    assert code == 2 and "--k repeats a value" in text
+    code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
+                     "--warmup", -1)
+    assert code == 2 and "--warmup must be 0 or more" in text
 
 
 @pytest.mark.slow
@@ -164,12 +170,26 @@ def test_bench_acceptance_on_vllm(assets, tmp_path, monkeypatch):
                      "--max-steps", 2, "--config", cfg, "--output", run_dir, "--json")
     assert code == 0, text
     out = tmp_path / "vllm.json"
-    code, text = run("bench", "acceptance", "--engine", "vllm", "--checkpoint", run_dir, "--dataset", prompts,
-                     "--num-prompts", 2, "--max-new-tokens", 12, "--k", 3, "--output", out, "--json")
+    code, text = run("bench", "acceptance", "--engine", "vllm", "--checkpoint", run_dir, "--baseline", "ngram",
+                     "--dataset", prompts, "--num-prompts", 2, "--max-new-tokens", 12, "--k", 2, "--k", 3,
+                     "--repeats", 2, "--threads", 1, "--output", out, "--json")
     assert code == 0, text
     summary = payload(text)
     assert summary["engine"] == "vllm" and summary["prompt_turns"] == 3
-    spec = summary["methods"]["vllm"]
-    assert spec["lossless"] is True and spec["k"] == 3 and 1.0 <= spec["acceptance_length"] <= 4.0
+    assert set(summary["methods"]) == {"plain", "peagle/k2", "peagle/k3", "ngram/k2", "ngram/k3"}
+    for label, spec in summary["methods"].items():
+        if label == "plain":
+            continue
+        assert spec["lossless"] is True and spec["k"] == int(label[-1]), label
+        assert 1.0 <= spec["acceptance_length"] <= spec["k"] + 1, label
+        # one ratio per repeat, unless a repeat stayed flagged (an outlier on a busy machine) and was left out
+        kept, left_out = spec["speedup_interval"]["values"], spec.get("speedup_excluded_repeats", [])
+        assert len(kept) + len(left_out) == 2 and kept, label
+    # every engine started once (interleaved, not restarted per repeat) and its threads pinned to one CPU
+    assert set(summary["vllm_startup_seconds"]) == set(summary["methods"])
+    assert summary["vllm_threads_bind"].isdigit()
     document = read_results(out)
     assert document["provenance"]["drafter_checkpoint_hash"].startswith("sha256:")
+    assert document["config"]["k"] == [2, 3]
+    rows = {(r["method"], r["id"], r["turn"]) for r in document["per_prompt"]}
+    assert len(rows) == 5 * 3

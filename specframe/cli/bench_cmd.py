@@ -36,24 +36,30 @@ def bench() -> None:
 @click.option("--repeats", type=int, default=1, show_default=True,
               help="Interleaved repeats; with 2 or more, ratios get a 95% interval.")
 @click.option("--engine", type=click.Choice(["reference", "vllm"]), default="reference", show_default=True,
-              help="reference: specframe's decoding engine; vllm: export the checkpoint and run vLLM (greedy).")
-@decoding_options
+              help="reference: specframe's decoding engine; vllm: export the checkpoints and serve them (and the ngram "
+                   "baseline) with vLLM, greedy, every engine started once and the prompts interleaved across them.")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Untimed short decodes of the first prompt by every method before measuring.")
+@click.option("--detail", is_flag=True,
+              help="Also print per-slot and conditional acceptance and the drafter's time per round.")
+@decoding_options(bench=True)
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
               help="Write the results file (JSON with metrics, per-prompt figures and provenance).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of a table.")
 @target_loading
 def acceptance(
     checkpoints: tuple[str, ...], drafters: tuple[str, ...], baselines: tuple[str, ...], dataset: str,
-    num_prompts: int, repeats: int, engine: str, target: str | None, k: int | None, verifier: str,
+    num_prompts: int, repeats: int, engine: str, warmup: int, detail: bool, target: str | None,
+    k: tuple[int, ...], verifier: str,
     tree_depth: int | None, tree_top_k: int | None, tree_tokens: int | None, max_new_tokens: int,
     temperature: float | None, top_k: int | None, top_p: float | None, seed: int, threads: int | None,
     output: str | None, as_json: bool, loading,
 ) -> None:
     """Acceptance length, per-position acceptance, OTPS and speedup over plain decoding.
 
-    Every prompt turn is decoded by plain decoding and by each drafter, one after the other (order rotating per
-    repeat), so speedups are measured side by side. Under a greedy verifier each drafter's output must equal plain
-    decoding's (reported as 'lossless').
+    Every prompt turn is decoded by plain decoding and by each drafter (at each --k), one after the other (order
+    rotating per repeat), so speedups are measured side by side. Under a greedy verifier each drafter's output must
+    equal plain decoding's (reported as 'lossless').
     """
     import torch
 
@@ -62,13 +68,18 @@ def acceptance(
 
     if not checkpoints and not drafters:
         raise UsageError("give --checkpoint DIR (a trained drafter) or --drafter NAME (e.g. ngram)")
-    if k is not None and k < 1:
-        raise UsageError(f"--k must be positive, got {k}")
+    for value in k:
+        if value < 1:
+            raise UsageError(f"--k must be positive, got {value}")
+    if len(set(k)) != len(k):
+        raise UsageError(f"--k repeats a value: {', '.join(map(str, k))}")
+    if warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more, got {warmup}")
     if repeats < 1:
         raise UsageError(f"--repeats must be positive, got {repeats}")
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be positive, got {max_new_tokens}")
-    if threads is not None:
+    if threads is not None and engine == "reference":
         torch.set_num_threads(threads)
     tree = tree_shape(verifier, tree_depth, tree_top_k, tree_tokens)
     verify = core.make_verifier(verifier, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -76,19 +87,26 @@ def acceptance(
     if target is None:
         target = core.recorded_target(checkpoints) or "default"
 
+    progress = None if as_json else (lambda msg: click.echo(f"  {msg}", err=True))
     if engine == "vllm":
-        summary, per_prompt, methods, tgt_info = _vllm(checkpoints, drafters, baselines, target, prompts, k, tree,
-                                                       verify, repeats, max_new_tokens)
-    else:
-        tgt = loading.load(target)
-        methods = [core.checkpoint_method(c, tgt.config, k=k, tree=tree) for c in checkpoints]
+        if tree is not None or not core.is_greedy(verify):
+            raise UsageError("--engine vllm runs greedy chain drafting only: drop --tree-* and sampling options")
+    # on the vLLM engine the target loaded here only gives the config and the weights' hash for provenance
+    tgt = loading.load(target)
+    methods = []
+    for ks in (k or (None,)):
+        methods += [core.checkpoint_method(c, tgt.config, k=ks, tree=tree) for c in checkpoints]
         for name in (*drafters, *baselines):
-            methods.append(core.plugin_method(name, tgt.config, k=5 if k is None else k, tree=tree))
-        _label(methods)
-        progress = None if as_json else (lambda msg: click.echo(f"  {msg}", err=True))
+            methods.append(core.plugin_method(name, tgt.config, k=5 if ks is None else ks, tree=tree))
+    _label(methods)
+    if engine == "vllm":
+        result = core.compare_vllm(target, prompts, methods, repeats=repeats, max_new_tokens=max_new_tokens,
+                                   warmup=warmup, threads=threads, chat_template=loading.chat_template,
+                                   progress=progress)
+    else:
         result = core.compare(tgt.model, tgt.tokenizer, prompts, methods, verify, repeats=repeats,
-                              max_new_tokens=max_new_tokens, seed=seed, progress=progress)
-        summary, per_prompt, tgt_info = result.summary(), result.per_prompt(), tgt
+                              max_new_tokens=max_new_tokens, seed=seed, progress=progress, warmup=warmup)
+    summary, per_prompt, tgt_info = result.summary(), result.per_prompt(), tgt
     summary["dataset"] = dataset
     summary["verifier"] = verifier
     summary["engine"] = engine
@@ -97,7 +115,8 @@ def acceptance(
 
         config = {
             "dataset": dataset, "num_prompts": num_prompts, "prompts": [p.id for p in prompts], "repeats": repeats,
-            "engine": engine, "verifier": verifier, "verifier_options": _options(verify), "k": k,
+            "engine": engine, "warmup": warmup, "verifier": verifier, "verifier_options": _options(verify),
+            "k": list(k) or None,
             "tree": None if tree is None else {"depth": tree.depth, "top_k": tree.top_k,
                                                "total_tokens": tree.total_tokens},
             "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads, "checkpoints": list(checkpoints),
@@ -110,7 +129,7 @@ def acceptance(
     if as_json:
         click.echo(json.dumps(core.json_safe(summary), indent=1))
     else:
-        _table(summary)
+        _table(summary, detail)
         if output is not None:
             click.echo(f"results written to {output}")
 
@@ -132,27 +151,6 @@ def command_line(ctx: click.Context) -> list[str]:
             for item in value if param.multiple else (value,):
                 words += [flag, str(item)]
     return words
-
-
-def _vllm(checkpoints, drafters, baselines, target, prompts, k, tree, verify, repeats, max_new_tokens):
-    from specframe import bench as core
-    from specframe.errors import UsageError
-
-    if len(checkpoints) != 1 or drafters or baselines:
-        raise UsageError("--engine vllm measures exactly one --checkpoint against vLLM plain decoding "
-                         "(no --drafter / --baseline)")
-    if tree is not None or not core.is_greedy(verify):
-        raise UsageError("--engine vllm runs greedy chain drafting only: drop --tree-* and sampling options")
-    from transformers import AutoConfig
-
-    from specframe.cli.export_cmd import target_source
-    from specframe.targets import load_target
-
-    tgt = load_target(target)
-    method = core.checkpoint_method(checkpoints[0], AutoConfig.from_pretrained(target_source(target)), k=k)
-    summary, rows = core.compare_vllm(checkpoints[0], target, prompts, k=method.k, repeats=repeats,
-                                      max_new_tokens=max_new_tokens)
-    return summary, rows, [method], tgt
 
 
 def _label(methods: list[Any]) -> None:
@@ -178,44 +176,69 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
     return format(value, spec)
 
 
-def _table(summary: dict[str, Any]) -> None:
+def _speedup(m: dict[str, Any]) -> str:
+    interval = m.get("speedup_interval")
+    if interval is None:
+        return "1.00"
+    if interval.get("low") is None:
+        return _fmt(interval["mean"]) + "x"
+    return f"{_fmt(interval['mean'])}x [{_fmt(interval['low'])}, {_fmt(interval['high'])}]"
+
+
+def _table(summary: dict[str, Any], detail: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{summary['dataset']}: {summary['prompt_turns']} prompt turns, {summary['repeats']} "
-                        f"repeat(s), verifier {summary['verifier']}, engine {summary['engine']}")
-    for column in ("method", "AL", "per-slot acc.", "conditional acc.", "OTPS", "speedup [95%]", "R (break-even AL)",
-                   "draft ms/round", "lossless"):
+    title = (f"{summary['dataset']}: {summary['prompt_turns']} prompt turns x {summary['repeats']} repeat(s), "
+             f"verifier {summary['verifier']}, engine {summary['engine']}")
+    if summary.get("vllm_threads_bind"):
+        title += f" (threads on CPUs {summary['vllm_threads_bind']})"
+    table = Table(title=title)
+    columns = ["method", "K", "AL", "tokens/s", "speedup [95%]", "R (break-even AL)", "lossless"]
+    if detail:
+        columns[3:3] = ["per-slot acc.", "conditional acc."]
+        columns.insert(-1, "draft ms/round")
+    for column in columns:
         table.add_column(column, justify="left" if column == "method" else "right", no_wrap=column == "method")
     for label, m in summary["methods"].items():
-        interval = m.get("speedup_interval")
-        if interval is None:
-            speedup = "1.00"
-        elif interval.get("low") is None:
-            speedup = _fmt(interval["mean"])
-        else:
-            speedup = f"{_fmt(interval['mean'])} [{_fmt(interval['low'])}, {_fmt(interval['high'])}]"
-        draft = m.get("draft_seconds_per_round")
-        table.add_row(
-            label,
-            _fmt(m["acceptance_length"]),
-            " ".join(_fmt(x) for x in m["per_slot"]) or "-",
-            " ".join(_fmt(x) for x in m["conditional"]) or "-",
-            _fmt(m["otps"], ".1f"),
-            speedup + (" (flagged)" if m.get("speed_flags") else ""),
-            _fmt(m.get("round_cost_ratio")),
-            _fmt(draft * 1000 if draft is not None else None, ".1f"),
-            {True: "yes", False: "NO", None: "-"}[m.get("lossless")],
-        )
-    console = Console(width=max(Console().width, 150))
+        cells = {
+            "method": label,
+            "K": str(m["k"]) if m.get("k") else "-",
+            "AL": _fmt(m["acceptance_length"]),
+            "per-slot acc.": " ".join(_fmt(x) for x in m["per_slot"]) or "-",
+            "conditional acc.": " ".join(_fmt(x) for x in m["conditional"]) or "-",
+            "tokens/s": _fmt(m["otps"], ".1f"),
+            "speedup [95%]": _speedup(m) + (" (flagged)" if m.get("speed_flags") else ""),
+            "R (break-even AL)": _fmt(m.get("round_cost_ratio")),
+            "draft ms/round": _fmt(m["draft_seconds_per_round"] * 1000
+                                   if m.get("draft_seconds_per_round") is not None else None, ".1f"),
+            "lossless": {True: "yes", False: "NO", None: "-"}[m.get("lossless")],
+        }
+        table.add_row(*(cells[c] for c in columns))
+    console = Console(width=max(Console().width, 150 if detail else 110))
     console.print(table)
     console.print("R: a speculative round's time over a plain step's; speedup ~ AL / R, so a drafter wins where AL > R.")
+    best = best_method(summary)
+    if best is not None:
+        label, m = best
+        console.print(f"fastest: {label} at {_speedup(m)} plain decoding's speed (AL {_fmt(m['acceptance_length'])})")
     for label, m in summary["methods"].items():
         for flag in m.get("speed_flags") or []:
             console.print(f"{label}: repeat {flag['repeat'] + 1} left out of the speedup after re-measuring: "
                           f"{'; '.join(flag['reasons'])}")
-    for name, ratio in summary.get("ratios", {}).items():
-        otps = ratio["otps"]
-        band = "" if otps.get("low") is None else f" [{_fmt(otps['low'], '.3f')}, {_fmt(otps['high'], '.3f')}]"
-        console.print(f"{name}: OTPS ratio {_fmt(otps['mean'], '.3f')}{band}, AL ratio "
-                      f"{_fmt(ratio['acceptance_length'], '.3f')}")
+    if detail:
+        for name, ratio in summary.get("ratios", {}).items():
+            otps = ratio["otps"]
+            band = "" if otps.get("low") is None else f" [{_fmt(otps['low'], '.3f')}, {_fmt(otps['high'], '.3f')}]"
+            console.print(f"{name}: OTPS ratio {_fmt(otps['mean'], '.3f')}{band}, AL ratio "
+                          f"{_fmt(ratio['acceptance_length'], '.3f')}")
+
+
+def best_method(summary: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The drafting method with the highest speedup over plain decoding (geometric mean over repeats), among those
+    that were lossless where losslessness was checked; None without one."""
+    candidates = [(label, m) for label, m in summary["methods"].items()
+                  if m.get("speedup_interval") and m.get("lossless") is not False
+                  and isinstance(m["speedup_interval"].get("mean"), float)
+                  and math.isfinite(m["speedup_interval"]["mean"])]
+    return max(candidates, key=lambda item: item[1]["speedup_interval"]["mean"], default=None)

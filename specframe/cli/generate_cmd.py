@@ -11,13 +11,19 @@ from specframe.cli.target_options import target_loading
 from specframe.inference.engine import DEFAULT_MAX_NEW_TOKENS
 
 
-def decoding_options(fn):
-    """Options ``generate`` and ``bench acceptance`` share."""
+def decoding_options(fn=None, *, bench: bool = False):
+    """Options ``generate`` and ``bench acceptance`` share. ``bench``: ``--k`` may be repeated (a tuple, empty when
+    not given: each method is measured at every K) and ``--threads`` also pins vLLM's threads."""
+    many_k = bench
+    if fn is None:
+        return lambda f: decoding_options(f, bench=bench)
+    k_help = ("Draft tokens per round (chain); repeat to measure every method at several K (--k 2 --k 3). Default: "
+              "the drafter's own k_infer, else 5.") if many_k else ("Draft tokens per round (chain). Default: the "
+                                                                     "drafter's own k_infer, else 5.")
     options = [
         click.option("--target", default=None, help="Target model: 'default' (embedded SmolLM2-135M-Instruct), a "
                      "folder or a hub id. Default: the target the checkpoint trained against, else 'default'."),
-        click.option("--k", "k", type=int, default=None, help="Draft tokens per round (chain). Default: the "
-                     "drafter's own k_infer, else 5."),
+        click.option("--k", "k", type=int, multiple=many_k, default=() if many_k else None, help=k_help),
         click.option("--verifier", default="greedy", show_default=True,
                      help="Verifier plugin: greedy, sampling, tree (see `specframe plugins`)."),
         click.option("--tree-depth", type=int, default=None, help="Draft a tree of this many levels (EAGLE-2). "
@@ -32,7 +38,9 @@ def decoding_options(fn):
         click.option("--top-p", type=float, default=None, help="Nucleus sampling mass."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw."),
         click.option("--threads", type=int, default=None,
-                     help="torch threads (default: torch's; on a busy CPU one thread can be fastest)."),
+                     help="torch threads (default: torch's; on a busy CPU one thread can be fastest)." + (
+                         " With --engine vllm: vLLM's threads are pinned to the first N CPUs (default: every CPU "
+                         "this process may use; recorded in the results)." if bench else "")),
     ]
     for option in reversed(options):
         fn = option(fn)

@@ -41,6 +41,10 @@ def main(request_path: str, result_path: str) -> None:
         result = {"runs": runs}
     except SpecframeError as exc:
         result = {"error": str(exc)}
+    _write(result, result_path)
+
+
+def _write(result: dict, result_path: str) -> None:
     tmp = result_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(result, f)

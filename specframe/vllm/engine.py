@@ -58,13 +58,35 @@ class EngineOptions:
     seed: int = 0
     kv_cache_gib: float = 1.0
     enforce_eager: bool = True
+    #: CPU ids vLLM's OpenMP threads are pinned to (``VLLM_CPU_OMP_THREADS_BIND``); None: ``cpu_binding()``
+    threads_bind: str | None = None
+
+
+def cpu_binding(threads: int | None = None) -> str:
+    """The CPU list to pin vLLM's OpenMP threads to: the first ``threads`` CPUs this process may run on (all of them
+    when None), as ``VLLM_CPU_OMP_THREADS_BIND`` spells it ("0,1").
+
+    vLLM's own default ("auto") keeps one core per rank back for a scheduler process; specframe runs the engine in
+    its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so on a 2-core machine "auto" would leave decoding one
+    core and let the threads of anything else running land on the other: timings then swing by 3x."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if threads is not None:
+        if threads < 1:
+            raise SpecframeError(f"--threads must be positive, got {threads}")
+        if threads > len(cpus):
+            raise SpecframeError(f"--threads {threads}: this process may only run on {len(cpus)} CPU(s) {cpus}")
+        cpus = cpus[:threads]
+    return ",".join(str(c) for c in cpus)
 
 
 def configure_environment(options: EngineOptions = EngineOptions()) -> None:
-    """Set vLLM's environment defaults (values already set win); must run before ``vllm`` is imported."""
-    env = dict(DEFAULT_ENV, VLLM_CPU_KVCACHE_SPACE=f"{options.kv_cache_gib:g}")
+    """Set vLLM's environment defaults (values already set win, except an explicit ``threads_bind``); must run
+    before ``vllm`` is imported."""
+    env = dict(DEFAULT_ENV, VLLM_CPU_KVCACHE_SPACE=f"{options.kv_cache_gib:g}", VLLM_CPU_OMP_THREADS_BIND=cpu_binding())
     for key, value in env.items():
         os.environ.setdefault(key, value)
+    if options.threads_bind is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = options.threads_bind
 
 
 def import_llm() -> Any:
@@ -358,21 +380,7 @@ def run_jobs(
         "ignore_eos": ignore_eos,
         "options": attrs.asdict(options),
     }
-    with tempfile.TemporaryDirectory(prefix="specframe-vllm-") as tmp:
-        req_path, out_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req_path.write_text(json.dumps(request))
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "specframe.vllm._worker", str(req_path), str(out_path)],
-                capture_output=True, text=True, timeout=timeout,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise SpecframeError(f"vLLM did not finish within {timeout:.0f} s") from exc
-        if proc.returncode != 0 or not out_path.exists():
-            raise SpecframeError(f"vLLM failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
-        data = json.loads(out_path.read_text())
-    if "error" in data:
-        raise SpecframeError(data["error"])
+    data = _run_worker(request, timeout)
     return [VllmRun.from_dict(r) for r in data["runs"]]
 
 
@@ -385,6 +393,222 @@ def run_in_subprocess(
     """``run_jobs`` for a single engine."""
     job = Job(str(target), dict(speculative_config) if speculative_config else None)
     return run_jobs([job], prompts, **kwargs)[0]
+
+
+@attrs.frozen
+class Conversation:
+    """One evaluation item for ``run_interleaved``: user ``turns``; turn i > 0 is asked after plain decoding's
+    answer to the turns before it."""
+
+    id: str
+    turns: tuple[str, ...]
+
+
+@attrs.frozen
+class Trial:
+    """One engine on one prompt turn in one repeat."""
+
+    label: str
+    conversation: str
+    turn: int
+    repeat: int
+    prompt_tokens: int
+    generation: VllmGeneration
+
+
+@attrs.frozen
+class Interleaved:
+    """What ``run_interleaved`` measured: every trial, the prompt ids each turn was asked with (key ``id#turn``),
+    each engine's start-up time and the CPU list vLLM's threads were pinned to."""
+
+    trials: tuple[Trial, ...]
+    contexts: dict[str, list[int]]
+    startup_seconds: dict[str, float]
+    threads_bind: str
+
+
+def run_interleaved(
+    jobs: Mapping[str, Job],
+    conversations: Sequence[Conversation],
+    tokenizer: str,
+    *,
+    plain: str,
+    repeats: Sequence[int],
+    contexts: Mapping[str, Sequence[int]] | None = None,
+    warmup: int = 1,
+    max_new_tokens: int = 256,
+    chat_template: str | None = None,
+    options: EngineOptions = EngineOptions(),
+) -> Interleaved:
+    """Start every engine of ``jobs`` (label -> job) at once (``EngineProcesses``), warm each up on the first prompt
+    (``warmup`` short generations), then decode every prompt turn with every engine in turn, for each repeat index
+    in ``repeats``; the engine order rotates with the repeat and the prompt, so a machine slowing down mid-run slows
+    every engine alike. Prompts go through ``tokenizer``'s chat template (``chat_template``: a Jinja file replacing
+    it); a later turn follows the answer of the ``plain`` engine. ``contexts`` (``Interleaved.contexts`` of an earlier
+    run) fixes the prompt ids, so a repeat measured again asks exactly what it asked before."""
+    from transformers import AutoTokenizer
+
+    from specframe.data.chat import encode_prompt
+
+    if plain not in jobs:
+        raise SpecframeError(f"the plain engine '{plain}' is not among the jobs {sorted(jobs)}")
+    tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    if chat_template:
+        tok.chat_template = Path(chat_template).read_text(encoding="utf-8")
+    known: dict[str, list[int]] = {k: [int(t) for t in v] for k, v in (contexts or {}).items()}
+    answers: dict[str, list[dict[str, str]]] = {}
+    trials: list[Trial] = []
+    with EngineProcesses(jobs, options) as engines:
+        labels = list(jobs)
+        for repeat in repeats:
+            for p_index, conv in enumerate(conversations):
+                for turn, text in enumerate(conv.turns):
+                    key = f"{conv.id}#{turn}"
+                    if key not in known:
+                        known[key] = encode_prompt(tok, [*answers.get(conv.id, []), {"role": "user", "content": text}])
+                    ids = known[key]
+                    if not trials:  # the first prompt warms every engine up before anything is timed
+                        for label in labels:
+                            for _ in range(warmup):
+                                engines.generate(label, ids, min(max_new_tokens, 16))
+                    shift = (repeat + p_index + turn) % len(labels)
+                    for label in labels[shift:] + labels[:shift]:
+                        generation = engines.generate(label, ids, max_new_tokens)
+                        trials.append(Trial(label, conv.id, turn, repeat, len(ids), generation))
+                        if label == plain and len(answers.get(conv.id, [])) == 2 * turn:
+                            answer = tok.decode(list(generation.tokens), skip_special_tokens=True).strip()
+                            answers[conv.id] = [*answers.get(conv.id, []), {"role": "user", "content": text},
+                                                {"role": "assistant", "content": answer}]
+        startup = dict(engines.startup_seconds)
+    return Interleaved(tuple(trials), known, startup, options.threads_bind or cpu_binding())
+
+
+def _needs_own_process(job: Job) -> bool:
+    """vLLM's n-gram proposer imports numba; once llvmlite is loaded, starting another engine in that process fails
+    (vLLM 0.32's Triton kernel override scan trips over llvmlite's wrappers). So an n-gram engine is started last in
+    a process, and a second one gets a process of its own."""
+    return bool(job.speculative_config) and job.speculative_config.get("method") == "ngram"
+
+
+def process_groups(jobs: Mapping[str, Job]) -> list[dict[str, Job]]:
+    """Jobs by child process, each process's engines in start order: every engine that can share the first process
+    does, an n-gram engine goes last in it, each further n-gram engine gets a process of its own."""
+    shared = {label: j for label, j in jobs.items() if not _needs_own_process(j)}
+    groups = [shared]
+    for label, j in jobs.items():
+        if _needs_own_process(j):
+            if any(_needs_own_process(x) for x in groups[0].values()):
+                groups.append({label: j})
+            else:
+                groups[0][label] = j
+    return [g for g in groups if g]
+
+
+class EngineProcesses:
+    """Engines kept alive in child processes, driven from this one: ``generate(label, ids, max_new_tokens)`` runs
+    one prompt on one engine. Every engine that can share a process does (vLLM is imported once); what vLLM cannot
+    start after it (see ``_needs_own_process``) goes last or into a process of its own. Each child's vLLM log goes
+    to a temporary file whose tail is shown if it fails."""
+
+    def __init__(self, jobs: Mapping[str, Job], options: EngineOptions = EngineOptions(), timeout: float = 1800):
+        import multiprocessing
+
+        self.timeout = timeout
+        groups = process_groups(jobs)
+        self._tmp = tempfile.TemporaryDirectory(prefix="specframe-vllm-")
+        context = multiprocessing.get_context("spawn")  # vLLM must not inherit a forked torch state
+        self._children: list[tuple[Any, Any, Path]] = []
+        self._owner: dict[str, Any] = {}
+        self.startup_seconds: dict[str, float] = {}
+        try:
+            for i, group in enumerate(groups):
+                log = Path(self._tmp.name) / f"vllm-{i}.log"
+                parent, child = context.Pipe()
+                process = context.Process(
+                    target=_serve, args=(child, {k: attrs.asdict(v) for k, v in group.items()},
+                                         attrs.asdict(options), str(log)), daemon=True)
+                process.start()
+                child.close()
+                self._children.append((process, parent, log))
+                for label in group:
+                    self._owner[label] = parent
+            for process, conn, log in self._children:
+                self.startup_seconds.update(self._receive(conn, log, process))
+        except BaseException:
+            self.close()
+            raise
+
+    def _receive(self, conn: Any, log: Path, process: Any) -> Any:
+        if not conn.poll(self.timeout):
+            raise SpecframeError(f"vLLM did not answer within {self.timeout:.0f} s:\n{_tail(_read(log))}")
+        try:
+            message = conn.recv()
+        except EOFError:
+            process.join(5)
+            raise SpecframeError(f"vLLM failed (exit {process.exitcode}):\n{_tail(_read(log))}") from None
+        if isinstance(message, dict) and "error" in message:
+            raise SpecframeError(f"vLLM failed: {message['error']}\n{_tail(_read(log))}")
+        return message
+
+    def generate(self, label: str, ids: Sequence[int], max_new_tokens: int) -> VllmGeneration:
+        conn = self._owner[label]
+        conn.send((label, [int(t) for t in ids], int(max_new_tokens)))
+        process, _, log = next(c for c in self._children if c[1] is conn)
+        return VllmGeneration.from_dict(self._receive(conn, log, process))
+
+    def close(self) -> None:
+        for process, conn, _ in self._children:
+            try:
+                conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._children = []
+        self._tmp.cleanup()
+
+    def __enter__(self) -> EngineProcesses:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _serve(conn: Any, jobs: dict[str, dict[str, Any]], options: dict[str, Any], log: str) -> None:
+    """A child of ``EngineProcesses``: start the engines in order, report their start-up times, then answer
+    ``(label, ids, max_new_tokens)`` requests with a generation until ``None`` arrives."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)  # vLLM logs to stdout: keep the user's terminal for specframe's own output
+    os.dup2(fd, 2)
+    try:
+        engines, startup = {}, {}
+        for label, job in jobs.items():
+            started = time.perf_counter()
+            engines[label] = VllmEngine(job["target"], job["speculative_config"], EngineOptions(**options))
+            startup[label] = time.perf_counter() - started
+        conn.send(startup)
+        while (request := conn.recv()) is not None:
+            label, ids, max_new = request
+            (generation,) = engines[label].generate([ids], max_new)
+            conn.send(generation.as_dict())
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it as a SpecframeError
+        import traceback
+
+        traceback.print_exc()
+        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # vLLM's in-process engine leaves non-daemon threads behind
 
 
 @attrs.frozen
@@ -430,6 +654,26 @@ def compare(
         metrics=spec.metrics(k, baseline=plain),
         outputs_equal=[g.tokens for g in plain.generations] == [g.tokens for g in spec.generations],
     )
+
+
+def _run_worker(request: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """Run ``specframe.vllm._worker`` on ``request`` in a child process and return its result."""
+    with tempfile.TemporaryDirectory(prefix="specframe-vllm-") as tmp:
+        req_path, out_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        req_path.write_text(json.dumps(request))
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "specframe.vllm._worker", str(req_path), str(out_path)],
+                capture_output=True, text=True, timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SpecframeError(f"vLLM did not finish within {timeout:.0f} s") from exc
+        if proc.returncode != 0 or not out_path.exists():
+            raise SpecframeError(f"vLLM failed (exit {proc.returncode}):\n{_tail(proc.stderr)}")
+        data = json.loads(out_path.read_text())
+    if "error" in data:
+        raise SpecframeError(data["error"])
+    return data
 
 
 def _tail(text: str, lines: int = 30) -> str:
