@@ -51,8 +51,10 @@ class Preset:
     speed_k: int = 5
     repeats: int = 5
     vllm: bool = True
-    #: vLLM starts two engines per repeat and turn (plain, speculative): fewer repeats keep the suite affordable on CPU
-    vllm_repeats: int = 2
+    #: the vLLM suite serves every drafter at each of these K (speed_k among them: the reference engine's K)
+    vllm_ks: tuple[int, ...] = (2, 3, 5)
+    #: every engine starts once and the repeats are interleaved, but each costs a full pass over the prompts
+    vllm_repeats: int = 3
 
     def train_options(self, drafter: str) -> dict:
         """The drafter's options: its architecture from ``drafters``, plus the preset's shared vocabulary and depth."""
@@ -78,7 +80,7 @@ PRESETS = {
         drafters={"peagle": {"layers": 2}, "eagle3": {"layers": 1}, "pard": {"layers": 1}, "parallelspec": {"layers": 1}},
         memory_builders=("dense", "chunked"), memory_cap=512, memory_depth=4, memory_segment_len=128,
         datasets=("mt-bench", "humaneval", "gsm8k"), prompts=1, max_new_tokens=12, ks=(2, 4), tree=(3, 2, 6),
-        speed_k=3, repeats=2, vllm=True,
+        speed_k=3, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2,
     ),
     "cpu": Preset(
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; one to two hours on 2 cores",

@@ -45,24 +45,29 @@ def test_vllm_against_reference(benchmark, workspace, trained, drafter):
         pytest.skip(f"{drafter} did not fit the memory budget")
     target = load_target(workspace.target())
     prompts = bench.load_prompts("mt-bench", p.prompts)
-    method = bench.checkpoint_method(record["run"], target.config, k=p.speed_k, label=f"{drafter}/k{p.speed_k}")
+    assert p.speed_k in p.vllm_ks, f"preset {p.name}: speed_k must be one of vllm_ks (the reference's K)"
+    served_methods = [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}")
+                      for k in p.vllm_ks]
+    method = served_methods[p.vllm_ks.index(p.speed_k)]
     config = {"preset": p.name, "drafter": drafter, "dataset": "mt-bench", "prompts": [q.id for q in prompts],
-              "k": p.speed_k, "repeats": p.vllm_repeats, "max_new_tokens": p.max_new_tokens, "verifier": "greedy"}
+              "k": p.speed_k, "ks": list(p.vllm_ks), "repeats": p.vllm_repeats, "max_new_tokens": p.max_new_tokens,
+              "verifier": "greedy"}
     key = fingerprint([config, method.checkpoint_hash])
     path = workspace.results / f"vllm-{drafter}.json"
     box = {}
 
     def once():
-        served = bench.compare_vllm(workspace.target(), prompts, [method], repeats=p.vllm_repeats,
-                                    max_new_tokens=p.max_new_tokens)
+        served = bench.compare_vllm(workspace.target(), prompts, served_methods, repeats=p.vllm_repeats,
+                                    max_new_tokens=p.max_new_tokens, threads=p.threads)
         vllm_summary, rows = bench.json_safe(served.summary()), served.per_prompt()
         reference = bench.compare(target.model, target.tokenizer, prompts, [method], bench.make_verifier("greedy"),
                                   repeats=p.vllm_repeats, max_new_tokens=p.max_new_tokens)
         ref = bench.json_safe(reference.summary())
         box["metrics"] = {"methods": {
             "vllm": vllm_summary["methods"][method.label], "vllm/plain": vllm_summary["methods"]["plain"],
+            **{f"vllm/k{m.k}": vllm_summary["methods"][m.label] for m in served_methods},
             "reference": ref["methods"][method.label], "reference/plain": ref["methods"]["plain"],
-        }, "engine": "vllm+reference"}
+        }, "engine": "vllm+reference", "vllm_threads_bind": vllm_summary.get("vllm_threads_bind")}
         box["rows"] = rows
 
     saved = saved_metrics(path, key)
@@ -74,12 +79,17 @@ def test_vllm_against_reference(benchmark, workspace, trained, drafter):
         write_results(path, kind="bench.vllm", metrics=bench.json_safe(box["metrics"]), per_prompt=box["rows"],
                       provenance=bench.results_provenance(target, [method], command()), config={**config, "key": key})
     m = box["metrics"]["methods"]
-    assert m["vllm"]["lossless"], f"vLLM with {drafter} changed plain vLLM's greedy output"
+    for k in p.vllm_ks:
+        assert m[f"vllm/k{k}"]["lossless"], f"vLLM with {drafter} at K={k} changed plain vLLM's greedy output"
     assert m["reference"]["lossless"]
     al_v, al_r = m["vllm"]["acceptance_length"], m["reference"]["acceptance_length"]
     gap = abs(al_v - al_r) / al_r
     benchmark.extra_info.update({"results": str(path), "vllm_al": al_v, "reference_al": al_r, "al_gap": gap,
                                  "vllm_speedup": m["vllm"]["speedup_interval"],
                                  "reference_speedup": m["reference"]["speedup_interval"]})
+    for k in p.vllm_ks:
+        row = m[f"vllm/k{k}"]
+        print(f"\n{drafter} in vLLM at K={k}: AL {row['acceptance_length']:.3f}, speedup "
+              f"{bench.Interval(**{**row['speedup_interval'], 'values': tuple(row['speedup_interval']['values'])})}")
     print(f"\n{drafter} K={p.speed_k}: vLLM AL {al_v:.3f} speedup {m['vllm']['speedup_interval']['mean']:.2f}x | "
           f"reference AL {al_r:.3f} speedup {m['reference']['speedup_interval']['mean']:.2f}x (AL gap {gap:.1%})")

@@ -180,6 +180,7 @@ def headline(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
         out += _longest_context(d)
     if by_kind.get("bench.vllm"):
         out += _vllm_beside_reference(by_kind["bench.vllm"])
+        out += _vllm_by_k(documents)
     return out
 
 
@@ -374,29 +375,63 @@ def _speed_dataset(documents: list[tuple[str, dict[str, Any]]]) -> str | None:
     return best
 
 
-def speedup_by_k(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[int, dict[str, Any]]]:
-    """drafter -> chain K -> speedup over plain decoding (``mean``, ``low`` / ``high``, ``repeats``) on one
-    evaluation set (``_speed_dataset``), from the run with the most repeats; trees, implausible ratios (above AL x
-    1.05) and other engines left out."""
+def speedup_by_k(documents: list[tuple[str, dict[str, Any]]],
+                 engine: str = "reference") -> dict[str, dict[int, dict[str, Any]]]:
+    """drafter -> chain K -> speedup over plain decoding (``mean``, ``low`` / ``high``, ``repeats``, ``al``).
+
+    ``engine`` reference: on one evaluation set (``_speed_dataset``), from the run with the most repeats; trees and
+    other engines left out. ``engine`` vllm: the vLLM suite's per-K rows (``vllm/kK`` of its ``bench.vllm`` files).
+    Either way implausible ratios (above AL x 1.05) are left out."""
+    import re
+
     out: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
-    dataset = _speed_dataset(documents)
+    dataset = _speed_dataset(documents) if engine == "reference" else None
     for document, key, m in _all_runs(documents):
-        k = m.get("k")
-        if not _reference_engine(document) or key == "plain" or not _number(k) or k < 1 or _is_tree(key, m):
-            continue
-        if _dataset(document) != dataset:
-            continue
+        if engine == "vllm":
+            match = re.fullmatch(r"vllm/k(\d+)", key) if document.get("kind") == "bench.vllm" else None
+            if match is None:
+                continue
+            k, name = int(match.group(1)), str(document.get("config", {}).get("drafter"))
+        else:
+            k = m.get("k")
+            if not _reference_engine(document) or key == "plain" or not _number(k) or k < 1 or _is_tree(key, m):
+                continue
+            if _dataset(document) != dataset:
+                continue
+            name = _drafter_name(key, m)
         iv = m.get("speedup_interval") or {}
         mean = iv.get("mean") if _number(iv.get("mean")) else m.get("speedup")
-        if not _number(mean) or not plausible(mean, m.get("acceptance_length", m.get("al"))):
+        al = m.get("acceptance_length", m.get("al"))
+        if not _number(mean) or not plausible(mean, al):
             continue
         repeats = int(iv.get("repeats") or 1)
-        name = _drafter_name(key, m)
         if repeats > out[name].get(int(k), {}).get("repeats", 0):
             low, high = iv.get("low"), iv.get("high")
             out[name][int(k)] = {"mean": float(mean), "low": low if _number(low) else None,
-                                 "high": high if _number(high) else None, "repeats": repeats}
+                                 "high": high if _number(high) else None, "repeats": repeats,
+                                 "al": al if _number(al) else None}
     return {name: points for name, points in out.items() if points}
+
+
+def _vllm_by_k(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    speed = speedup_by_k(documents, "vllm")
+    if not speed:
+        return []
+    ks = sorted({k for points in speed.values() for k in points})
+    rows = []
+    for name in sorted(speed):
+        cells = []
+        for k in ks:
+            v = speed[name].get(k)
+            if v is None:
+                cells.append("")
+                continue
+            band = f" [{v['low']:.2f}, {v['high']:.2f}]" if v["low"] is not None else ""
+            cells.append(f"{v['mean']:.2f}x{band}, AL {v['al']:.2f}" if v["al"] is not None else
+                         f"{v['mean']:.2f}x{band}")
+        rows.append([name, *cells])
+    return ["Speedup over plain vLLM by K, in vLLM (95% interval over interleaved repeats; AL beside it):", ""] + \
+        _table(["drafter", *[f"K = {k}" for k in ks]], rows) + [""]
 
 
 def learning_curves(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, list[tuple[float, float]]]:
@@ -517,7 +552,8 @@ def figures(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str,
         ax.title.set_fontsize(9)
         _outside_legend(ax)
         made.append(("al-by-dataset.png", "Which drafter accepts the most tokens on each evaluation set?", fig))
-    speed = speedup_by_k(documents)
+    engine = "vllm" if speedup_by_k(documents, "vllm") else "reference"
+    speed = speedup_by_k(documents, engine)
     if speed:
         note = []
         names = _capped(sorted(speed, key=lambda n: -max(v["mean"] for v in speed[n].values())), note, "methods")
@@ -530,9 +566,10 @@ def figures(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str,
             ax.errorbar(ks, means, yerr=[low, high], marker="o", capsize=3, label=name)
         ax.axhline(1.0, color="grey", lw=1.0, ls="--", label="break-even: plain decoding (1.0)")
         ax.set_xticks(sorted({k for n in names for k in speed[n]}))
-        dataset = _speed_dataset(documents)
+        dataset = _speed_dataset(documents) if engine == "reference" else None
+        where = " in vLLM" if engine == "vllm" else (f" on {dataset}" if dataset else "")
         ax.set(xlabel="K (draft tokens per round)", ylabel="speedup over plain decoding",
-               title=f"Speedup by K{f' on {dataset}' if dataset else ''} (95% interval where repeated)")
+               title=f"Speedup by K{where} (95% interval where repeated)")
         ax.title.set_fontsize(9)
         _outside_legend(ax)
         made.append(("speedup-by-k.png", "Is any drafter faster than plain decoding, and at which K?", fig))

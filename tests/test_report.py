@@ -233,3 +233,44 @@ def test_no_axes_shows_more_than_eight_series(tmp_path):
             series = [label for label in ax.get_legend_handles_labels()[1] if "break-even" not in label
                       and "budget" not in label]
             assert len(series) <= report.MAX_SERIES and len(bars) <= report.MAX_SERIES
+
+
+def _vllm_suite_results(d, drafters=("peagle", "eagle3")):
+    """The vLLM suite's files: per drafter, rows at K = 2, 3, 5 beside the reference engine's at K = 5."""
+    for i, name in enumerate(drafters):
+        methods = {"vllm/plain": {"acceptance_length": 1.0, "k": 0}, "reference/plain": {"acceptance_length": 1.0}}
+        for k in (2, 3, 5):
+            al = 1.2 + 0.05 * k + 0.1 * i
+            mean = 1.0 + 0.02 * k + 0.1 * i if k != 5 or i else 1.9  # peagle at K 5: above AL x 1.05
+            methods[f"vllm/k{k}"] = {"acceptance_length": al, "k": k, "lossless": True,
+                                     "speedup_interval": {"mean": mean, "low": mean - 0.05, "high": mean + 0.05,
+                                                          "repeats": 3}}
+        methods["vllm"] = methods["vllm/k5"]
+        methods["reference"] = {"acceptance_length": 1.45, "k": 5, "speedup_interval": {"mean": 0.6, "repeats": 3}}
+        write(d, f"vllm-{name}.json", "bench.vllm", {"methods": methods, "engine": "vllm+reference"},
+              {"drafter": name, "dataset": "mt-bench", "k": 5, "ks": [2, 3, 5]})
+
+
+def test_speedup_figure_and_table_come_from_vllm_at_each_k_when_measured(tmp_path):
+    from matplotlib.container import ErrorbarContainer
+
+    from specframe import report
+
+    d = tmp_path / "cpu"
+    _suite_results(d)
+    _vllm_suite_results(d)
+    documents = report.load_results(d)
+    made = {name: fig for name, _, fig in report.figures(documents)}
+    ax = made["speedup-by-k.png"].axes[0]
+    series = {c.get_label(): (list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata())) for c in ax.containers
+              if isinstance(c, ErrorbarContainer)}
+    # the vLLM rows, not the reference engine's; peagle's implausible K = 5 ratio is left out
+    assert set(series) == {"peagle", "eagle3"} and "in vLLM" in ax.get_title()
+    assert series["peagle"] == ([2, 3], [pytest.approx(1.04), pytest.approx(1.06)])
+    assert series["eagle3"][0] == [2, 3, 5] and series["eagle3"][1][2] == pytest.approx(1.2)
+    lines = report.headline(documents)
+    start = next(i for i, line in enumerate(lines) if line.startswith("Speedup over plain vLLM by K"))
+    table = "\n".join(lines[start:start + 6])
+    assert "K = 2" in table and "K = 5" in table
+    assert "1.20x [1.15, 1.25], AL 1.55" in table  # eagle3 at K = 5
+    assert "1.90x" not in table
