@@ -137,8 +137,13 @@ def test_declares_the_block_rule_and_its_depth(target):
     assert drafter.options.k_train == 3 == drafter.depth
     with pytest.raises(api.UsageError, match="at most block_size - 1 = 3"):
         drafter.check_training(4, "dense", "none")
+    options = plugins.get("drafter", "dflash").Options
     with pytest.raises(api.UsageError, match="block_size"):
-        plugins.get("drafter", "dflash").Options(block_size=1)
+        options(block_size=1)
+    # k_infer defaults to every mask slot (what generate and the export read), and cannot exceed them
+    assert options().k_infer == 15 and options(block_size=4).k_infer == 3
+    with pytest.raises(api.UsageError, match=r"'k_infer' must be in 1..block_size - 1 \(3\), got 4"):
+        options(block_size=4, k_infer=4)
 
 
 # ------------------------------------------------------------------------------------------------------- training
@@ -349,7 +354,7 @@ def test_export_writes_the_speculators_dflash_layout(target, tmp_path):
     assert manifest["layout"] == "dflash" and manifest["method"] == "dflash" and not manifest["parallel_drafting"]
     assert manifest["max_speculative_tokens"] == 3 and manifest["speculative_tokens"] == 3
     assert export.check_export(tmp_path / "out", target.config).layout == "dflash"
-    with pytest.raises(api.SpecframeError, match="at most 3 tokens"):
+    with pytest.raises(api.SpecframeError, match=r"at most 3 tokens per step \(its block size - 1\)"):
         export.speculative_config(tmp_path / "out", 4)
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     try:

@@ -120,9 +120,10 @@ class Manifest:
         if num_speculative_tokens < 1:
             raise SpecframeError(f"num_speculative_tokens must be positive, got {num_speculative_tokens}")
         if self.max_speculative_tokens is not None and num_speculative_tokens > self.max_speculative_tokens:
+            why = "its block size - 1" if self.layout == "dflash" else "its mask tokens + 1"
             raise SpecframeError(
-                f"this {self.layout} export drafts at most {self.max_speculative_tokens} tokens per step (its mask "
-                f"tokens + 1), not {num_speculative_tokens}"
+                f"this {self.layout} export drafts at most {self.max_speculative_tokens} tokens per step ({why}), "
+                f"not {num_speculative_tokens}"
             )
         config: dict[str, Any] = {
             "method": self.method,

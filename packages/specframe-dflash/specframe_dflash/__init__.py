@@ -64,8 +64,11 @@ class DFlashOptions:
     def __attrs_post_init__(self) -> None:
         if self.block_size < 2:
             raise api.UsageError(f"dflash option 'block_size' must be at least 2 (an anchor and a mask), got {self.block_size}")
-        if self.k_infer is not None and not 1 <= self.k_infer <= self.block_size - 1:
-            raise api.UsageError(f"dflash option 'k_infer' must be in 1..block_size - 1 ({self.block_size - 1}), got {self.k_infer}")
+        if self.k_infer is None:  # resolved here so `specframe generate` and the export read one number
+            self.k_infer = self.block_size - 1
+        k = self.k_infer
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.block_size - 1:
+            raise api.UsageError(f"dflash option 'k_infer' must be in 1..block_size - 1 ({self.block_size - 1}), got {k!r}")
         g = self.loss_decay_gamma
         if g is not None and (isinstance(g, bool) or not isinstance(g, int | float) or not g > 0):
             raise api.UsageError(f"dflash option 'loss_decay_gamma' must be a positive number or null, got {g!r}")
@@ -280,7 +283,7 @@ class DFlashDrafter(api.Drafter):
             mask_token_id=self.mask_token_id, block_size=self.options.block_size,
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config),
-            speculative_tokens=self.options.k_infer or self.depth,
+            speculative_tokens=self.options.k_infer,
         )
 
 
