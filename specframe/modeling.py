@@ -404,14 +404,17 @@ class _PositionTeacher:
         self.blocks = [(int(s), min(int(s) + chunk, count)) for s in starts.tolist()]
 
     @torch.no_grad()
-    def block(self, b: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Block ``b``'s teacher log-probabilities [positions, Vd], keep mask (None: keep all) and reference top-1."""
+    def block(self, b: int) -> tuple[torch.Tensor, ...]:
+        """Block ``b``'s teacher probabilities p [positions, Vd], sum(p log p) and sum(p) per position, keep mask
+        (None: keep all) and reference top-1: what every row the position teaches needs, computed once."""
         lo, hi = self.blocks[b]
         th = self.target_hidden[lo:hi] if self.positions is None else self.target_hidden[self.positions[lo:hi]]
         t_logp = torch.log_softmax((th @ self.target_head.T).float(), dim=-1)
+        p = t_logp.exp()
+        plogp = (p * t_logp).sum(-1)
         keep = self.position_mask(th).to(torch.bool) if self.position_mask is not None else None
         ref = self.reference_top1(th) if self.reference_top1 is not None else t_logp.argmax(-1)
-        return t_logp, keep, ref
+        return p, plogp, p.sum(-1), keep, ref
 
 
 class _PrecomputedGrad(torch.autograd.Function):
@@ -443,18 +446,20 @@ def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chu
     grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if need_head else None
     with torch.no_grad():
         for b in range(len(teacher.blocks)):
-            t_logp_block, keep_block, ref_block = teacher.block(b)
+            p_block, plogp_block, psum_block, keep_block, ref_block = teacher.block(b)
             lo = teacher.blocks[b][0]
             for start in range(teacher.row_bounds[b], teacher.row_bounds[b + 1], chunk):
                 rows = teacher.order[start : min(start + chunk, teacher.row_bounds[b + 1])]
                 local = teacher.inverse[rows] - lo
-                t_logp = t_logp_block[local]
+                p = p_block[local]
                 h = hidden[rows]
                 # under autocast the matmul runs in the autocast dtype, as ``h @ head.T`` did under autograd
                 z = h @ head.T
-                logq = torch.log_softmax(z.float(), dim=-1)
-                p = t_logp.exp()
-                kl = (p * (t_logp - logq)).sum(-1)
+                # the [rows, Vd] work is elementwise passes over memory: logq and then q are made in place, and
+                # KL = sum p log p - sum p log q takes the first sum from the teacher's block
+                logq = z.float()
+                logq = logq.sub_(torch.logsumexp(logq, dim=-1, keepdim=True))
+                kl = plogp_block[local] - torch.linalg.vecdot(p, logq)
                 weight = None
                 if keep_block is not None:
                     keep = keep_block[local]
@@ -467,9 +472,9 @@ def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chu
                 correct[rows] = logq.argmax(-1) == ref_block[local]
                 if need_h or need_head:
                     # d KL / d z = w (q sum(p) - p); subnormal entries are zeroed (see flush_subnormal)
-                    g = logq.exp() * p.sum(-1, keepdim=True) - p
+                    g = logq.exp_().mul_(psum_block[local, None]).sub_(p)
                     if weight is not None:
-                        g = g * weight[:, None]
+                        g = g.mul_(weight[:, None])
                     g = flush_subnormal(g.to(z.dtype))
                     if need_h:
                         grad_h[rows] = (g @ head.to(z.dtype)).to(hidden.dtype)
@@ -506,11 +511,12 @@ def _cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tenso
         for start in range(0, n, chunk):
             h, y = hidden[start : start + chunk], labels[start : start + chunk]
             z = h @ head.T
-            logq = torch.log_softmax(z.float(), dim=-1)
+            logq = z.float()  # log-softmax in place: the [rows, V] passes over memory are most of this loop
+            logq = logq.sub_(torch.logsumexp(logq, dim=-1, keepdim=True))
             loss += -logq.gather(1, y[:, None]).sum()
             hits.append(logq.argmax(-1) == y)
             if need_h or need_head:
-                g = logq.exp()
+                g = logq.exp_()
                 g[torch.arange(len(y), device=g.device), y] -= 1.0
                 g = flush_subnormal(g.to(z.dtype))
                 if need_h:

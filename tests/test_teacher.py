@@ -166,7 +166,10 @@ def test_every_drafter_trains_as_with_a_teacher_per_element(name, target, monkey
     assert new.masked == old.masked
     assert new_grads.keys() == old_grads.keys() and new_grads
     for key in old_grads:
-        torch.testing.assert_close(new_grads[key], old_grads[key], rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
+        # float32 sums in another order: entries far below the gradient's scale differ by ~1e-6 of that scale
+        scale = float(old_grads[key].abs().max())
+        torch.testing.assert_close(new_grads[key], old_grads[key], rtol=1e-4, atol=1e-4 * scale,
+                                   msg=lambda m: f"{key}: {m}")
     if name == "pard":
         return
     if name != "eagle3":
