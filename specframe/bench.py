@@ -651,7 +651,7 @@ def compare_vllm(
         def run(indices: Sequence[int]) -> None:
             result = run_interleaved(jobs, conversations, source, plain=PLAIN, repeats=indices, contexts=contexts,
                                      warmup=warmup, max_new_tokens=max_new_tokens, chat_template=chat_template,
-                                     options=options)
+                                     options=options, progress=progress)
             contexts.update(result.contexts)
             info.update(vllm_threads_bind=result.threads_bind, vllm_startup_seconds=result.startup_seconds)
             for t in result.trials:
@@ -659,8 +659,6 @@ def compare_vllm(
                 # nan: the drafter's share of a vLLM round is not observable from outside the engine
                 records[t.label].append(Record(t.conversation, t.turn, t.repeat, t.prompt_tokens, g.tokens,
                                                g.prompt_metrics(), float("nan")))
-            if progress is not None:
-                progress(f"vLLM: repeat(s) {', '.join(str(i + 1) for i in indices)} of {repeats} measured")
 
         run(range(repeats))
         comparison = Comparison(list(every), records, repeats, True, engine_info=info)

@@ -54,7 +54,10 @@ def _run(folder, **kwargs):
 
 
 def test_every_engine_warms_up_before_any_trial(fake):
-    out = _run(fake[1])
+    lines = []
+    out = _run(fake[1], progress=lines.append)
+    # a line when the engines are up, then one per prompt turn and repeat (a log shows the run moving)
+    assert len(lines) == 1 + 2 * 3 and "engines up" in lines[0] and "repeat 2 prompt b turn 1" in lines[-1]
     warm = FakeEngines.calls[:3]
     assert {name for name, _, _ in warm} == {"plain", "good", "bad"} and all(n == 16 for _, n, _ in warm)
     assert all(n == 40 for _, n, _ in FakeEngines.calls[3:])

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -439,13 +439,15 @@ def run_interleaved(
     max_new_tokens: int = 256,
     chat_template: str | None = None,
     options: EngineOptions = EngineOptions(),
+    progress: Callable[[str], None] | None = None,
 ) -> Interleaved:
     """Start every engine of ``jobs`` (label -> job) at once (``EngineProcesses``), warm each up on the first prompt
     (``warmup`` short generations), then decode every prompt turn with every engine in turn, for each repeat index
     in ``repeats``; the engine order rotates with the repeat and the prompt, so a machine slowing down mid-run slows
     every engine alike. Prompts go through ``tokenizer``'s chat template (``chat_template``: a Jinja file replacing
     it); a later turn follows the answer of the ``plain`` engine. ``contexts`` (``Interleaved.contexts`` of an earlier
-    run) fixes the prompt ids, so a repeat measured again asks exactly what it asked before."""
+    run) fixes the prompt ids, so a repeat measured again asks exactly what it asked before. ``progress`` gets a line
+    when the engines are up and after every prompt turn."""
     from transformers import AutoTokenizer
 
     from specframe.data.chat import encode_prompt
@@ -458,7 +460,10 @@ def run_interleaved(
     known: dict[str, list[int]] = {k: [int(t) for t in v] for k, v in (contexts or {}).items()}
     answers: dict[str, list[dict[str, str]]] = {}
     trials: list[Trial] = []
+    say = progress or (lambda message: None)
+    started = time.perf_counter()
     with EngineProcesses(jobs, options) as engines:
+        say(f"vLLM: {len(jobs)} engines up in {time.perf_counter() - started:.0f} s")
         labels = list(jobs)
         for repeat in repeats:
             for p_index, conv in enumerate(conversations):
@@ -479,6 +484,7 @@ def run_interleaved(
                             answer = tok.decode(list(generation.tokens), skip_special_tokens=True).strip()
                             answers[conv.id] = [*answers.get(conv.id, []), {"role": "user", "content": text},
                                                 {"role": "assistant", "content": answer}]
+                    say(f"vLLM: repeat {repeat + 1} prompt {conv.id} turn {turn + 1} done")
         startup = dict(engines.startup_seconds)
     return Interleaved(tuple(trials), known, startup, options.threads_bind or cpu_binding())
 
