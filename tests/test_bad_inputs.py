@@ -301,7 +301,7 @@ CASES = [
          lambda c: serve("--target", "{wide_target}"), lambda c: shutil.copytree(c["export"], c["out"])),
     Case("export-not-an-export", "serve --drafter a training checkpoint instead of an export",
          "error: {out} is not a vLLM drafter export specframe knows (neither speculators_config nor pard_token; "
-         "known layouts: eagle3, peagle, pard, parallelspec)",
+         "known layouts: eagle3, peagle, pard, parallelspec, dflash)",
          lambda c: serve("--target", "{target}"), lambda c: shutil.copytree(c["checkpoint"], c["out"])),
     Case("init-from-other-width", "--init-from an export made for a target of another width",
          "error: cannot import {tmp}/imp: target_hidden_size 32 differs from the target's hidden size 48",
@@ -372,8 +372,21 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error: ")]
 
 
+@pytest.fixture
+def builtin_plugins_only(monkeypatch):
+    """The documented messages list the built-in components; a third-party plugin installed in the environment
+    (packages/specframe-dflash) would add its names to them, so only built-ins load here."""
+    from specframe import plugins
+
+    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "")
+    plugins.reset()
+    yield
+    monkeypatch.delenv("SPECFRAME_LOAD_PLUGINS")
+    plugins.reset()
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(assets, tmp_path, monkeypatch, case):
+def test_bad_input(assets, tmp_path, monkeypatch, case, builtin_plugins_only):
     ctx = {**assets, "tmp": tmp_path, "out": tmp_path / "out", "monkeypatch": monkeypatch}
     case.prepare(ctx)
     before = tree_hash(ctx["out"])
