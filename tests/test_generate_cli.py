@@ -193,3 +193,15 @@ def test_bench_acceptance_on_vllm(assets, tmp_path, monkeypatch):
     assert document["config"]["k"] == [2, 3]
     rows = {(r["method"], r["id"], r["turn"]) for r in document["per_prompt"]}
     assert len(rows) == 5 * 3
+
+
+def test_best_method_is_the_fastest_lossless_drafter():
+    from specframe.cli.bench_cmd import best_method
+
+    def row(mean, lossless=True):
+        return {"speedup_interval": {"mean": mean}, "lossless": lossless}
+
+    methods = {"plain": {"acceptance_length": 1.0}, "a/k2": row(1.1), "b/k3": row(1.3, lossless=False),
+               "c/k3": row(0.9), "d/k5": row(float("nan"))}
+    assert best_method({"methods": methods})[0] == "a/k2"  # b is faster but changed the output
+    assert best_method({"methods": {"plain": {}}}) is None

@@ -221,7 +221,11 @@ def _table(summary: dict[str, Any], detail: bool = False) -> None:
     best = best_method(summary)
     if best is not None:
         label, m = best
-        console.print(f"fastest: {label} at {_speedup(m)} plain decoding's speed (AL {_fmt(m['acceptance_length'])})")
+        if m["speedup_interval"]["mean"] > 1.0:
+            console.print(f"fastest: {label}, {_speedup(m)} plain decoding's speed (AL {_fmt(m['acceptance_length'])})")
+        else:
+            console.print(f"no method beats plain decoding here; the closest: {label} at {_speedup(m)} (AL "
+                          f"{_fmt(m['acceptance_length'])}, break-even AL {_fmt(m.get('round_cost_ratio'))})")
     for label, m in summary["methods"].items():
         for flag in m.get("speed_flags") or []:
             console.print(f"{label}: repeat {flag['repeat'] + 1} left out of the speedup after re-measuring: "
