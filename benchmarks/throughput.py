@@ -135,7 +135,7 @@ def main() -> None:
 
 def write(args: argparse.Namespace, roots: dict[str, Path], runs: dict[str, dict[str, list]], threads: int,
           log_lines: list[str] | None = None) -> None:
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "threads": threads,
+    result = {"command": " ".join([Path(sys.executable).name, *_portable(sys.argv)]), "threads": threads,
               "commits": {side: commit(root) for side, root in roots.items()},
               # the last commit that changed what training runs (later ones touched other files)
               "new_training_code": subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%H", "--",
@@ -164,6 +164,22 @@ def write(args: argparse.Namespace, roots: dict[str, Path], runs: dict[str, dict
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({d: round(v["ratio_median"], 2) for d, v in result["drafters"].items()}))
+
+
+def _portable(argv: list[str]) -> list[str]:
+    """The command line with paths outside the repository named by their role (results stay portable: the old
+    checkout is recorded by its commit elsewhere in the file)."""
+    root = Path(__file__).resolve().parents[1]
+    out = []
+    for word in argv:
+        path = Path(word)
+        if path.is_absolute():
+            try:
+                word = str(path.resolve().relative_to(root))
+            except ValueError:
+                word = f"<{path.name}>"
+        out.append(word)
+    return out
 
 
 if __name__ == "__main__":
