@@ -56,7 +56,7 @@ def test_outside_path_check_bites():
     # the patterns above must catch the forms this project once used
     assert _OUTSIDE.search('repo.parent / "shared/data/gsm8k/train.jsonl"')
     assert _OUTSIDE.search("Path(__file__).resolve().parents[2]")
-    assert _OUTSIDE.search('open("../shared/DESIGN.md")')
+    assert _OUTSIDE.search('open("../notes/DESIGN.md")')
     assert not _OUTSIDE.search("Path(__file__).resolve().parent / 'gsm8k'")
 
 
