@@ -154,6 +154,33 @@ def test_cache_for_another_target_or_config_is_refused(tmp_path, tiny):  # noqa:
         prepare_cache(tiny, [{"source": "t", "id": "0", "messages": []}], tmp_path / "y")
 
 
+def test_one_cache_serves_drafters_that_read_different_layers(tmp_path, tiny):  # noqa: F811
+    """A comparison prepares the union of its drafters' aux layers once; each drafter reads its own layers, in its own
+    order and with repeats (DFlash on a shallow target), equal to a cache prepared with exactly those layers."""
+    from specframe.engine.data import CacheSource
+
+    recs = chat_records(4)
+    prepare_cache(tiny, recs, tmp_path / "union", spec=FeatureSpec((0, 1, 2, 3), True), dtype="float32",
+                  shard_size=2, draft_vocab=16)
+    for want in [(1, 2, 3), (3, 1), (2, 2, 2)]:
+        prepare_cache(tiny, recs, tmp_path / "own", spec=FeatureSpec(tuple(sorted(set(want))), True),
+                      dtype="float32", shard_size=2, draft_vocab=16)
+        spec = FeatureSpec(want, True)
+        union = CacheSource(str(tmp_path / "union"), tiny, spec, seq_len=64, limit=None, pack=False)
+        own = CacheSource(str(tmp_path / "own"), tiny, spec, seq_len=64, limit=None, pack=False)
+        online = capture_features(tiny, union.tokens(1).input_ids[None], spec, dtype=torch.float32)
+        a, b = union.example(1).features, own.example(1).features
+        assert a["aux_hidden"].shape == (union.tokens(1).input_ids.shape[0], len(want) * tiny.hidden_size)
+        assert torch.allclose(a["aux_hidden"], online.aux[0], atol=1e-4), want
+        assert torch.equal(a["aux_hidden"], b["aux_hidden"]) and torch.equal(a["final_hidden"], b["final_hidden"])
+        import shutil
+
+        shutil.rmtree(tmp_path / "own")
+    with pytest.raises(SpecframeError, match=r"holds aux layers \[1, 2, 3\] but the drafter needs \[0, 2\] \(missing \[0\]\)"):
+        prepare_cache(tiny, recs, tmp_path / "eagle", shard_size=2, draft_vocab=16)
+        CacheSource(str(tmp_path / "eagle"), tiny, FeatureSpec((0, 2), True), seq_len=64, limit=None)
+
+
 @pytest.mark.slow
 def test_default_target_cache_for_sharegpt(tmp_path, default_target):  # noqa: F811
     from specframe.data.sources import load_sharegpt

@@ -134,11 +134,17 @@ class CacheSource(_Sequences):
 
         self.cache = FeatureCache(path, target=target)
         want = tuple(getattr(feature_spec, "aux_layers", None) or ())
-        if want and self.cache.aux_layers != want:
+        have = self.cache.aux_layers
+        missing = sorted({layer for layer in want if layer not in have})
+        if missing:
             raise SpecframeError(
-                f"feature cache {path} holds aux layers {list(self.cache.aux_layers)} but the drafter needs "
-                f"{list(want)}; prepare a cache with those layers or set the drafter's aux_layer_ids"
+                f"feature cache {path} holds aux layers {list(have)} but the drafter needs {list(want)} (missing "
+                f"{missing}); prepare a cache with those layers (--aux-layers) or set the drafter's aux_layer_ids"
             )
+        # One cache can serve drafters that read different layers (a comparison prepares the union once): each
+        # drafter gets its own layers, in its own order, picked out of the stored [T, len(have) * H] block.
+        self._aux_pick = None if not want or want == have else [have.index(layer) for layer in want]
+        self._aux_stored = len(have)
         self.seq_len = seq_len
         n = len(self.cache) if limit is None else min(limit, len(self.cache))
         self._index = []
@@ -158,7 +164,10 @@ class CacheSource(_Sequences):
         e = self.cache[self._index[j]]
         feats = {}
         if e.aux_hidden is not None:
-            feats["aux_hidden"] = e.aux_hidden[: self.seq_len].float()
+            aux = e.aux_hidden[: self.seq_len]
+            if self._aux_pick is not None:
+                aux = aux.unflatten(-1, (self._aux_stored, -1))[:, self._aux_pick].flatten(-2)
+            feats["aux_hidden"] = aux.float()
         if e.final_hidden is not None:
             feats["final_hidden"] = e.final_hidden[: self.seq_len].float()
         return feats
