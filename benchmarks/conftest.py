@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import ROOT, Workspace
-from presets import PRESETS
+from presets import PRESETS, resolve
 
 
 def pytest_addoption(parser):
@@ -30,7 +30,7 @@ def pytest_addoption(parser):
 def workspace(request) -> Workspace:
     import torch
 
-    preset = PRESETS[request.config.getoption("--preset")]
+    preset = resolve(request.config.getoption("--preset"))
     torch.set_num_threads(preset.threads)
     work = Path(request.config.getoption("--bench-work") or ROOT / "runs" / "bench" / preset.name)
     results = request.config.getoption("--results-dir")

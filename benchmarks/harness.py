@@ -58,6 +58,7 @@ class Workspace:
     preset: Preset
     root: Path
     results: Path
+    _aux_layers: list[int] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -77,9 +78,31 @@ class Workspace:
         return str(path)
 
     # ------------------------------------------------------------------------------------------------ cache
+    def aux_layers(self) -> list[int]:
+        """The union of the aux layers the preset's drafters read (each drafter picks its own out of the one cache:
+        EAGLE-3 and P-EAGLE read 3 layers, DFlash one per draft layer, PARD none)."""
+        if self._aux_layers is not None:
+            return self._aux_layers
+        from transformers import AutoConfig
+
+        from specframe import plugins
+        from specframe.cli.export_cmd import target_source
+        from specframe.engine.config import structure_options
+
+        config = AutoConfig.from_pretrained(target_source(self.target()))
+        layers: set[int] = set()
+        for name in self.preset.drafters:
+            cls = plugins.get("drafter", name)
+            spec = cls(config, structure_options(self.preset.train_options(name), cls.Options, name)).feature_spec()
+            layers.update(getattr(spec, "aux_layers", None) or ())
+        self._aux_layers = sorted(layers)
+        return self._aux_layers
+
     def cache_args(self) -> list[str]:
         p = self.preset
+        layers = self.aux_layers()
         return ["prepare", "--target", self.target(), "--data", p.data, "--limit", str(p.train_examples + p.val_examples),
+                "--aux-layers", ",".join(map(str, layers)) if layers else "none",
                 "--draft-vocab", str(p.draft_vocab), "--max-length", str(max(2048, p.seq_len)),
                 "--threads", str(p.threads)]
 
@@ -110,10 +133,10 @@ class Workspace:
                 "--seq-len", str(p.seq_len), "--depth", str(p.depth), "--max-steps", str(p.steps),
                 "--batch-size", str(p.batch_size), "--lr", str(p.lr),
                 "--max-examples", str(p.train_examples + p.val_examples), "--val-examples", str(p.val_examples),
-                # one conversation per sequence, as the committed results were measured (training tokens comparable)
-                "--no-pack",
+                # cpu: one conversation per sequence, as its committed results were measured; cpu-long: packed
+                "--pack" if p.pack else "--no-pack", "--eval-every", str(p.eval_every),
                 "--mask-builder", p.mask_builder, "--partitioner", p.partitioner, "--partitions", str(p.partitions),
-                "--memory-budget", p.memory_budget, "--save-every", str(max(1, p.steps // 4)), "--seed", "0",
+                "--memory-budget", p.memory_budget, "--save-every", str(p.eval_every or max(1, p.steps // 4)), "--seed", "0",
                 "--device", p.device, "--config", str(config), "--output", str(out), "--json"]
 
     def trained(self, drafter: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The scales the comparison suites run at: ``ci`` (tiny target, minutes), ``cpu`` (SmolLM2 on a laptop-class CPU,
-about two hours) and ``gpu`` (a scale worth publishing, for a machine with one).
+about two hours), ``cpu-long`` (the same target trained on 1.4M tokens per drafter: hours, resumable) and ``gpu`` (a
+scale worth publishing, for a machine with one).
 
 A preset fixes everything that must be equal across drafters for the comparison to be fair: the target, the
 training conversations (one shared feature cache), the sequence length, depth, steps, batch size, learning rate and
@@ -31,6 +32,10 @@ class Preset:
     #: one budget for every training run (the engine's guard) and for the memory suite's search
     memory_budget: str
     drafters: dict[str, dict]
+    #: validate every N steps (0: only at the end); the learning curves' points, on one token axis for all drafters
+    eval_every: int = 0
+    #: pack short conversations into seq_len sequences (False: one conversation per sequence, truncated)
+    pack: bool = False
     mask_builder: str = "chunked"
     partitioner: str = "none"
     partitions: int = 1
@@ -56,17 +61,55 @@ class Preset:
     #: every engine starts once and the repeats are interleaved, but each costs a full pass over the prompts
     vllm_repeats: int = 3
 
-    def train_options(self, drafter: str) -> dict:
-        """The drafter's options: its architecture from ``drafters``, plus the preset's shared vocabulary and depth."""
+    def train_options(self, drafter: str, depth: int | None = None) -> dict:
+        """The drafter's options: its architecture from ``drafters``, plus the preset's shared draft vocabulary,
+        training depth and inference K, set through whichever of those settings the drafter's ``Options`` has (a
+        third-party drafter names them its own way: DFlash's depth is ``block_size - 1`` and it has no draft
+        vocabulary). ``depth``: the training depth when not the preset's (the memory suite's ``memory_depth``)."""
+        from specframe import plugins
+
+        depth = self.depth if depth is None else depth
+        fields = attrs.fields_dict(plugins.get("drafter", drafter).Options)
         opts = dict(self.drafters[drafter])
-        if drafter != "pard":  # pard drafts over the full target vocabulary
+        if "draft_vocab_size" in fields:  # pard drafts over the full target vocabulary
             opts.setdefault("draft_vocab_size", self.draft_vocab)
-        if drafter == "eagle3":
-            opts.setdefault("ttt_steps", self.depth)
-        else:
-            opts.setdefault("k_train", self.depth)
-        opts.setdefault("k_infer", min(self.speed_k, self.depth))
+        if "ttt_steps" in fields:  # eagle3: one test-time-training pass per depth
+            opts.setdefault("ttt_steps", depth)
+        elif "k_train" in fields:
+            opts.setdefault("k_train", depth)
+        elif "block_size" in fields:  # a block is the anchor plus one mask token per depth
+            opts.setdefault("block_size", depth + 1)
+        if "k_infer" in fields:
+            opts.setdefault("k_infer", min(self.speed_k, depth))
         return opts
+
+    def with_installed(self) -> Preset:
+        """This preset with every drafter of an installed third-party package added at its own defaults (its
+        published architecture): `pip install specframe-dflash` puts DFlash in every table of the next run."""
+        extra = {name: {} for name in installed_drafters() if name not in self.drafters}
+        return attrs.evolve(self, drafters={**self.drafters, **extra}) if extra else self
+
+
+def installed_drafters() -> list[str]:
+    """Drafters registered by plugins outside specframe's own distribution (entry points in the ``specframe``
+    group). Built-in drafters that a preset leaves out (``ngram``, a baseline with no weights) stay out."""
+    from specframe import plugins
+
+    registry = plugins.load()
+    builtin = {info.name for info in registry.plugins if info.builtin}
+    return [name for name in registry.names("drafter") if registry.plugin_of("drafter", name) not in builtin]
+
+
+def resolve(name: str) -> Preset:
+    """The preset the suites run: ``PRESETS[name]`` plus the installed third-party drafters."""
+    return PRESETS[name].with_installed()
+
+
+def exportable(drafter: str) -> bool:
+    """Whether the drafter implements ``Drafter.export_vllm`` (the vLLM suite serves only those)."""
+    from specframe import api, plugins
+
+    return plugins.get("drafter", drafter).export_vllm is not api.Drafter.export_vllm
 
 
 # The published architectures: P-EAGLE 4 layers, EAGLE-3 1 layer, PARD a 2-layer causal LM, ParallelSpec 1 layer.
@@ -86,7 +129,18 @@ PRESETS = {
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; one to two hours on 2 cores",
         target="default", data="default", train_examples=300, val_examples=16, seq_len=512, depth=7, steps=150,
         batch_size=2, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED,
-        memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5,
+        memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5, eval_every=30,
+    ),
+    # The budget that learns (issue 17): ShareGPT conversations, the field's usual EAGLE training data, whose teacher
+    # distributions come from the target itself (online KL over the cached hidden states), packed into full 512-token
+    # sequences: 700 steps x 4 x 512 = 1.43M training tokens per drafter, validated at 5 points on one token axis.
+    # Hours on 2 cores: every drafter's run resumes from its last checkpoint (save_every = eval_every).
+    "cpu-long": Preset(
+        name="cpu-long", description="SmolLM2-135M-Instruct on ShareGPT, 1.4M training tokens per drafter, learning "
+        "curves at 5 points; hours on 2 cores, resumable",
+        target="default", data="sharegpt", train_examples=3200, val_examples=32, seq_len=512, depth=7, steps=700,
+        batch_size=4, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED, pack=True,
+        eval_every=140, memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5,
     ),
     "gpu": Preset(
         name="gpu", description="SmolLM2 target, about 30x the cpu preset's training tokens, 8 GiB budget, 64K memory search",

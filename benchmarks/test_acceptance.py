@@ -79,9 +79,9 @@ def _measure(benchmark, workspace, target, methods, name, dataset, repeats, conf
 
 def pytest_generate_tests(metafunc):
     if "dataset" in metafunc.fixturenames:
-        from presets import PRESETS
+        from presets import resolve
 
-        metafunc.parametrize("dataset", list(PRESETS[metafunc.config.getoption("--preset")].datasets))
+        metafunc.parametrize("dataset", list(resolve(metafunc.config.getoption("--preset")).datasets))
 
 
 def test_acceptance_sweep(benchmark, workspace, setup, dataset):

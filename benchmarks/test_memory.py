@@ -23,7 +23,7 @@ import pytest
 from harness import command, fingerprint, target_provenance
 from memory_context import exponent
 from specframe.memory import parse_size
-from presets import PRESETS
+from presets import resolve
 
 ALL_BUILDERS = ("dense", "precomputed", "chunked", "flex")
 ALL_PARTITIONERS = ("none", "peagle")
@@ -31,7 +31,7 @@ ALL_PARTITIONERS = ("none", "peagle")
 
 def pytest_generate_tests(metafunc):
     if "combo" in metafunc.fixturenames:
-        p = PRESETS[metafunc.config.getoption("--preset")]
+        p = resolve(metafunc.config.getoption("--preset"))
         combos = [(d, b, s) for d in p.drafters for b in p.memory_builders for s in p.memory_partitioners]
         metafunc.parametrize("combo", combos, ids=["-".join(c) for c in combos])
 
@@ -51,9 +51,7 @@ def partitions(p, partitioner: str, seq_len: int) -> int:
 
 
 def options(p, drafter: str) -> dict:
-    opts = p.train_options(drafter)
-    opts["ttt_steps" if drafter == "eagle3" else "k_train"] = p.memory_depth
-    return opts
+    return p.train_options(drafter, depth=p.memory_depth)
 
 
 def estimate(p, shape, drafter, builder, partitioner, seq_len):
@@ -141,8 +139,10 @@ def test_longest_context(benchmark, workspace, shape, combo):
 
     saved = _saved(workspace, combo)
     # only what the measurement depends on: a longer training run must not discard finished memory points
+    # (and installing another drafter must not discard the others': only this drafter's options count)
     relevant = {k: v for k, v in attrs.asdict(p).items() if k.startswith("memory") or k in (
-        "target", "draft_vocab", "drafters", "depth", "threads", "device")}
+        "target", "draft_vocab", "depth", "threads", "device")}
+    relevant["options"] = p.drafters[drafter]
     key = fingerprint([relevant, combo])
     if saved.exists() and json.loads(saved.read_text()).get("key") == key:
         box.update(json.loads(saved.read_text()))  # measured by an earlier run of this preset

@@ -15,12 +15,12 @@ from __future__ import annotations
 import pytest
 
 from harness import command, target_provenance
-from presets import PRESETS
+from presets import resolve
 
 
 def pytest_generate_tests(metafunc):
     if "drafter" in metafunc.fixturenames:
-        metafunc.parametrize("drafter", list(PRESETS[metafunc.config.getoption("--preset")].drafters))
+        metafunc.parametrize("drafter", list(resolve(metafunc.config.getoption("--preset")).drafters))
 
 
 def test_train(benchmark, workspace, drafter):
@@ -44,8 +44,19 @@ def row(record: dict) -> dict:
             out[key] = record[key]
     for depth, acc in enumerate(record["val_accuracy"] or [], start=1):
         out[f"acc@{depth}"] = acc
-    out["layers"] = record["options"].get("layers")
+    out["layers"] = record["options"].get("layers", _default_layers(record["drafter"]))
     return out
+
+
+def _default_layers(drafter: str) -> int | None:
+    """The layer count a drafter trains with when the preset leaves it to the drafter (an installed plugin's own
+    default, e.g. DFlash's 5)."""
+    import attrs
+
+    from specframe import plugins
+
+    field = attrs.fields_dict(plugins.get("drafter", drafter).Options).get("layers")
+    return None if field is None else field.default
 
 
 def table(rows: dict[str, dict], depth: int) -> str:

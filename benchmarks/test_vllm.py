@@ -19,15 +19,12 @@ import pytest
 from harness import command, fingerprint, saved_metrics
 from specframe import bench
 
-EXPORTABLE = ("peagle", "eagle3", "pard", "parallelspec")
-
-
 def pytest_generate_tests(metafunc):
     if "drafter" in metafunc.fixturenames:
-        from presets import PRESETS
+        from presets import exportable, resolve
 
-        p = PRESETS[metafunc.config.getoption("--preset")]
-        metafunc.parametrize("drafter", [d for d in p.drafters if d in EXPORTABLE])
+        p = resolve(metafunc.config.getoption("--preset"))
+        metafunc.parametrize("drafter", [d for d in p.drafters if exportable(d)])
 
 
 def test_vllm_against_reference(benchmark, workspace, trained, drafter):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from presets import PRESETS  # noqa: E402
+from presets import PRESETS, exportable, installed_drafters, resolve  # noqa: E402
 
 from specframe import plugins  # noqa: E402
 from specframe.data.evalsets import EVAL_SETS  # noqa: E402
@@ -18,7 +18,7 @@ from specframe.engine.config import structure_options  # noqa: E402
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_settings_are_valid(name):
-    p = PRESETS[name]
+    p = resolve(name)
     registry = plugins.load()
     assert set(p.drafters) <= set(registry.names("drafter"))
     assert set(p.memory_builders) <= set(registry.names("mask builder"))
@@ -33,4 +33,37 @@ def test_preset_settings_are_valid(name):
         options = structure_options(p.train_options(drafter), cls.Options, f"preset {name} drafter {drafter}")
         if hasattr(options, "masks"):  # parallelspec drafts at most one token per mask, plus the real one
             assert options.masks + 1 >= deepest, (name, drafter)
+        if hasattr(options, "block_size"):  # dflash drafts at most block_size - 1 tokens a round
+            assert options.block_size - 1 >= max(*p.ks, p.speed_k), (name, drafter)
     assert p.steps * p.batch_size <= p.train_examples * 4  # at most a few epochs over the shared sequences
+
+
+def test_installed_plugin_drafters_join_every_suite():
+    """`make setup` installs specframe-dflash: the suites pick it up with no preset edit, at its own architecture, with
+    the preset's depth set through its block size (it has no ``k_train`` and no draft vocabulary)."""
+    assert "dflash" in installed_drafters()
+    assert not {"peagle", "eagle3", "pard", "parallelspec", "ngram"} & set(installed_drafters())  # built-ins
+    p = resolve("cpu")
+    assert list(p.drafters)[:4] == list(PRESETS["cpu"].drafters) and "dflash" in p.drafters
+    assert "ngram" not in p.drafters  # a baseline, measured beside the drafters, never trained
+    opts = p.train_options("dflash")
+    assert opts == {"block_size": p.depth + 1, "k_infer": min(p.speed_k, p.depth)}
+    assert p.train_options("dflash", depth=3)["block_size"] == 4  # the memory suite's depth
+    assert p.train_options("eagle3")["ttt_steps"] == p.depth and "k_train" not in p.train_options("eagle3")
+    assert "draft_vocab_size" not in p.train_options("pard")
+    assert p.train_options("peagle", depth=3)["k_train"] == 3
+    assert exportable("dflash") and exportable("peagle") and not exportable("ngram")
+
+
+def test_uninstalled_plugin_leaves_the_presets(monkeypatch):
+    """With third-party plugins switched off (as after `pip uninstall specframe-dflash`) the presets are the built-ins."""
+    from specframe import plugins
+
+    monkeypatch.setenv("SPECFRAME_DISABLE_PLUGINS", "dflash")
+    plugins.reset()
+    try:
+        assert "dflash" not in installed_drafters()
+        assert resolve("cpu") == PRESETS["cpu"]
+    finally:
+        monkeypatch.delenv("SPECFRAME_DISABLE_PLUGINS")
+        plugins.reset()
