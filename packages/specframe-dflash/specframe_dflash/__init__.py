@@ -275,6 +275,14 @@ class DFlashDrafter(api.Drafter):
         carries vLLM's ``DFlashQwen3Model`` names; the layer sizes are the drafter's (the target's)."""
         if self.mask_token_id is None:
             raise api.SpecframeError("dflash: no mask token chosen (train the drafter or load a checkpoint first)")
+        ids = self.aux_layer_ids
+        if len(set(ids)) != len(ids):
+            # vLLM collects each target layer's hidden state once, so a repeated id leaves the drafter short of inputs
+            raise api.SpecframeError(
+                f"dflash: aux layers {ids} repeat a target layer, which vLLM cannot serve (it collects each layer "
+                f"once); a {self.target_config.num_hidden_layers}-layer target is too shallow for the default spacing "
+                f"of {self.options.layers} draft layers: train with distinct drafter.aux_layer_ids"
+            )
         layouts = api.vllm_layouts
         weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
         config = layouts.llama_config(self.target_config, self.options.layers, **self.shape.config_fields())
