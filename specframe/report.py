@@ -171,7 +171,8 @@ def headline(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     acceptance = by_kind.get("bench.acceptance", [])
     sweeps = [d for d in acceptance if d.get("config", {}).get("ks")]
     speed = [d for d in acceptance if d.get("config", {}).get("k") and d.get("metrics", {}).get("repeats", 1) > 1]
-    out = _best_acceptance(sweeps) if sweeps else []
+    out = answers(documents)
+    out += _best_acceptance(sweeps) if sweeps else []
     for d in speed:
         out += _speedups(d)
     for d in by_kind.get("bench.training", []):
@@ -181,6 +182,146 @@ def headline(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     if by_kind.get("bench.vllm"):
         out += _vllm_beside_reference(by_kind["bench.vllm"])
         out += _vllm_by_k(documents)
+    return out
+
+
+def answers(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The comparison's questions answered in sentences, each with its interval and only from what was measured:
+    the highest AL at the full budget per evaluation set, which drafter learns fastest per training token and per
+    CPU-second, which is fastest in vLLM and by how much over plain vLLM, and P-EAGLE against EAGLE-3 there."""
+    lines = []
+    for dataset, ranked in sorted(_ranked_acceptance(documents).items()):
+        (name, top), rest = ranked[0], ranked[1:]
+        text = f"- **Highest AL on {dataset}:** {name} {_al_band(top)} ({top['setting']})"
+        if rest:
+            other, second = rest[0]
+            separable = top["low"] is not None and second["high"] is not None and top["low"] > second["high"]
+            text += f"; next {other} {_al_band(second)}" + ("" if separable else " (the intervals overlap)")
+        lines.append(text)
+    slopes = learning_rates(documents)
+    if slopes:
+        ranked = sorted(slopes.items(), key=lambda item: -item[1]["slope"])
+        lines.append("- **Learns fastest per training token** (validation AL gained per doubling of training tokens, "
+                     "least squares over the learning curve, 95% interval): " + ", ".join(
+                         f"{name} {_band(v['slope'], v['low'], v['high'], '+.3f')}" for name, v in ranked))
+    timed = al_at_equal_time(documents)
+    if timed:
+        seconds, values = timed
+        ranked = sorted(values.items(), key=lambda item: -item[1])
+        lines.append(f"- **Learns fastest per CPU-second** (validation AL after {seconds:.0f} s of training steps, "
+                     "the shortest run's, read off each learning curve): " + ", ".join(
+                         f"{name} {al:.3f}" for name, al in ranked))
+    speed = speedup_by_k(documents, "vllm")
+    best = max(((name, k, v) for name, points in speed.items() for k, v in points.items()),
+               key=lambda item: item[2]["mean"], default=None)
+    if best is not None:
+        name, k, v = best
+        verdict = "faster than" if v["low"] is not None and v["low"] > 1 else (
+            "slower than" if v["high"] is not None and v["high"] < 1 else "not separable from")
+        lines.append(f"- **Fastest in vLLM:** {name} at K = {k}, {_band(v['mean'], v['low'], v['high'], '.2f')}x "
+                     f"plain vLLM's tokens/s (AL {v['al']:.2f}): {verdict} plain decoding")
+    versus = _peagle_vs_eagle3(documents)
+    if versus:
+        lines.append("- **P-EAGLE against EAGLE-3 in vLLM** (ratio of their speedups over plain vLLM, 95% Welch "
+                     "interval on the log ratios): " + ", ".join(versus))
+    return (["## Answers", ""] + lines + [""]) if lines else []
+
+
+def _band(value: float, low: float | None, high: float | None, fmt: str) -> str:
+    return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]" if low is not None and high is not None else f"{value:{fmt}}"
+
+
+def _al_band(v: dict[str, Any]) -> str:
+    return "AL " + _band(v["al"], v["low"], v["high"], ".2f")
+
+
+def _ranked_acceptance(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """dataset -> [(drafter, its best AL there)] from the highest; the n-gram baseline is not a trained drafter."""
+    by_set: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    for name, sets in acceptance_by_dataset(documents).items():
+        if name == "ngram":
+            continue
+        for dataset, v in sets.items():
+            by_set[dataset].append((name, v))
+    return {dataset: sorted(rows, key=lambda row: -row[1]["al"]) for dataset, rows in by_set.items()}
+
+
+def learning_rates(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """drafter -> validation AL gained per doubling of training tokens (``slope``, 95% ``low`` / ``high``), the
+    least-squares line of AL on log2(tokens) through its learning curve (at least 3 points)."""
+    import statistics
+
+    from specframe.bench import t975
+
+    out = {}
+    for name, curve in learning_curves(documents).items():
+        points = [(math.log2(tokens), al) for tokens, al in curve if tokens > 0]
+        if len(points) < 3:
+            continue
+        xs, ys = [x for x, _ in points], [y for _, y in points]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if sxx == 0:
+            continue
+        slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+        residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in points)
+        half = t975(len(points) - 2) * math.sqrt(residual / (len(points) - 2) / sxx)
+        out[name] = {"slope": slope, "low": slope - half, "high": slope + half, "points": len(points)}
+    return out
+
+
+def al_at_equal_time(documents: list[tuple[str, dict[str, Any]]]) -> tuple[float, dict[str, float]] | None:
+    """(T, drafter -> validation AL after T seconds of training steps), T the shortest run's training time: each
+    curve's tokens become seconds through its drafter's measured training tokens/s, then AL is interpolated
+    linearly at T (None without two drafters that have both a curve and a throughput)."""
+    throughput = {}
+    for _, document in documents:
+        if document.get("kind") == "bench.training":
+            for name, m in document["metrics"].get("methods", {}).items():
+                if _number(m.get("tokens_per_second")) and m["tokens_per_second"] > 0:
+                    throughput[name] = float(m["tokens_per_second"])
+    curves = {name: [(tokens / throughput[name], al) for tokens, al in curve]
+              for name, curve in learning_curves(documents).items() if name in throughput and curve}
+    if len(curves) < 2:
+        return None
+    horizon = min(curve[-1][0] for curve in curves.values())
+    values = {}
+    for name, curve in curves.items():
+        previous = (0.0, None)
+        for seconds, al in curve:
+            if seconds >= horizon:
+                t0, a0 = previous
+                values[name] = al if a0 is None or seconds == t0 else a0 + (al - a0) * (horizon - t0) / (seconds - t0)
+                break
+            previous = (seconds, al)
+    return horizon, values
+
+
+def _peagle_vs_eagle3(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    import re
+    import statistics
+
+    from specframe.bench import t975
+
+    values: dict[str, dict[int, list[float]]] = defaultdict(dict)
+    for document, key, m in _all_runs(documents):
+        match = re.fullmatch(r"vllm/k(\d+)", key) if document.get("kind") == "bench.vllm" else None
+        reps = (m.get("speedup_interval") or {}).get("values")
+        if match and isinstance(reps, list) and reps and all(_number(r) and r > 0 for r in reps):
+            values[str(document.get("config", {}).get("drafter"))][int(match.group(1))] = [float(r) for r in reps]
+    out = []
+    for k in sorted(set(values.get("peagle", {})) & set(values.get("eagle3", {}))):
+        a = [math.log(r) for r in values["peagle"][k]]
+        b = [math.log(r) for r in values["eagle3"][k]]
+        diff = statistics.fmean(a) - statistics.fmean(b)
+        text = f"K = {k} {math.exp(diff):.2f}x"
+        if len(a) > 1 and len(b) > 1:
+            va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+            if va + vb > 0:
+                df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+                half = t975(max(1, int(df))) * math.sqrt(va + vb)
+                text += f" [{math.exp(diff - half):.2f}, {math.exp(diff + half):.2f}]"
+        out.append(text)
     return out
 
 

@@ -274,3 +274,52 @@ def test_speedup_figure_and_table_come_from_vllm_at_each_k_when_measured(tmp_pat
     assert "K = 2" in table and "K = 5" in table
     assert "1.20x [1.15, 1.25], AL 1.55" in table  # eagle3 at K = 5
     assert "1.90x" not in table
+
+
+def test_answers_state_each_question_with_its_interval(tmp_path):
+    """The report opens with the comparison's answers: best AL per set with its interval (n-gram is a baseline, not
+    a contender), learning per token (AL per doubling, regression interval) and per CPU-second (AL at the shortest
+    run's training time), the fastest drafter in vLLM against plain, and P-EAGLE / EAGLE-3 with a Welch interval."""
+    import math
+    import statistics
+
+    from specframe import report
+    from specframe.bench import t975
+
+    d = tmp_path / "cpu"
+    methods = {"plain": {"acceptance_length": 1.0}, "ngram/k5": {"acceptance_length": 2.5},
+               "peagle/k3": {"acceptance_length": 1.8, "k": 3}, "eagle3/k3": {"acceptance_length": 1.5, "k": 3}}
+    rows = [{"method": m, "acceptance_length": al + e} for m, al in (("peagle/k3", 1.8), ("eagle3/k3", 1.5))
+            for e in (-0.1, 0.0, 0.1)]
+    prov = results.provenance(target=TARGET, token_budget=8000, command=["pytest"])
+    results.write_results(d / "acceptance-gsm8k.json", kind="bench.acceptance", metrics={"methods": methods},
+                          per_prompt=rows, provenance=prov, config={"dataset": "gsm8k", "ks": [3]})
+    curves = {"peagle": (100.0, [1.1, 1.2, 1.3, 1.4]), "eagle3": (200.0, [1.1, 1.15, 1.2, 1.25])}
+    write(d, "training.json", "bench.training", {"memory_budget": "3GiB", "methods": {
+        name: {"val_expected_al": als[-1], "tokens_per_second": rate, "learning_curve": [
+            {"step": i, "train_tokens": 1000 * 2**i, "val_expected_al": al} for i, al in enumerate(als)]}
+        for name, (rate, als) in curves.items()}}, {})
+    speeds = {"peagle": [1.2, 1.3, 1.25], "eagle3": [1.0, 1.05, 1.1]}
+    for name, reps in speeds.items():
+        mean = math.exp(statistics.fmean(math.log(r) for r in reps))
+        row = {"acceptance_length": 1.5, "k": 2, "speedup_interval": {
+            "mean": mean, "low": mean - 0.15, "high": mean + 0.15, "repeats": 3, "values": reps}}
+        write(d, f"vllm-{name}.json", "bench.vllm", {"methods": {"vllm/plain": {"acceptance_length": 1.0},
+                                                                 "vllm/k2": row, "vllm": row, "reference": {
+                                                                     "acceptance_length": 1.5, "k": 2,
+                                                                     "speedup_interval": {"mean": 0.6}}}},
+              {"drafter": name, "dataset": "mt-bench", "k": 2, "ks": [2]})
+    lines = report.answers(report.load_results(d))
+    text = "\n".join(lines)
+    assert lines[0] == "## Answers"
+    half = t975(2) * 0.1 / math.sqrt(3)
+    assert (f"- **Highest AL on gsm8k:** peagle AL 1.80 [{1.8 - half:.2f}, {1.8 + half:.2f}] (k3); next eagle3 AL 1.50 "
+            f"[{1.5 - half:.2f}, {1.5 + half:.2f}] (the intervals overlap)") in text
+    assert "peagle +0.100 [+0.100, +0.100], eagle3 +0.050 [+0.050, +0.050]" in text  # exact lines: no residual
+    assert "after 40 s of training steps" in text and "peagle 1.300, eagle3 1.250" in text
+    assert "- **Fastest in vLLM:** peagle at K = 2, 1.25 [1.10, 1.40]x plain vLLM's tokens/s (AL 1.50): faster" in text
+    a, b = [math.log(r) for r in speeds["peagle"]], [math.log(r) for r in speeds["eagle3"]]
+    ratio = math.exp(statistics.fmean(a) - statistics.fmean(b))
+    assert f"K = 2 {ratio:.2f}x [" in text and ratio > 1
+    assert "ngram" not in text
+    assert report.headline(report.load_results(d))[:len(lines)] == lines
