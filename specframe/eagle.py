@@ -1,8 +1,8 @@
 """Pieces shared by the drafters that read the target's features and draft over a reduced vocabulary.
 
 Exposed to plugins as ``api.eagle``. EAGLE-3 (``eagle3``) and ParallelSpec (``parallelspec``) use all of it; P-EAGLE
-keeps its own copy of the same layout today and could switch to ``EagleBackbone`` (its ``mask_hidden`` is the one
-extra parameter), ``draft_vocabulary``, ``full_vocab_top1`` and ``per_depth``.
+subclasses ``EagleBackbone`` (adding its ``mask_hidden``); P-EAGLE, ParallelSpec and DFlash (a separate package)
+draft from ``QueuedInference``'s queue of committed tokens.
 
 ``EagleBackbone`` holds the vLLM ``llama_eagle3`` parameter names (``embed_tokens``, ``fc``, ``layers.N.*``,
 ``norm``, ``lm_head``, ``d2t`` offsets and ``t2d`` mask), so a checkpoint exports without renaming. Draft vocabulary
@@ -26,6 +26,7 @@ from specframe.vocab import build_draft_vocab, count_tokens, mask_token_ids
 __all__ = [
     "EagleBackbone",
     "PendingInputs",
+    "QueuedInference",
     "all_token_counts",
     "default_aux_layers",
     "depth_weights",
@@ -176,6 +177,39 @@ def depth_weights(k: int, decay: float, explicit: list[float] | None = None) -> 
 # Re-exported so plugins reach the project's mask-token rule and vLLM's default aux layers through ``api.eagle``.
 mask_token_ids = mask_token_ids
 default_aux_layers = default_aux_layers
+
+
+class QueuedInference:
+    """The inference protocol of a drafter that drafts from the committed tokens it has not forwarded yet
+    (``PendingInputs``): ``start`` checks the drafter is ready, resets its state and queues the prompt, ``accept``
+    queues the verified tokens with their feature rows, and ``propose`` (the drafter's own) calls ``check_k`` and then
+    ``self._pending.take()``.
+
+    Mix it in before ``api.Drafter``. The drafter provides ``_reset_inference`` (its own caches; call
+    ``super()._reset_inference()`` to get a fresh ``self._pending``) and, if it reads no target features, sets
+    ``reads_features`` False. ``_check_ready`` refuses to draft without a mask token (``mask_token_id``); drafters
+    with other prerequisites override it."""
+
+    reads_features: bool = True
+
+    def _reset_inference(self) -> None:
+        self._pending = PendingInputs(self.name, reads_features=self.reads_features)
+
+    def _check_ready(self) -> None:
+        if getattr(self, "mask_token_id", None) is None:
+            raise SpecframeError(f"{self.name}: no mask token chosen (train the drafter or load a checkpoint first)")
+
+    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        self._check_ready()
+        self._reset_inference()
+        self._pending.start(prompt_ids, features)
+
+    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+        self._pending.accept(emitted, features)
+
+    def check_k(self, k: int) -> None:
+        if k < 1:
+            raise UsageError(f"{self.name}.propose: k must be positive, got {k}")
 
 
 class PendingInputs:

@@ -93,7 +93,7 @@ class ParallelSpecOptions:
         return self.num_masks if self.num_masks is not None else max(self.k_train - 1, 1)
 
 
-class ParallelSpecDrafter(api.Drafter):
+class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
     name = "parallelspec"
     Options = ParallelSpecOptions
     parallel = True
@@ -252,23 +252,17 @@ class ParallelSpecDrafter(api.Drafter):
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:
+        super()._reset_inference()
         self._cache: list[modeling.KV] | None = None
         self._cached = 0
-        self._pending = api.eagle.PendingInputs(self.name, reads_features=self.reads_features)
 
-    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
+    def _check_ready(self) -> None:
         if self.mask_token_ids is None:
             raise api.SpecframeError("parallelspec: no mask tokens chosen (train the drafter or load a checkpoint)")
-        self._reset_inference()
-        self._pending.start(prompt_ids, features)
-
-    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        self._pending.accept(emitted, features)
 
     @torch.no_grad()
     def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
-        if k < 1:
-            raise api.UsageError(f"parallelspec.propose: k must be positive, got {k}")
+        self.check_k(k)
         self._check_depth(k)
         model = self.model
         device = model.lm_head.weight.device

@@ -82,7 +82,7 @@ def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
     return ids
 
 
-class PEagleDrafter(api.Drafter):
+class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
     name = "peagle"
     Options = PEagleOptions
     parallel = True
@@ -196,23 +196,13 @@ class PEagleDrafter(api.Drafter):
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:
+        super()._reset_inference()
         self._cache: list[modeling.KV] | None = None
         self._cached = 0
-        self._pending = api.eagle.PendingInputs(self.name)
-
-    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        if self.mask_token_id is None:
-            raise api.SpecframeError("peagle: no mask token chosen (train the drafter or load a checkpoint first)")
-        self._reset_inference()
-        self._pending.start(prompt_ids, features)
-
-    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        self._pending.accept(emitted, features)
 
     @torch.no_grad()
     def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
-        if k < 1:
-            raise api.UsageError(f"peagle.propose: k must be positive, got {k}")
+        self.check_k(k)
         model = self.model
         device = model.fc.weight.device
         tokens, aux = self._pending.take()

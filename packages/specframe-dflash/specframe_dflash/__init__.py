@@ -79,7 +79,7 @@ class DFlashOptions:
         return self.block_size - 1
 
 
-class DFlashDrafter(api.Drafter):
+class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
     name = "dflash"
     Options = DFlashOptions
     parallel = True
@@ -208,24 +208,14 @@ class DFlashDrafter(api.Drafter):
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:
+        super()._reset_inference()
         self._context: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._cached = 0
         self._anchor: int | None = None
-        self._pending = api.eagle.PendingInputs(self.name)
-
-    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        if self.mask_token_id is None:
-            raise api.SpecframeError("dflash: no mask token chosen (train the drafter or load a checkpoint first)")
-        self._reset_inference()
-        self._pending.start(prompt_ids, features)
-
-    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        self._pending.accept(emitted, features)
 
     @torch.no_grad()
     def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
-        if k < 1:
-            raise api.UsageError(f"dflash.propose: k must be positive, got {k}")
+        self.check_k(k)
         k = min(k, self.depth)  # a block drafts at most block_size - 1 tokens
         model = self.model
         device = model.fc.weight.device
