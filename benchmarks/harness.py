@@ -135,7 +135,8 @@ class Workspace:
                 "--max-examples", str(p.train_examples + p.val_examples), "--val-examples", str(p.val_examples),
                 # cpu: one conversation per sequence, as its committed results were measured; cpu-long: packed
                 "--pack" if p.pack else "--no-pack", "--eval-every", str(p.eval_every),
-                "--mask-builder", p.mask_builder, "--partitioner", p.partitioner, "--partitions", str(p.partitions),
+                *(["--mask-builder", p.mask_builder] if p.mask_builder else []),
+                "--partitioner", p.partitioner, "--partitions", str(p.partitions),
                 "--memory-budget", p.memory_budget, "--save-every", str(p.eval_every or max(1, p.steps // 4)), "--seed", "0",
                 "--device", p.device, "--config", str(config), "--output", str(out), "--json"]
 

@@ -1,5 +1,5 @@
 """The scales the comparison suites run at: ``ci`` (tiny target, minutes), ``cpu`` (SmolLM2 on a laptop-class CPU,
-about two hours), ``cpu-long`` (the same target trained on 1.4M tokens per drafter: hours, resumable) and ``gpu`` (a
+about two hours), ``cpu-long`` (the same target trained on 1.15M tokens per drafter: about 10 hours, resumable) and ``gpu`` (a
 scale worth publishing, for a machine with one).
 
 A preset fixes everything that must be equal across drafters for the comparison to be fair: the target, the
@@ -39,7 +39,9 @@ class Preset:
     eval_every: int = 0
     #: pack short conversations into seq_len sequences (False: one conversation per sequence, truncated)
     pack: bool = False
-    mask_builder: str = "chunked"
+    #: None: the engine's own choice by size (dense / SDPA where the mask fits, the device's default builder where
+    #: it must), as `specframe train` without --mask-builder
+    mask_builder: str | None = "chunked"
     partitioner: str = "none"
     partitions: int = 1
     threads: int = 2
@@ -139,14 +141,15 @@ PRESETS = {
     ),
     # The budget that learns (issue 17): ShareGPT conversations, the field's usual EAGLE training data, whose teacher
     # distributions come from the target itself (online KL over the cached hidden states), packed into full 512-token
-    # sequences: 700 steps x 4 x 512 = 1.43M training tokens per drafter, validated at 5 points on one token axis.
-    # Hours on 2 cores: every drafter's run resumes from its last checkpoint (save_every = eval_every).
+    # sequences: 560 steps x 4 x 512 = 1.15M training tokens per drafter, validated at 5 points on one token axis.
+    # About 2 hours per drafter on 2 cores at the cpu preset's 140 tokens/s: every drafter's run resumes from its last
+    # checkpoint (save_every = eval_every), so it spans sessions. The attention path is the engine's choice by size.
     "cpu-long": Preset(
-        name="cpu-long", description="SmolLM2-135M-Instruct on ShareGPT, 1.4M training tokens per drafter, learning "
-        "curves at 5 points; hours on 2 cores, resumable",
-        target="default", data="sharegpt", train_examples=3200, val_examples=32, seq_len=512, depth=7, steps=700,
+        name="cpu-long", description="SmolLM2-135M-Instruct on ShareGPT, 1.15M training tokens per drafter, learning "
+        "curves at 5 points; about 10 hours on 2 cores, resumable",
+        target="default", data="sharegpt", train_examples=3200, val_examples=32, seq_len=512, depth=7, steps=560,
         batch_size=4, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED, pack=True,
-        eval_every=140, memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5,
+        eval_every=112, mask_builder=None, memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5,
     ),
     "gpu": Preset(
         name="gpu", description="SmolLM2 target, about 30x the cpu preset's training tokens, 8 GiB budget, 64K memory search",

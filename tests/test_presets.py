@@ -23,7 +23,7 @@ def test_preset_settings_are_valid(name):
     assert set(p.drafters) <= set(registry.names("drafter"))
     assert set(p.memory_builders) <= set(registry.names("mask builder"))
     assert set(p.memory_partitioners) | {p.partitioner} <= set(registry.names("partitioner"))
-    assert p.mask_builder in registry.names("mask builder")
+    assert p.mask_builder is None or p.mask_builder in registry.names("mask builder")
     assert set(p.datasets) <= set(EVAL_SETS) and "mt-bench" in EVAL_SETS  # the speed and vLLM suites use MT-Bench
     if p.device == "cpu":
         assert "flex" not in p.memory_builders and p.mask_builder != "flex"  # no FlexAttention backward on CPU
