@@ -137,7 +137,7 @@ PRESETS = {
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; one to two hours on 2 cores",
         target="default", data="default", train_examples=300, val_examples=16, seq_len=512, depth=7, steps=150,
         batch_size=2, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED,
-        memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5, eval_every=30,
+        memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5, eval_every=30, mask_builder=None,
     ),
     # The budget that learns (issue 17): ShareGPT conversations, the field's usual EAGLE training data, whose teacher
     # distributions come from the target itself (online KL over the cached hidden states), packed into full 512-token
