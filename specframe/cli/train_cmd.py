@@ -39,6 +39,10 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
               help="Pack short conversations into --seq-len sequences, greedily in data order (each conversation "
                    "stays a document of its own: no attention across documents, target features computed per "
                    "conversation). --no-pack: one conversation per sequence.")
+@click.option("--prefetch/--no-prefetch", default=None,
+              help="Compute the next step's target features (online: the target's forward; --cache: the read) in a "
+                   "background thread while this step trains. Default: on for CUDA (a side stream overlaps the "
+                   "drafter's kernels), off on CPU (both would share the same cores).")
 @click.option("--depth", type=int, default=None, help="Training depth K (elements per anchor). Default: the "
               "drafter's own k_train (`specframe plugins --options DRAFTER`; peagle and pard 8, eagle3 7, "
               "parallelspec 5).")

@@ -54,6 +54,9 @@ class TrainConfig:
     max_examples: int | None = attrs.field(default=None, validator=_positive)
     #: pack short conversations into seq_len sequences (documents kept apart by the visibility rule)
     pack: bool = True
+    #: compute the next step's features in a background thread while this step trains (None: on CUDA, where the
+    #: target's kernels overlap the drafter's on a side stream; off on CPU, where both would share the same cores)
+    prefetch: bool | None = None
     #: a progress line every N steps when there is no progress bar (None: about 20 lines per run)
     log_every: int | None = attrs.field(default=None, validator=_positive)
     #: experiment trackers, a comma list of none / tensorboard / wandb (see specframe.engine.tracking)

@@ -19,11 +19,18 @@ by default: the engine names every sequence when the run visits them more than o
 ones), so each kept sequence costs one target forward per run.
 Cache: ``specframe.cache.FeatureCache`` written by ``specframe prepare`` for the same target and aux layers; a packed
 sequence concatenates its conversations' cached features.
+
+Prefetch (``prefetch``): the engine names the next step's sequences while the current step trains, and one background
+thread computes their features (the target's forward online, the cache read offline). On CUDA the thread works on its
+own stream, so the target's kernels overlap the drafter's; features of at most the current and the next step are
+held beyond the kept ones. ``example`` returns exactly what it would have computed itself.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -71,6 +78,11 @@ class _Sequences:
             ))
         self._keep: set[int] | None = None
         self._memo: dict[int, dict[str, torch.Tensor]] = {}
+        self._pending: dict[int, Future] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # _memo and _pending are read by the caller and written by the prefetch thread
+        # one feature computation at a time: the target's capture hooks and the cache's file reads are not re-entrant
+        self._compute_lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -85,13 +97,66 @@ class _Sequences:
 
     def example(self, i: int) -> api.TrainingExample:
         ex = self._tokens[i]
-        feats = self._memo.get(i)
+        with self._lock:
+            feats = self._memo.get(i)
+            pending = self._pending.pop(i, None)
         if feats is None:
-            per = [self._features(j) for j in self.groups[i]]
-            feats = {key: torch.cat([f[key] for f in per]) for key in per[0]} if len(per) > 1 else per[0]
-            if self._keep is None or i in self._keep:
-                self._memo[i] = feats
+            feats = pending.result() if pending is not None else self._compute(i)
+            if pending is not None:
+                _record_on_current_stream(feats)
         return api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc, feats)
+
+    def prefetch(self, ids: Iterable[int]) -> None:
+        """Start computing the features of ``ids`` in the background (those not kept or already under way); a later
+        ``example(i)`` waits for and takes them. Errors surface there, in the caller's thread."""
+        with self._lock:
+            todo = [i for i in dict.fromkeys(ids) if i not in self._memo and i not in self._pending]
+            if not todo:
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="specframe-prefetch")
+            for i in todo:
+                self._pending[i] = self._pool.submit(self._compute_on_side_stream, i)
+
+    def close(self) -> None:
+        """Stop the prefetch thread (work under way finishes; unclaimed results are dropped)."""
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+            pool, self._pool = self._pool, None
+        for f in pending:
+            f.cancel()
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _compute(self, i: int) -> dict[str, torch.Tensor]:
+        with self._compute_lock:
+            per = [self._features(j) for j in self.groups[i]]
+        feats = {key: torch.cat([f[key] for f in per]) for key in per[0]} if len(per) > 1 else per[0]
+        if self._keep is None or i in self._keep:
+            with self._lock:
+                self._memo[i] = feats
+        return feats
+
+    def _compute_on_side_stream(self, i: int) -> dict[str, torch.Tensor]:
+        device = self._device()
+        if device is None or device.type != "cuda":
+            return self._compute(i)
+        stream = torch.cuda.Stream(device=device)
+        with torch.cuda.stream(stream):
+            feats = self._compute(i)
+        stream.synchronize()  # in this thread: the features are complete before the caller can take them
+        return feats
+
+    def _device(self) -> torch.device | None:
+        return None
+
+
+def _record_on_current_stream(feats: dict[str, torch.Tensor]) -> None:
+    # tensors made on the prefetch stream and used on the caller's: the caching allocator must not hand their memory
+    # back to the prefetch stream while the caller's kernels may still read it
+    for t in feats.values():
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
 
 
 class OnlineSource(_Sequences):
@@ -112,6 +177,11 @@ class OnlineSource(_Sequences):
         if not conversations:
             raise SpecframeError(f"data '{spec}' has no conversation with assistant tokens within --seq-len {seq_len}")
         super().__init__(conversations, seq_len, pack, self._conversation_features)
+
+    def _device(self) -> torch.device | None:
+        model = getattr(self.target, "model", self.target)
+        param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+        return None if param is None else param.device
 
     def _conversation_features(self, j: int) -> dict[str, torch.Tensor]:
         from specframe.features import capture_features

@@ -222,6 +222,9 @@ class Trainer:
             self.source.keep_features(None if revisited is None else [*revisited, *self.val_ids])
         kept = (len(self.train_ids) if revisited is None else len(revisited) + min(cfg.batch_size, len(self.train_ids))) \
             + len(self.val_ids)
+        self.prefetch = cfg.prefetch if cfg.prefetch is not None else self.device.type == "cuda"
+        if self.prefetch:
+            kept += min(cfg.batch_size, len(self.train_ids))  # the next step's, computed while this one trains
         from specframe.memory import engine_guard
 
         # refuse a configuration that cannot fit --memory-budget before any feature is computed or file written
@@ -333,6 +336,11 @@ class Trainer:
             out.append(self.train_ids[int(self.epoch_order(epoch)[offset])])
         return out
 
+    def local_slots(self, step: int) -> list[tuple[int, int]]:
+        """(slot, sequence) pairs of step ``step`` this rank trains: slot s goes to rank s mod world."""
+        return [(slot, idx) for slot, idx in enumerate(self.batch_indices(step))
+                if slot % self.dist.world == self.dist.rank]
+
     def revisited(self) -> set[int] | None:
         """The training sequences the whole run visits more than once (None: every one, from two epochs on). A run
         of one epoch plus part of a batch revisits only that part's sequences, not the dataset."""
@@ -352,9 +360,7 @@ class Trainer:
         work = []
         local_count = 0
         local_tokens = 0
-        for slot, idx in enumerate(self.batch_indices(step)):
-            if slot % self.dist.world != self.dist.rank:
-                continue
+        for slot, idx in self.local_slots(step):
             gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 4096 + slot)
             with self.timer("data"):
                 example = self.source.example(idx)
@@ -363,6 +369,9 @@ class Trainer:
             local_count += int(sup[elems.position].sum())
             local_tokens += int(example.input_ids.numel())
             work.append((example, elems, segs, sup))
+        if self.prefetch and step + 1 < self.total_steps:
+            # the target works on the next step's sequences while the drafter trains on these
+            self.source.prefetch([idx for _, idx in self.local_slots(step + 1)])
         count = self.dist.sum_(torch.tensor([float(local_count), float(local_tokens)]))
         global_count, global_tokens = float(count[0].item()), int(count[1].item())
         # one all-reduce for the loss and the per-depth top-1 hits / counts: [loss, correct x K, total x K]
@@ -542,6 +551,7 @@ class Trainer:
             return self._run(progress, log_lines)
         finally:
             modeling.phase_timer = None
+            self.source.close()
 
     def _run(self, progress: bool, log_lines: Callable[[str], None] | None) -> TrainResult:
         cfg, total = self.cfg, self.total_steps
