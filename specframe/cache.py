@@ -126,12 +126,14 @@ def prepare_cache(
     draft_vocab: int | None = 16384,
     data_name: str = "",
     progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
     _after_shard: Callable[[int], None] | None = None,
 ) -> PrepareReport:
     """Build (or resume) a feature cache for ``records`` (``source``, ``id``, ``messages``) in ``output``.
 
     ``spec`` defaults to EAGLE needs (default aux layers + final hidden). Conversations that are empty, over
-    ``max_length`` tokens, or have no assistant token are skipped and counted in the report.
+    ``max_length`` tokens, or have no assistant token are skipped and counted in the report. ``workers``: processes
+    that tokenise (``specframe.data.chat.encode_dataset``; None: one for a small set, more for a large one).
     """
     import torch
     from safetensors.torch import save_file
@@ -144,7 +146,7 @@ def prepare_cache(
     spec.validate(n_layers)
     tdtype = _torch_dtype(dtype)
     rep = PrepareReport()
-    examples = list(encode_dataset(tok, records, max_length=max_length, stats=rep.encode))
+    examples = list(encode_dataset(tok, records, max_length=max_length, stats=rep.encode, workers=workers))
     if not examples:
         raise SpecframeError(f"no usable conversation in the data ({rep.encode.summary()})")
     vocab_rows = target.vocab_size

@@ -122,6 +122,52 @@ def test_bad_conversations_are_skipped_and_counted(tiny):  # noqa: F811
     assert stats.summary() == "3 kept, 3 skipped (1 empty, 1 over max length, 1 without assistant turn)"
 
 
+def test_encoding_in_processes_matches_in_process(tiny, monkeypatch):  # noqa: F811
+    from specframe.data import chat
+    from specframe.data.sources import _dataset
+
+    used = []
+    parallel = chat._encode_in_processes
+    monkeypatch.setattr(chat, "_encode_in_processes", lambda tok, ds, procs: used.append(procs) or parallel(tok, ds, procs))
+
+    recs = chat_records(9) + [
+        {"source": "toy", "id": "empty", "messages": []},
+        {"source": "toy", "id": "long", "messages": [{"role": "user", "content": "x " * 300}, {"role": "assistant", "content": "y"}]},
+        {"source": "toy", "id": "noasst", "messages": [{"role": "user", "content": "only a question"}]},
+    ] + chat_records(5, source="more")
+    ds = _dataset(recs)
+    runs = {}
+    for workers in (1, 3):
+        stats = EncodeStats()
+        out = list(encode_dataset(tiny.tokenizer, ds, max_length=200, stats=stats, workers=workers))
+        runs[workers] = ([(e.source, e.id, e.input_ids, e.loss_mask) for e in out], stats)
+    (one, s1), (three, s3) = runs[1], runs[3]
+    assert used == [3]  # the second run went through datasets' map in 3 processes
+    assert one == three and len(one) == 14  # same conversations, same order, same tokens and masks
+    assert (s1.kept, s1.empty, s1.too_long, s1.no_assistant, s1.skipped_ids) == \
+        (s3.kept, s3.empty, s3.too_long, s3.no_assistant, s3.skipped_ids)
+
+
+def test_a_template_error_in_a_worker_is_the_in_process_error(tiny, monkeypatch):  # noqa: F811
+    from specframe.data.sources import _dataset
+
+    # a template that numbers the turns up front renders no conversation as a prefix of the longer one
+    monkeypatch.setattr(tiny.tokenizer, "chat_template",
+                        "{{ messages|length }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    ds = _dataset(chat_records(6))
+    errors = []
+    for workers in (1, 2):
+        with pytest.raises(SpecframeError) as info:
+            list(encode_dataset(tiny.tokenizer, ds, workers=workers))
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and errors[0].startswith("record toy:0: the chat template does not render")
+
+
+def test_data_workers_must_be_positive(tiny):  # noqa: F811
+    with pytest.raises(SpecframeError, match="--data-workers must be a positive"):
+        list(encode_dataset(tiny.tokenizer, chat_records(2), workers=0))
+
+
 def test_missing_chat_template_stops(tmp_path):
     t = load_target(tiny_target(tmp_path / "nt", chat_template=None))
     with pytest.raises(SpecframeError, match="has no chat template; conversations cannot be rendered"):

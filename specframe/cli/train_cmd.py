@@ -39,6 +39,9 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
               help="Pack short conversations into --seq-len sequences, greedily in data order (each conversation "
                    "stays a document of its own: no attention across documents, target features computed per "
                    "conversation). --no-pack: one conversation per sequence.")
+@click.option("--data-workers", type=int, default=None,
+              help="Processes that tokenise --data through the chat template (datasets' map, same order and result "
+                   "as one). Default: 1 below 2,048 conversations, else up to 8.")
 @click.option("--prefetch/--no-prefetch", default=None,
               help="Compute the next step's target features (online: the target's forward; --cache: the read) in a "
                    "background thread while this step trains. Default: on for CUDA (a side stream overlaps the "

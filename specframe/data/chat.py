@@ -9,6 +9,7 @@ supervised when it starts inside an assistant span.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -98,21 +99,45 @@ def encode_conversation(tokenizer: Any, messages: list[dict], *, record: str = "
     return ids, mask
 
 
+#: below this many records a conversation set is encoded in-process: starting workers would cost more than it saves
+PARALLEL_MIN_RECORDS = 2048
+
+
+def encode_workers(requested: int | None, records: int) -> int:
+    """Processes that encode ``records`` conversations: ``requested`` when given, else one for a small set and up
+    to 8 (the CPUs there are) for a large one."""
+    if requested is not None:
+        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+            raise SpecframeError(f"--data-workers must be a positive number of processes, got {requested!r}")
+        return requested
+    return 1 if records < PARALLEL_MIN_RECORDS else max(1, min(8, os.cpu_count() or 1))
+
+
 def encode_dataset(
-    tokenizer: Any, records: Iterable[dict], *, max_length: int | None = None, stats: EncodeStats | None = None
+    tokenizer: Any, records: Iterable[dict], *, max_length: int | None = None, stats: EncodeStats | None = None,
+    workers: int | None = 1,
 ) -> Iterator[Encoded]:
-    """Encode records (``source``, ``id``, ``messages``). Empty conversations, conversations over ``max_length``
-    tokens and conversations without any assistant token are skipped and counted in ``stats``."""
+    """Encode records (``source``, ``id``, ``messages``) in order. Empty conversations, conversations over
+    ``max_length`` tokens and conversations without any assistant token are skipped and counted in ``stats``.
+
+    ``workers`` > 1 (None: ``encode_workers``' choice) encodes a ``datasets.Dataset`` in that many processes with
+    ``Dataset.map(num_proc=...)``; the result, its order and the first error are the same as in-process."""
     check_chat_template(tokenizer)
     stats = stats if stats is not None else EncodeStats()
-    for r in records:
-        rid = f"{r.get('source', '')}:{r['id']}"
-        msgs = [{"role": m["role"], "content": m["content"]} for m in (r.get("messages") or [])]
-        if not msgs or all(not m["content"].strip() for m in msgs):
+    n = len(records) if hasattr(records, "__len__") else 0
+    procs = encode_workers(workers, n)
+    rows = _encode_in_processes(tokenizer, records, procs) if procs > 1 and hasattr(records, "map") and n > 1 \
+        else (_encode_record(tokenizer, r["source"] if "source" in r else "", r["id"], r.get("messages"))
+              for r in records)
+    for row in rows:
+        rid = f"{row['source']}:{row['id']}"
+        if row["error"]:
+            raise SpecframeError(row["error"])
+        if row["empty"]:
             stats.empty += 1
             stats.skipped_ids.append(rid)
             continue
-        ids, mask = encode_conversation(tokenizer, msgs, record=rid)
+        ids, mask = row["input_ids"], row["loss_mask"]
         if max_length is not None and len(ids) > max_length:
             stats.too_long += 1
             stats.skipped_ids.append(rid)
@@ -122,4 +147,41 @@ def encode_dataset(
             stats.skipped_ids.append(rid)
             continue
         stats.kept += 1
-        yield Encoded(source=str(r.get("source", "")), id=str(r["id"]), input_ids=ids, loss_mask=mask)
+        yield Encoded(source=str(row["source"]), id=str(row["id"]), input_ids=list(ids), loss_mask=list(mask))
+
+
+def _encode_record(tokenizer: Any, source: Any, rid: Any, messages: Any) -> dict[str, Any]:
+    source = "" if source is None else str(source)
+    msgs = [{"role": m["role"], "content": m["content"]} for m in (messages or [])]
+    row: dict[str, Any] = {"source": source, "id": str(rid), "input_ids": [], "loss_mask": [], "empty": False,
+                           "error": ""}
+    if not msgs or all(not m["content"].strip() for m in msgs):
+        row["empty"] = True
+        return row
+    try:
+        row["input_ids"], row["loss_mask"] = encode_conversation(tokenizer, msgs, record=f"{source}:{rid}")
+    except SpecframeError as exc:  # carried as data out of a worker process; raised in order by the caller
+        row["error"] = str(exc)
+    return row
+
+
+def _encode_batch(batch: dict[str, list], tokenizer: Any) -> dict[str, list]:
+    rows = [_encode_record(tokenizer, s, i, m) for s, i, m in zip(batch["source"], batch["id"], batch["messages"])]
+    return {key: [r[key] for r in rows] for key in ("source", "id", "input_ids", "loss_mask", "empty", "error")}
+
+
+def _encode_in_processes(tokenizer: Any, ds: Any, procs: int) -> Iterator[dict[str, Any]]:
+    import datasets
+
+    # the parent's tokenizer may have used its Rust threads already; forked workers must not (it would deadlock or warn)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        out = ds.map(_encode_batch, batched=True, batch_size=64, num_proc=min(procs, len(ds)),
+                     fn_kwargs={"tokenizer": tokenizer}, remove_columns=ds.column_names, keep_in_memory=True,
+                     load_from_cache_file=False)
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+    yield from out

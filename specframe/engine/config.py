@@ -52,6 +52,8 @@ class TrainConfig:
     val_examples: int = attrs.field(default=4, validator=_non_negative)
     #: conversations read from the data (None: all)
     max_examples: int | None = attrs.field(default=None, validator=_positive)
+    #: processes that tokenise --data (datasets' map; None: 1 below 2,048 conversations, else up to 8)
+    data_workers: int | None = attrs.field(default=None, validator=_positive)
     #: pack short conversations into seq_len sequences (documents kept apart by the visibility rule)
     pack: bool = True
     #: compute the next step's features in a background thread while this step trains (None: on CUDA, where the

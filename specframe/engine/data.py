@@ -161,7 +161,7 @@ def _record_on_current_stream(feats: dict[str, torch.Tensor]) -> None:
 
 class OnlineSource(_Sequences):
     def __init__(self, spec: str, target: Any, feature_spec: Any, seq_len: int, limit: int | None,
-                 pack: bool = True) -> None:
+                 pack: bool = True, workers: int | None = None) -> None:
         from specframe.data.chat import EncodeStats, encode_dataset
         from specframe.data.sources import load_data
 
@@ -169,7 +169,8 @@ class OnlineSource(_Sequences):
         self.feature_spec = feature_spec
         self.stats = EncodeStats()
         conversations: list[api.TrainingExample] = []
-        for enc in encode_dataset(target.tokenizer, load_data(spec, limit=limit), stats=self.stats):
+        for enc in encode_dataset(target.tokenizer, load_data(spec, limit=limit), stats=self.stats,
+                                  workers=workers):
             ids = torch.tensor(enc.input_ids[:seq_len], dtype=torch.long)
             mask = torch.tensor(enc.loss_mask[:seq_len], dtype=torch.bool)
             if _usable(ids, mask):

@@ -208,7 +208,8 @@ class Trainer:
         if cfg.cache is not None:
             self.source: Any = CacheSource(cfg.cache, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack)
         else:
-            self.source = OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack)
+            self.source = OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack,
+                                       cfg.data_workers)
         n = len(self.source)
         n_val = min(cfg.val_examples, n - 1)
         self.train_ids = list(range(n - n_val))
