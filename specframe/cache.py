@@ -6,7 +6,11 @@ Layout of a cache folder::
                                draft vocabulary) + the list of *finished* shards
     vocab.safetensors          the draft vocabulary (specframe.vocab.DraftVocab) built from the data's assistant tokens
     shard-00000.safetensors    examples [0, S): input_ids int32 [T], loss_mask uint8 [T], offsets int64 [n+1],
-                               aux [T, len(aux_layers)*H], final [T, H] (float16 / bfloat16); metadata: record ids
+                               aux [T, len(aux_layers)*H], final [T, H] (float16 / bfloat16); with
+                               --teacher-top-k K also teacher_ids int32 [T, K] and teacher_logp float32 [T, K] (the
+                               target's K most likely next tokens over its whole vocabulary, best first, and their
+                               log-probabilities: a compact teacher, so cached training never runs the target's
+                               head); metadata: record ids
 
 Writing is resumable: each shard is written under a temporary name and ``os.replace``d into place, then the manifest
 (also replaced atomically) gains it; a rerun after a kill skips finished shards and recomputes the rest with the same
@@ -49,6 +53,8 @@ class Example:
     loss_mask: Any
     aux_hidden: Any = None
     final_hidden: Any = None
+    teacher_ids: Any = None
+    teacher_logp: Any = None
     source: str = ""
     id: str = ""
 
@@ -65,6 +71,9 @@ class PrepareReport:
     encode: EncodeStats = attrs.Factory(EncodeStats)
     draft_vocab_size: int = 0
     draft_vocab_coverage: float = 0.0
+    teacher_top_k: int = 0
+    #: mean over tokens of the target's probability mass its top-k holds (what the compact teacher keeps)
+    teacher_mass: float = 0.0
 
     def as_dict(self) -> dict:
         d = attrs.asdict(self)
@@ -98,6 +107,23 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
+def _top_k(final: Any, head: Any, k: int, rows: int = 256) -> tuple[Any, Any]:
+    """(ids int32 [T, k], log-probabilities float32 [T, k]) of the target's k most likely next tokens at each of
+    ``final``'s T positions (softmax over ``final @ head.T``, the whole vocabulary), in blocks of ``rows`` positions
+    so the [T, V] logits are never held at once."""
+    import torch
+
+    ids, logp = [], []
+    for start in range(0, final.shape[0], rows):
+        z = (final[start : start + rows] @ head.T).float()
+        top = torch.log_softmax(z, dim=-1).topk(k, dim=-1)
+        ids.append(top.indices.to(torch.int32))
+        logp.append(top.values)
+    if not ids:
+        return torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k)
+    return torch.cat(ids), torch.cat(logp)
+
+
 def _batches(idx: list[int], lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
     """Greedy length-sorted batches of at most ``max_batch_tokens`` padded tokens (deterministic)."""
     order = sorted(idx, key=lambda i: (lengths[i], i))
@@ -127,6 +153,7 @@ def prepare_cache(
     data_name: str = "",
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
+    teacher_top_k: int = 0,
     _after_shard: Callable[[int], None] | None = None,
 ) -> PrepareReport:
     """Build (or resume) a feature cache for ``records`` (``source``, ``id``, ``messages``) in ``output``.
@@ -134,6 +161,9 @@ def prepare_cache(
     ``spec`` defaults to EAGLE needs (default aux layers + final hidden). Conversations that are empty, over
     ``max_length`` tokens, or have no assistant token are skipped and counted in the report. ``workers``: processes
     that tokenise (``specframe.data.chat.encode_dataset``; None: one for a small set, more for a large one).
+    ``teacher_top_k`` K > 0 also stores the target's top-K next tokens and their log-probabilities per token
+    (``Example.teacher_ids`` / ``teacher_logp``), computed from the final hidden state in the target's own precision
+    with its lm_head weights, as the drafters' dense teacher is.
     """
     import torch
     from safetensors.torch import save_file
@@ -145,7 +175,14 @@ def prepare_cache(
     spec = spec or FeatureSpec.eagle(n_layers)
     spec.validate(n_layers)
     tdtype = _torch_dtype(dtype)
-    rep = PrepareReport()
+    if isinstance(teacher_top_k, bool) or not isinstance(teacher_top_k, int) or not 0 <= teacher_top_k:
+        raise SpecframeError(f"--teacher-top-k must be 0 (none) or a positive number of tokens, got {teacher_top_k!r}")
+    if teacher_top_k > target.vocab_size:
+        raise SpecframeError(f"--teacher-top-k {teacher_top_k} exceeds the target's vocabulary of {target.vocab_size}")
+    head = target.model.get_output_embeddings().weight.detach() if teacher_top_k else None
+    # the teacher needs the final state even when the cache does not store it
+    capture = attrs.evolve(spec, final_hidden=True) if teacher_top_k else spec
+    rep = PrepareReport(teacher_top_k=teacher_top_k)
     examples = list(encode_dataset(tok, records, max_length=max_length, stats=rep.encode, workers=workers))
     if not examples:
         raise SpecframeError(f"no usable conversation in the data ({rep.encode.summary()})")
@@ -169,6 +206,8 @@ def prepare_cache(
         "num_supervised_tokens": sum(sum(e.loss_mask) for e in examples),
         "draft_vocab_size": draft_vocab or 0,
     }
+    if teacher_top_k:  # absent rather than 0, so caches made before the option still match their manifests
+        config["teacher_top_k"] = teacher_top_k
     n_shards = (len(examples) + shard_size - 1) // shard_size
     finished: list[dict] = []
     man_path = out / MANIFEST
@@ -220,6 +259,7 @@ def prepare_cache(
         idx = list(range(lo, hi))
         aux_parts: dict[int, Any] = {}
         fin_parts: dict[int, Any] = {}
+        top_parts: dict[int, tuple[Any, Any]] = {}
         tc = time.perf_counter()
         for batch in _batches(idx, lengths, max_batch_tokens):
             width = max(lengths[i] for i in batch)
@@ -229,12 +269,14 @@ def prepare_cache(
             for r, i in enumerate(batch):  # right padding: causal attention keeps real positions unaffected
                 ids[r, : lengths[i]] = torch.tensor(examples[i].input_ids)
                 attn[r, : lengths[i]] = 1
-            feats = capture_features(target, ids, spec, attention_mask=attn, dtype=tdtype)
+            feats = capture_features(target, ids, capture, attention_mask=attn)
             for r, i in enumerate(batch):
                 if feats.aux is not None:
-                    aux_parts[i] = feats.aux[r, : lengths[i]]
-                if feats.final is not None:
-                    fin_parts[i] = feats.final[r, : lengths[i]]
+                    aux_parts[i] = feats.aux[r, : lengths[i]].to(tdtype)
+                if spec.final_hidden:
+                    fin_parts[i] = feats.final[r, : lengths[i]].to(tdtype)
+                if teacher_top_k:
+                    top_parts[i] = _top_k(feats.final[r, : lengths[i]], head, teacher_top_k)
         t_compute += time.perf_counter() - tc
         tensors = {
             "input_ids": torch.tensor([t for i in idx for t in examples[i].input_ids], dtype=torch.int32),
@@ -245,6 +287,9 @@ def prepare_cache(
             tensors["aux"] = torch.cat([aux_parts[i] for i in idx]).contiguous()
         if fin_parts:
             tensors["final"] = torch.cat([fin_parts[i] for i in idx]).contiguous()
+        if top_parts:
+            tensors["teacher_ids"] = torch.cat([top_parts[i][0] for i in idx]).contiguous()
+            tensors["teacher_logp"] = torch.cat([top_parts[i][1] for i in idx]).contiguous()
         for key in ("aux", "final"):
             if key in tensors and not bool(torch.isfinite(tensors[key]).all()):
                 raise SpecframeError(f"non-finite {key} hidden states in {dtype} (shard {k}); try --storage-dtype bfloat16")
@@ -253,7 +298,11 @@ def prepare_cache(
         tmp = out / f".{name}.tmp-{os.getpid()}"
         save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, out / name)
-        finished.append({"file": name, "examples": hi - lo, "tokens": int(tensors["input_ids"].numel()), "bytes": (out / name).stat().st_size})
+        entry = {"file": name, "examples": hi - lo, "tokens": int(tensors["input_ids"].numel()),
+                 "bytes": (out / name).stat().st_size}
+        if top_parts:
+            entry["teacher_mass"] = float(tensors["teacher_logp"].double().exp().sum())
+        finished.append(entry)
         finished.sort(key=lambda s: s["file"])
         write_manifest(False)
         if _after_shard:
@@ -263,6 +312,8 @@ def prepare_cache(
     write_manifest(True)
     rep.examples = len(examples)
     rep.tokens = config["num_tokens"]
+    if teacher_top_k:
+        rep.teacher_mass = sum(s.get("teacher_mass", 0.0) for s in finished) / max(1, rep.tokens)
     rep.shards = n_shards
     rep.bytes = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     rep.seconds = time.perf_counter() - t0
@@ -343,6 +394,8 @@ class FeatureCache:
             loss_mask=t["loss_mask"][a:b].bool(),
             aux_hidden=t["aux"][a:b] if "aux" in t else None,
             final_hidden=t["final"][a:b] if "final" in t else None,
+            teacher_ids=t["teacher_ids"][a:b] if "teacher_ids" in t else None,
+            teacher_logp=t["teacher_logp"][a:b] if "teacher_logp" in t else None,
             source=source,
             id=rid,
         )

@@ -24,6 +24,8 @@ from specframe.features import default_aux_layers
 from specframe.vocab import build_draft_vocab, count_tokens, mask_token_ids
 
 __all__ = [
+    "TEACHER_IDS",
+    "TEACHER_LOGP",
     "EagleBackbone",
     "PendingInputs",
     "QueuedInference",
@@ -33,6 +35,7 @@ __all__ = [
     "draft_vocabulary",
     "full_vocab_top1",
     "in_draft_vocab",
+    "kl_teacher",
     "mask_token_ids",
     "per_depth",
     "shifted_supervision",
@@ -155,6 +158,35 @@ def in_draft_vocab(t2d: torch.Tensor, target_head: torch.Tensor) -> Callable[[to
         return t2d[(target_hidden @ target_head.T).argmax(-1)]
 
     return keep
+
+
+#: the compact teacher a feature cache may hold (``specframe prepare --teacher-top-k K``): per token the target's top-K
+#: next-token ids over its whole vocabulary (int32 [T, K], best first) and their log-probabilities (float32 [T, K])
+TEACHER_IDS, TEACHER_LOGP = "teacher_ids", "teacher_logp"
+
+
+def kl_teacher(features: dict[str, torch.Tensor], t2d: torch.Tensor, target_head: torch.Tensor, *,
+               device: torch.device, dtype: torch.dtype, mask: bool, evaluating: bool) -> dict[str, Any]:
+    """The teacher arguments of ``modeling.chunked_forward_kl`` (``target_hidden``, ``target_head``,
+    ``position_mask``, ``reference_top1``) for a drafter over the draft vocabulary ``t2d`` (bool [V]).
+
+    From the feature cache's compact top-k teacher when ``features`` hold one (the target's head never runs), else
+    from ``final_hidden`` through ``target_head`` [V, H]. ``mask``: the reference trainers' position mask (keep a
+    position only when the target's top-1 over the whole vocabulary is a draft token); ``evaluating``: a hit must
+    match that top-1 (what greedy verification accepts), else the teacher's argmax within the draft vocabulary."""
+    if TEACHER_IDS in features:
+        to_draft = torch.where(t2d, torch.cumsum(t2d.long(), 0) - 1, -1).to(device)
+        keep_t2d = t2d.to(device)
+        teacher = modeling.TopKTeacher(features[TEACHER_IDS].to(device), features[TEACHER_LOGP].to(device),
+                                       to_draft, int(t2d.sum()))
+        return {"target_hidden": teacher, "target_head": None,
+                "position_mask": (lambda top1: keep_t2d[top1]) if mask else None,
+                "reference_top1": (lambda top1: to_draft[top1]) if evaluating else None}
+    head = target_head.to(device=device, dtype=dtype)
+    return {"target_hidden": features["final_hidden"].to(device=device, dtype=dtype),
+            "target_head": head[t2d.to(device).nonzero().squeeze(1)],
+            "position_mask": in_draft_vocab(t2d, head) if mask else None,
+            "reference_top1": full_vocab_top1(t2d, head) if evaluating else None}
 
 
 def per_depth(depth: torch.Tensor, hit: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -333,6 +333,29 @@ def causal_attention(offset: int) -> Attention:
 
 
 @attrs.frozen
+class TopKTeacher:
+    """A compact teacher in place of ``target_hidden``: the target's top-k next-token ids over its whole vocabulary
+    (``ids`` [P, k], best first) and their log-probabilities (``logp`` [P, k]) per position, as a feature cache stores
+    them (``specframe prepare --teacher-top-k``). ``to_draft`` [V] maps a target id to its draft-vocabulary id, -1
+    outside; ``draft_size`` is Vd. The teacher over the draft vocabulary is the top-k entries inside it, renormalised:
+    exact when the target's draft-vocabulary mass lies in its top k (with k = V it equals the dense teacher). A
+    position with no top-k entry inside the draft vocabulary teaches nothing. ``position_mask`` and
+    ``reference_top1`` receive the positions' full-vocabulary top-1 ids (``ids[:, 0]``) instead of hidden rows."""
+
+    ids: torch.Tensor
+    logp: torch.Tensor
+    to_draft: torch.Tensor
+    draft_size: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.ids.device
+
+    def __getitem__(self, rows: Any) -> TopKTeacher:
+        return TopKTeacher(self.ids[rows], self.logp[rows], self.to_draft, self.draft_size)
+
+
+@attrs.frozen
 class KLResult:
     loss_sum: torch.Tensor
     correct: torch.Tensor  # bool [N]: draft top-1 equals the reference top-1
@@ -365,6 +388,8 @@ def chunked_forward_kl(
     is formed right in the forward chunk by chunk and only the gradients of ``hidden`` [N, H] and ``head`` [Vd, H] are
     kept for backward: no chunk's logits are recomputed and no teacher is held across the step. Memory is
     O(N x H + Vd x H), plus O(chunk x Vd) while a chunk is being worked on.
+    ``target_hidden`` may instead be a ``TopKTeacher`` (``target_head`` then unused): the cache's compact teacher,
+    so the target's head never runs.
     ``reference_top1(target_hidden_rows)`` gives the draft-vocabulary id a hit must match (default: the target's
     argmax within the draft vocabulary); rows where it returns -1 can never be hit.
     ``position_mask(target_hidden_rows)`` (bool per row) keeps only the rows it marks in the loss, as the EAGLE-3 and
@@ -409,11 +434,28 @@ class _PositionTeacher:
         (None: keep all) and reference top-1: what every row the position teaches needs, computed once."""
         lo, hi = self.blocks[b]
         th = self.target_hidden[lo:hi] if self.positions is None else self.target_hidden[self.positions[lo:hi]]
+        if isinstance(th, TopKTeacher):
+            return self._top_k_block(th)
         t_logp = torch.log_softmax((th @ self.target_head.T).float(), dim=-1)
         p = t_logp.exp()
         plogp = (p * t_logp).sum(-1)
         keep = self.position_mask(th).to(torch.bool) if self.position_mask is not None else None
         ref = self.reference_top1(th) if self.reference_top1 is not None else t_logp.argmax(-1)
+        return p, plogp, p.sum(-1), keep, ref
+
+    def _top_k_block(self, t: TopKTeacher) -> tuple[torch.Tensor, ...]:
+        ids = t.ids.long()
+        draft = t.to_draft[ids]
+        inside = draft >= 0
+        mass = torch.where(inside, t.logp.float().exp(), 0.0)
+        total = mass.sum(-1, keepdim=True)
+        p = torch.zeros(ids.shape[0], t.draft_size, dtype=torch.float32, device=ids.device)
+        # entries outside the draft vocabulary carry zero mass: adding it at id 0 changes nothing
+        p.scatter_add_(1, draft.clamp(min=0), mass / total.clamp(min=torch.finfo(torch.float32).tiny))
+        plogp = torch.where(p > 0, p * p.clamp(min=torch.finfo(torch.float32).tiny).log(), 0.0).sum(-1)
+        top1 = ids[:, 0]
+        keep = self.position_mask(top1).to(torch.bool) if self.position_mask is not None else None
+        ref = self.reference_top1(top1) if self.reference_top1 is not None else p.argmax(-1)
         return p, plogp, p.sum(-1), keep, ref
 
 

@@ -260,3 +260,20 @@ def test_prepare_cli_reports_malformed_line(tmp_path, tiny):  # noqa: F811
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output[res.output.index("{"):])
     assert summary["examples"] == 1 and summary["bad_lines_skipped"] == 1
+
+
+def test_prepare_cli_teacher_top_k(tmp_path, tiny):  # noqa: F811
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+
+    data = tmp_path / "c.jsonl"
+    data.write_text(json.dumps({"messages": CONV}) + "\n")
+    res = CliRunner().invoke(main, ["prepare", "--target", str(tiny.path), "--data", str(data), "--output",
+                                    str(tmp_path / "c"), "--teacher-top-k", "8", "--draft-vocab", "16"])
+    assert res.exit_code == 0, res.output
+    assert "teacher top-8 holds" in res.output and "of the target's probability mass" in res.output
+    res = CliRunner().invoke(main, ["prepare", "--target", str(tiny.path), "--data", str(data), "--output",
+                                    str(tmp_path / "d"), "--teacher-top-k", "-2"])
+    assert res.exit_code != 0 and "--teacher-top-k must be 0 (none) or a positive" in res.output
+    assert not (tmp_path / "d").exists()

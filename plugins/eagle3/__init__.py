@@ -35,7 +35,6 @@ from specframe import api
 modeling = api.modeling
 eagle = api.eagle
 AUX = "aux_hidden"
-FINAL = "final_hidden"
 
 
 _positive = api.positive_int("eagle3")
@@ -163,15 +162,12 @@ class Eagle3Drafter(api.Drafter):
         parent = parents_of(sub).to(device)
         ids = example.input_ids.to(device)
         aux = example.features[AUX].to(device=device, dtype=dtype)
-        final = example.features[FINAL].to(device=device, dtype=dtype)
         sup = self.supervision(example).to(device)
         charged = segment.loss_mask.to(device) & sup[pos]
         k = elements.max_depth
         weights = eagle.depth_weights(k, self.options.depth_decay, self.options.depth_weights).to(device)
-        target_head = self._target_head.to(device=device, dtype=dtype)
-        draft_head = target_head[model.draft_ids()]
-        reference = None if model.training else eagle.full_vocab_top1(model.t2d, target_head)
-        keep = eagle.in_draft_vocab(model.t2d, target_head) if self.options.vocab_position_mask else None
+        teacher = eagle.kl_teacher(example.features, model.t2d, self._target_head, device=device, dtype=dtype,
+                                   mask=self.options.vocab_position_mask, evaluating=not model.training)
         masked = 0
 
         embeds = model.embed_tokens(ids[pos + 1])
@@ -226,8 +222,7 @@ class Eagle3Drafter(api.Drafter):
         if charged_rows:
             rows = torch.cat(charged_rows)
             result = modeling.chunked_forward_kl(
-                model.norm(torch.cat(charged_out)), model.lm_head.weight, final, draft_head,
-                reference_top1=reference, chunk=self.options.loss_chunk, position_mask=keep,
+                model.norm(torch.cat(charged_out)), model.lm_head.weight, **teacher, chunk=self.options.loss_chunk,
                 target_index=pos[rows] + 1, row_weight=weights[depth[rows]],
             )
             masked = result.dropped

@@ -38,7 +38,6 @@ from specframe import api
 modeling = api.modeling
 eagle = api.eagle
 AUX = "aux_hidden"
-FINAL = "final_hidden"
 BACKBONES = ("eagle", "standalone")
 
 
@@ -236,13 +235,10 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
         hidden = model.fuse(example.features[AUX].to(device)[anchor]) if self.reads_features else None
         out = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)[0]
         charged = segment.loss_mask.to(device) & self.supervision(example).to(device)[pos]
-        final = example.features[FINAL].to(device=device, dtype=dtype)
-        target_head = self._target_head.to(device=device, dtype=dtype)
-        reference = None if model.training else eagle.full_vocab_top1(model.t2d, target_head)
+        teacher = eagle.kl_teacher(example.features, model.t2d, self._target_head, device=device, dtype=dtype,
+                                   mask=self.options.vocab_position_mask, evaluating=not model.training)
         result = modeling.chunked_forward_kl(
-            model.norm(out[charged]), model.lm_head.weight, final, target_head[model.draft_ids()],
-            reference_top1=reference, chunk=self.options.loss_chunk,
-            position_mask=eagle.in_draft_vocab(model.t2d, target_head) if self.options.vocab_position_mask else None,
+            model.norm(out[charged]), model.lm_head.weight, **teacher, chunk=self.options.loss_chunk,
             # the target's distribution at a + d + 1, once per position for every depth that predicts it
             target_index=pos[charged] + 1,
         )

@@ -33,7 +33,6 @@ from .model import PEagleModel
 
 modeling = api.modeling
 AUX = "aux_hidden"
-FINAL = "final_hidden"
 
 
 _positive = api.positive_int("peagle")
@@ -145,7 +144,6 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         pos = anchor + depth
         ids = example.input_ids.to(device)
         aux = example.features[AUX].to(device=device, dtype=model.fc.weight.dtype)
-        final = example.features[FINAL].to(device=device, dtype=model.fc.weight.dtype)
         is_mask = depth > 0
         tokens = torch.where(is_mask, torch.full_like(anchor, self.mask_token_id), ids[anchor + 1])
         # [0]: the per-layer (k, v) are for inference; holding them here would keep 2 x layers x N rows alive
@@ -160,18 +158,14 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         )[0]
         sup = self.supervision(example).to(device)
         charged = segment.loss_mask.to(device) & sup[pos]
-        draft_ids = model.draft_ids()
-        target_head = self._target_head.to(device=device, dtype=hidden.dtype)
-        reference = None if model.training else self._full_vocab_top1(target_head)
+        teacher = api.eagle.kl_teacher(example.features, model.t2d, self._target_head, device=device,
+                                       dtype=hidden.dtype, mask=self.options.vocab_position_mask,
+                                       evaluating=not model.training)
         result = modeling.chunked_forward_kl(
             hidden[charged],
             model.lm_head.weight,
-            final,
-            target_head[draft_ids],
-            reference_top1=reference,
+            **teacher,
             chunk=self.options.loss_chunk,
-            position_mask=api.eagle.in_draft_vocab(model.t2d, target_head) if self.options.vocab_position_mask
-            else None,
             # element (a, d) is taught by the target's distribution at reference position a + d + 1, computed
             # once per position for all the depths that predict it
             target_index=pos[charged] + 1,
@@ -182,17 +176,6 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         correct = torch.bincount(d[result.correct.cpu()], minlength=k)[:k]
         return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu(),
                              masked=result.dropped)
-
-    def _full_vocab_top1(self, target_head: torch.Tensor):
-        # In evaluation a hit must match the target's argmax over its *whole* vocabulary (what greedy verification
-        # accepts); a target token outside the draft vocabulary can never be hit.
-        t2d_index = torch.cumsum(self.model.t2d.long(), 0) - 1
-
-        def top1(target_hidden: torch.Tensor) -> torch.Tensor:
-            best = (target_hidden @ target_head.T).argmax(-1)
-            return torch.where(self.model.t2d[best], t2d_index[best], torch.full_like(best, -1))
-
-        return top1
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:

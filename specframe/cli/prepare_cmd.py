@@ -39,13 +39,18 @@ from specframe.cli.target_options import target_loading
 @click.option("--max-batch-tokens", type=int, default=4096, show_default=True, help="Padded tokens per target forward.")
 @click.option("--draft-vocab", type=int, default=16384, show_default=True, help="Draft vocabulary size saved with the cache (0 = none).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--teacher-top-k", type=int, default=0, show_default=True,
+              help="Also store the target's K most likely next tokens and their log-probabilities per token: a "
+                   "compact teacher, so drafters that learn the target's distribution (eagle3, peagle, "
+                   "parallelspec) train without running its head. Exact where the target's mass over the draft "
+                   "vocabulary lies in its top K; the summary reports the mass kept. 0: none.")
 @click.option("--data-workers", type=int, default=None,
               help="Processes that tokenise the conversations (datasets' map). Default: 1 below 2,048 "
                    "conversations, else up to 8.")
 @click.option("--skip-bad-lines", is_flag=True, help="Skip (and count) malformed JSONL lines instead of stopping.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dtype, max_length, shard_size, max_batch_tokens,
-            draft_vocab, threads, data_workers, skip_bad_lines, as_json, loading):
+            draft_vocab, threads, teacher_top_k, data_workers, skip_bad_lines, as_json, loading):
     """Run the target over conversations and cache token ids, assistant-only loss masks and hidden states.
 
     Rerunning the same command after an interruption resumes: finished shards are kept. A cache folder made for
@@ -90,7 +95,7 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
             max_batch_tokens=max_batch_tokens, draft_vocab=draft_vocab or None,
             data_name=f"{data}" + (f"[:{limit}]" if limit else ""),
             progress=lambda i, n: prog.update(task, completed=i, total=n), workers=data_workers,
-            _after_shard=after_shard,
+            teacher_top_k=teacher_top_k, _after_shard=after_shard,
         )
     d = rep.as_dict() | {"bad_lines_skipped": load_stats["bad_lines"], "output": str(output), "target": tgt.id, "aux_layers": list(aux or []), "dtype": storage_dtype, "target_dtype": loading.dtype}
     if as_json:
@@ -102,5 +107,7 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
             f"({rep.tokens_per_second:.0f} tokens/s captured); data: {rep.encode.summary()}, "
             f"{load_stats['bad_lines']} malformed lines skipped; draft vocab "
             f"{rep.draft_vocab_size} covers {rep.draft_vocab_coverage:.2%} of assistant tokens"
+            + (f"; teacher top-{rep.teacher_top_k} holds {rep.teacher_mass:.2%} of the target's probability mass"
+               if rep.teacher_top_k else "")
         )
     sys.stdout.flush()

@@ -18,7 +18,8 @@ through the target's chat template with assistant-only loss masks, and the targe
 by default: the engine names every sequence when the run visits them more than once, else only the validation
 ones), so each kept sequence costs one target forward per run.
 Cache: ``specframe.cache.FeatureCache`` written by ``specframe prepare`` for the same target and aux layers; a packed
-sequence concatenates its conversations' cached features.
+sequence concatenates its conversations' cached features. A cache prepared with ``--teacher-top-k`` also gives the
+drafters that declare ``final_hidden`` its compact teacher (``teacher_ids`` / ``teacher_logp``).
 
 Prefetch (``prefetch``): the engine names the next step's sequences while the current step trains, and one background
 thread computes their features (the target's forward online, the cache read offline). On CUDA the thread works on its
@@ -216,6 +217,7 @@ class CacheSource(_Sequences):
         # drafter gets its own layers, in its own order, picked out of the stored [T, len(have) * H] block.
         self._aux_pick = None if not want or want == have else [have.index(layer) for layer in want]
         self._aux_stored = len(have)
+        self._teacher = bool(getattr(feature_spec, "final_hidden", False))
         self.seq_len = seq_len
         n = len(self.cache) if limit is None else min(limit, len(self.cache))
         self._index = []
@@ -241,4 +243,9 @@ class CacheSource(_Sequences):
             feats["aux_hidden"] = aux.float()
         if e.final_hidden is not None:
             feats["final_hidden"] = e.final_hidden[: self.seq_len].float()
+        if e.teacher_ids is not None and self._teacher:
+            # the compact teacher (``prepare --teacher-top-k``): drafters that learn the target's distribution use
+            # it in place of running the target's head over final_hidden (``api.eagle.kl_teacher``)
+            feats[api.eagle.TEACHER_IDS] = e.teacher_ids[: self.seq_len]
+            feats[api.eagle.TEACHER_LOGP] = e.teacher_logp[: self.seq_len].float()
         return feats
