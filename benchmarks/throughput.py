@@ -11,6 +11,10 @@ old / new (the order flipping every repeat) so the machine's load falls on both;
 is not timed. Writes ``benchmarks/results/throughput_cpu.json`` after every old / new pair (a stopped run keeps its
 complete pairs): tokens/s per run, per drafter the median and the range of the paired new / old ratios, the commits,
 threads and this command. ``--from-log LOG`` rebuilds the file from the per-run lines a stopped run printed.
+
+``--teacher-top-k K`` gives the new side a second cache of the same conversations prepared with ``--teacher-top-k K``
+(the compact teacher): with ``--old`` a checkout of the same commit, the pair measures what the compact teacher
+saves against the head-computed one, every other setting equal.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="old / new pairs per drafter")
     parser.add_argument("--drafters", default=",".join(DRAFTERS))
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "throughput_cpu.json")
+    parser.add_argument("--teacher-top-k", type=int, default=0,
+                        help="the new side trains from a cache with this compact teacher (0: the shared cache)")
     parser.add_argument("--from-log", type=Path, default=None,
                         help="summarise the per-run lines an earlier (stopped) run printed instead of measuring")
     args = parser.parse_args()
@@ -114,20 +120,26 @@ def main() -> None:
                 {"tokens": rate, "seconds": 1.0, "attention": line.split("(")[-1].rstrip(")")})
         write(args, roots, runs, threads, log_lines=lines)
         return
-    if not (args.cache / "manifest.json").exists():
+    caches = {"old": args.cache, "new": args.cache}
+    if args.teacher_top_k:
+        caches["new"] = args.cache.with_name(f"{args.cache.name}-top{args.teacher_top_k}")
+    for side, cache in caches.items():
+        if (cache / "manifest.json").exists():
+            continue
+        extra = ["--teacher-top-k", str(args.teacher_top_k)] if cache != args.cache else []
         subprocess.run([str(Path(sys.executable).with_name("specframe")), "prepare", "--target", preset.target,
                         "--data", preset.data, "--limit", str(args.examples), "--draft-vocab", str(preset.draft_vocab),
                         "--max-length", str(max(2048, preset.seq_len)), "--threads", str(threads), "--output",
-                        str(args.cache)], check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+                        str(cache), *extra], check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     for repeat in range(args.repeats):
         for drafter in args.drafters.split(","):
-            spec = {"drafter": drafter, "target": preset.target, "cache": str(args.cache), "seq_len": preset.seq_len,
+            spec = {"drafter": drafter, "target": preset.target, "seq_len": preset.seq_len,
                     "depth": preset.depth, "batch_size": preset.batch_size, "lr": preset.lr,
                     "examples": args.examples, "options": preset.train_options(drafter), "steps": args.steps,
                     "threads": threads}
             order = ("old", "new") if repeat % 2 == 0 else ("new", "old")
             for side in order:
-                r = measure(roots[side], spec)
+                r = measure(roots[side], {**spec, "cache": str(caches[side])})
                 runs.setdefault(drafter, {"old": [], "new": []})[side].append(r)
                 print(f"{drafter} {side}: {r['tokens'] / r['seconds']:.1f} tokens/s ({r['attention']})", flush=True)
             write(args, roots, runs, threads)  # after every pair: a stopped run keeps what it measured
@@ -144,6 +156,7 @@ def write(args: argparse.Namespace, roots: dict[str, Path], runs: dict[str, dict
               "worktree_dirty": bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--",
                                                      "specframe", "plugins"], capture_output=True,
                                                     text=True).stdout.strip()),
+              "teacher_top_k": {"old": 0, "new": args.teacher_top_k},
               "preset": "cpu", "steps_per_run": args.steps, "repeats_asked": args.repeats, "examples": args.examples,
               "note": "machine shared with other work while measuring (2 cores, other processes running); runs "
                       "interleaved old/new so load falls on both", "drafters": {}}
