@@ -62,5 +62,6 @@ def resolve_device(spec: str | None = "auto") -> Any:
 
 
 def backend(device: Any) -> str:
-    """The torch.distributed backend for ``device``: NCCL between GPUs, gloo on the CPU."""
-    return "nccl" if getattr(device, "type", str(device)) == "cuda" else "gloo"
+    """The torch.distributed backend for ``device``: NCCL between GPUs, gloo on the CPU. A GPU run also gets gloo
+    for CPU tensors: the engine all-reduces its small step counters and statistics on the CPU."""
+    return "cpu:gloo,cuda:nccl" if getattr(device, "type", str(device)) == "cuda" else "gloo"

@@ -152,6 +152,9 @@ class MemoryConfig:
     #: the step's autocast dtype and the target weights' (fp32 / bf16 / fp16); the drafter's master weights,
     #: gradients and AdamW state stay fp32 whatever it is
     dtype: str = "fp32"
+    #: ranks the drafter is sharded over (``train --fsdp``): AdamW's moments are split among them, and each keeps a
+    #: shard of the weights beside the whole copy a forward gathers (``specframe.engine.sharding``); 1: unsharded
+    shards: int = 1
 
 
 @attrs.define
@@ -256,9 +259,9 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     fixed = {
         "process_baseline": CPU_BASELINE_BYTES if cpu else 0,
         "target_weights": (v_t * h_t if cfg.features == "synthetic" else target_params) * e,
-        "drafter_weights": (trainable + frozen) * w,
+        "drafter_weights": (trainable + frozen) * w + ((trainable + frozen) * w // cfg.shards if cfg.shards > 1 else 0),
         "drafter_gradients": trainable * w,
-        "optimizer_state": 2 * trainable * w,
+        "optimizer_state": 2 * trainable * w // cfg.shards,
         "features": feature_floats * 4 * (cfg.sequences if cfg.features != "cache" else 2),
     }
     segs, n_elements = _segments(cfg, drafter, depth, options)
@@ -573,5 +576,6 @@ def engine_guard(cfg: Any, target_config: Any, sequences: int | None = None) -> 
             drafter_options=cfg.drafter_options, mask_builder_options=cfg.mask_builder_options,
             features="cache" if cfg.cache is not None else "online", sequences=sequences, device=cfg.device,
             dtype=getattr(cfg, "dtype", "fp32"),
+            shards=int(os.environ.get("WORLD_SIZE", "1")) if getattr(cfg, "fsdp", False) else 1,
         ), budget)
     return MemoryGuard(budget, cfg.device)

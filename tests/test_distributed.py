@@ -54,7 +54,7 @@ def test_local_rank_picks_the_gpu(monkeypatch):
     assert devices.resolve_device("cuda") == torch.device("cuda", 3)
     assert devices.resolve_device("cuda:1") == torch.device("cuda", 1)  # an explicit index is taken as given
     assert devices.resolve_device("cpu") == torch.device("cpu")
-    assert devices.backend(devices.resolve_device("cuda")) == "nccl"
+    assert devices.backend(devices.resolve_device("cuda")) == "cpu:gloo,cuda:nccl"
     monkeypatch.setenv("LOCAL_RANK", "4")
     with pytest.raises(UsageError, match="4 CUDA device"):
         devices.resolve_device("cuda")
@@ -86,8 +86,7 @@ from specframe.engine import TrainConfig, train
 from specframe.engine.loop import Trainer
 original = Trainer.train_step
 def step(self):
-    from torch.nn.parallel import DistributedDataParallel
-    assert isinstance(self.ddp, DistributedDataParallel)  # gradients go through torch's DDP, not a hand reduction
+    {check}
     if self.step == {stop}:  # every rank stops here, as a killed job would (the last checkpoint stays)
         os._exit(0)
     return original(self)
@@ -97,9 +96,22 @@ train(TrainConfig(**{cfg!r}), resume=resume, progress=False)
 """
 
 
+# gradients go through torch's DDP, not a hand reduction
+DDP_CHECK = ("from torch.nn.parallel import DistributedDataParallel; "
+             "assert isinstance(self.ddp, DistributedDataParallel) and self.fsdp is None")
+# the drafter's parameters and, once stepped, its AdamW moments are shards of the full tensors (split along dim 0:
+# a tensor one row tall sits whole on one rank)
+FSDP_CHECK = ("from torch.distributed.tensor import DTensor; "
+              "assert self.ddp is None and self.fsdp is not None and all(isinstance(p, DTensor) for p in self.params); "
+              "assert all(isinstance(v, DTensor) and v.to_local().numel() < v.numel() "
+              "for p in self.params for k, v in self.optimizer.state.get(p, {}).items() "
+              "if k == 'exp_avg' and v.shape[0] > 1)")
+
+
 def torchrun(tmp_path, cfg, *, port: int, resume: str | None = None, stop: int | None = None):
     script = tmp_path / f"rank-{port}.py"
-    script.write_text(textwrap.dedent(RANK.format(root=str(ROOT), cfg=attrs.asdict(cfg), stop=stop)))
+    check = FSDP_CHECK if cfg.fsdp else DDP_CHECK
+    script.write_text(textwrap.dedent(RANK.format(root=str(ROOT), cfg=attrs.asdict(cfg), stop=stop, check=check)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--master-port", str(port),
                str(script)] + ([resume] if resume else [])
@@ -143,6 +155,40 @@ def test_a_rank_without_a_sequence_still_joins_the_reduction(assets, tmp_path):
     single = train(config(assets, tmp_path / "one", batch_size=1), progress=False)
     torchrun(tmp_path, config(assets, tmp_path / "two", batch_size=1), port=29534)
     assert_close(weights(single.checkpoint), weights(tmp_path / "two"))
+
+
+@pytest.mark.slow
+def test_fsdp_two_ranks_match_one_process_and_resume_across_world_sizes(assets, tmp_path):
+    """FSDP2 over 2 ranks gives the single process's weights: P-EAGLE with 3 partitions (ranks run different numbers
+    of segments: the idle forwards keep the all-gathers matched) and EAGLE-3 (frozen embedding, one pass per depth).
+    A sharded run stopped at step 2 of 4 resumes sharded, and unsharded in one process, both equal to the
+    uninterrupted single process: its checkpoints are in the one-process format."""
+    import shutil
+
+    eagle = dict(drafter="eagle3", partitioner="none", partitions=1, mask_builder="dense",
+                 drafter_options={"draft_vocab_size": 128, "ttt_steps": 3})
+    one = train(config(assets, tmp_path / "e-one", **eagle), progress=False)
+    torchrun(tmp_path, config(assets, tmp_path / "e-two", fsdp=True, **eagle), port=29541)
+    assert_close(weights(one.checkpoint), weights(tmp_path / "e-two"))
+
+    single = train(config(assets, tmp_path / "one", max_steps=4, save_every=2), progress=False)
+    torchrun(tmp_path, config(assets, tmp_path / "two", max_steps=4, save_every=2, fsdp=True), port=29542, stop=2)
+    assert ckpt.resolve(tmp_path / "two").name == ckpt.step_name(2)
+    shutil.copytree(tmp_path / "two", tmp_path / "two-again")
+    torchrun(tmp_path, config(assets, tmp_path / "two", max_steps=4, save_every=2, fsdp=True), port=29543,
+             resume=str(tmp_path / "two"))
+    train(config(assets, tmp_path / "two-again", max_steps=4, save_every=2), resume=str(tmp_path / "two-again"),
+          progress=False)
+    assert_close(weights(single.checkpoint), weights(tmp_path / "two"))
+    assert_close(weights(single.checkpoint), weights(tmp_path / "two-again"))
+
+
+def test_fsdp_needs_processes_and_no_fp16(assets, tmp_path):
+    with pytest.raises(UsageError, match="--fsdp shards the drafter across processes"):
+        train(config(assets, tmp_path / "one", fsdp=True), progress=False)
+    with pytest.raises(UsageError, match="--fsdp trains in fp32 or bf16"):
+        train(config(assets, tmp_path / "fp16", fsdp=True, dtype="fp16"), progress=False)
+    assert not (tmp_path / "one").exists() and not (tmp_path / "fp16").exists()
 
 
 # --- precision ----------------------------------------------------------------------------------------------------

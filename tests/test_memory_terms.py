@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -142,3 +143,13 @@ def test_the_ceiling_is_data_plus_one_and_a_half_times_the_remaining_headroom():
         with guard.ceiling(3):
             torch.empty(int(1.1 * room) // 4, dtype=torch.float32)
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
+
+
+def test_fsdp_shards_the_optimizer_state_and_keeps_a_weight_shard():
+    """Under --fsdp on N ranks AdamW's moments are split N ways and each rank keeps a 1/N weight shard beside the
+    whole copy a forward gathers; gradients are whole during backward (one FSDP unit: specframe.engine.sharding)."""
+    one = mem.estimate(config("eagle3")).breakdown
+    four = mem.estimate(attrs.evolve(config("eagle3"), shards=4)).breakdown
+    assert four["optimizer_state"] == one["optimizer_state"] // 4
+    assert four["drafter_weights"] == one["drafter_weights"] + one["drafter_weights"] // 4
+    assert four["drafter_gradients"] == one["drafter_gradients"]

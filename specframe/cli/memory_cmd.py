@@ -52,11 +52,14 @@ def _target_config(target: str):
                    "CPU process baseline and the guard reads torch.cuda.max_memory_allocated.")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
               help="The run's --dtype: activations and target weights in it, drafter weights and AdamW state fp32.")
+@click.option("--fsdp-ranks", type=int, default=1, show_default=True,
+              help="The ranks a `train --fsdp` run shards the drafter over: AdamW's moments split among them, each "
+                   "keeping a weight shard beside the whole copy a forward gathers. 1: unsharded (one process, DDP).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: peak_bytes, breakdown, and fits / advice.")
 def memory(
     drafter: str, seq_len: int, depth: int | None, mask_builder: str | None, partitioner: str, partitions: int,
     memory_budget: str | None, target: str, features: str, sequences: int, config_file: str | None, device: str,
-    dtype: str, as_json: bool,
+    dtype: str, fsdp_ranks: int, as_json: bool,
 ) -> None:
     """Estimate the peak memory of one training step before training.
 
@@ -72,6 +75,8 @@ def memory(
         raise UsageError(f"--seq-len must be at least 2, got {seq_len}")
     if partitions < 1:
         raise UsageError(f"--partitions must be positive, got {partitions}")
+    if fsdp_ranks < 1:
+        raise UsageError(f"--fsdp-ranks must be positive, got {fsdp_ranks}")
     limit = mem.parse_size(memory_budget) if memory_budget is not None else None
     if device == "auto":
         from specframe.devices import resolve_device
@@ -87,7 +92,7 @@ def memory(
         mask_builder=mask_builder, partitioner=partitioner, partitions=partitions,
         drafter_options=options.get("drafter_options", {}),
         mask_builder_options=options.get("mask_builder_options", {}), features=features, sequences=sequences,
-        device=device, dtype=dtype,
+        device=device, dtype=dtype, shards=fsdp_ranks,
     )
     est = mem.estimate(cfg)
     result = {"peak_bytes": est.peak_bytes, "peak": mem.format_size(est.peak_bytes), **est.to_dict()}

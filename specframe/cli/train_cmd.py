@@ -39,6 +39,10 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
               help="Pack short conversations into --seq-len sequences, greedily in data order (each conversation "
                    "stays a document of its own: no attention across documents, target features computed per "
                    "conversation). --no-pack: one conversation per sequence.")
+@click.option("--fsdp", is_flag=True, default=None,
+              help="Under torchrun: shard the drafter's weights and AdamW state across the processes with torch's "
+                   "FSDP2 instead of a full copy per process under DDP (a drafter whose optimizer state does not fit "
+                   "one device). Checkpoints keep the one-process format: resume with any world size.")
 @click.option("--data-workers", type=int, default=None,
               help="Processes that tokenise --data through the chat template (datasets' map, same order and result "
                    "as one). Default: 1 below 2,048 conversations, else up to 8.")

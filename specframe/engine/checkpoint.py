@@ -117,9 +117,11 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split an optimizer state dict into tensors (safetensors) and JSON scalars."""
-    sd = optimizer.state_dict()
+def optimizer_to_files(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any] | None = None,
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer state dict (``state_dict``, default the optimizer's own) into tensors (safetensors) and
+    JSON scalars."""
+    sd = optimizer.state_dict() if state_dict is None else state_dict
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for pid, state in sd["state"].items():
@@ -150,10 +152,12 @@ def save(
     config: dict[str, Any],
     state: dict[str, Any],
     scaler: torch.amp.GradScaler | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and make it the latest; the previous one is removed afterwards.
     ``scaler``: fp16's gradient scaler, whose scale (lowered on overflow, raised after a run of good steps) a
-    resumed run must start from to take the steps the uninterrupted run takes."""
+    resumed run must start from to take the steps the uninterrupted run takes. ``optimizer_state``: the state to
+    write in place of ``optimizer.state_dict()`` (a sharded run's, gathered whole)."""
     final = out / step_name(step)
     tmp = out / f".{step_name(step)}.tmp"
     if has_checkpoint(out) and (out / LATEST).read_text().strip() == tmp.name:
@@ -163,7 +167,7 @@ def save(
         tmp.mkdir(parents=True)
         drafter.save(tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        tensors, meta = optimizer_to_files(optimizer)
+        tensors, meta = optimizer_to_files(optimizer, optimizer_state)
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         (tmp / "optimizer.json").write_text(json.dumps(meta))
         (tmp / "scheduler.json").write_text(json.dumps(scheduler.state_dict()))

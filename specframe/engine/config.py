@@ -59,6 +59,9 @@ class TrainConfig:
     #: compute the next step's features in a background thread while this step trains (None: on CUDA, where the
     #: target's kernels overlap the drafter's on a side stream; off on CPU, where both would share the same cores)
     prefetch: bool | None = None
+    #: shard the drafter's weights and AdamW state across the torchrun processes with FSDP2
+    #: (specframe.engine.sharding) instead of replicating them under DDP
+    fsdp: bool = False
     #: a progress line every N steps when there is no progress bar (None: about 20 lines per run)
     log_every: int | None = attrs.field(default=None, validator=_positive)
     #: experiment trackers, a comma list of none / tensorboard / wandb (see specframe.engine.tracking)

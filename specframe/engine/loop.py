@@ -30,7 +30,7 @@ import torch
 
 from specframe import api, memory, plugins
 from specframe.elements import full_grid, position_docs
-from specframe.engine import checkpoint, tracking, validate
+from specframe.engine import checkpoint, sharding, tracking, validate
 from specframe.engine.config import TrainConfig, structure_options, to_dict
 from specframe.engine.data import CacheSource, OnlineSource
 from specframe.errors import SpecframeError, UsageError, read_json
@@ -107,6 +107,13 @@ class _Dist:
             self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM)
         return t
 
+    def max_(self, n: int) -> int:
+        if self.world == 1:
+            return n
+        t = torch.tensor([n], dtype=torch.long)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return int(t.item())
+
     def barrier(self) -> None:
         if self.world > 1:
             self.dist.barrier()
@@ -127,6 +134,12 @@ class Trainer:
         # time per phase (``--profile``); disabled, every phase is a no-op context
         self.timer = PhaseTimer(self.device, enabled=profile)
         self.dist = _Dist(self.device)
+        if cfg.fsdp and cfg.dtype == "fp16":
+            raise UsageError("--fsdp trains in fp32 or bf16 (fp16's gradient scaler does not handle sharded "
+                             "gradients): use --dtype bf16")
+        if cfg.fsdp and self.dist.world < 2:
+            raise UsageError("--fsdp shards the drafter across processes: launch with torchrun --nproc-per-node N "
+                             "(N >= 2), or train without --fsdp")
         self.out = Path(cfg.output)
         # a tracker whose library is missing is refused before anything is written
         self.report_to = tracking.parse_report_to(cfg.report_to)
@@ -237,25 +250,35 @@ class Trainer:
 
             imports.warm_start(self.drafter, cfg.init_from, target.config, getattr(target, "tokenizer", None))
         module = self.drafter.module().to(self.device)
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        if not self.params:
-            raise UsageError(f"drafter '{cfg.drafter}' has no trainable parameters: there is nothing to train")
+        if self.resume_from is not None:
+            # the weights before any wrapper: a sharded (--fsdp) module takes them only whole, before it is sharded
+            self.drafter.load(self.resume_from)
         self.precision = Precision(cfg.dtype, self.device)
-        # torch's DDP reduces the gradients of a multi-process run (see _DrafterLoss); one process needs no wrapper
+        # a multi-process run's gradients are reduced by torch's DDP, or with --fsdp the drafter is sharded by FSDP2
+        # (specframe.engine.sharding); either wraps the loss as a module (_DrafterLoss). One process needs neither.
         self.ddp = None
-        if self.dist.world > 1:
+        self.fsdp: torch.nn.Module | None = None
+        if cfg.fsdp:
+            self.fsdp = _DrafterLoss(self.drafter, every_parameter=True)
+            sharding.shard(self.fsdp, self.device)
+        elif self.dist.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             self.ddp = DistributedDataParallel(_DrafterLoss(self.drafter), find_unused_parameters=True)
+        self.wrapped = self.fsdp if self.fsdp is not None else self.ddp
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        if not self.params:
+            raise UsageError(f"drafter '{cfg.drafter}' has no trainable parameters: there is nothing to train")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, self.total_steps // 10)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, self.total_steps))
         self.step = 0
         self.tokens_seen = 0  # training tokens (all ranks) so far: the drafter's token budget, kept across resumes
         if self.resume_from is not None:
-            self.drafter.load(self.resume_from)
             state = checkpoint.load_training_state(self.resume_from, self.optimizer, self.scheduler,
                                                    self.precision.scaler)
+            if self.fsdp is not None:
+                sharding.shard_optimizer_state(self.optimizer)
             self.step = int(state["step"])
             self.tokens_seen = int(state.get("tokens_seen", 0))
         self.metrics_path = self.out / "metrics.jsonl"
@@ -383,6 +406,9 @@ class Trainer:
         scale = self.dist.world / global_count if global_count > 0 else 0.0
         if global_count > 0 and not jobs and self.ddp is not None:
             self._idle_backward()  # no sequence on this rank this step: it still takes part in the one reduction
+        # under FSDP every forward all-gathers and every backward reduce-scatters: each rank runs as many as the
+        # busiest one, the extra ones with a zero loss
+        idle = self.dist.max_(len(jobs)) - len(jobs) if self.fsdp is not None else 0
         for j, (example, elems, seg, sup) in enumerate(jobs):
             # gradients accumulate locally over segments and sequences; only the last backward reduces across ranks
             last = j == len(jobs) - 1
@@ -394,6 +420,8 @@ class Trainer:
             stats[0] += terms.loss_sum.detach().float().cpu().reshape(())
             stats[1 : 1 + self.depth] += terms.correct.float().cpu()
             stats[1 + self.depth :] += terms.total.float().cpu()
+        for _ in range(idle):
+            self._idle_backward()
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -402,7 +430,7 @@ class Trainer:
         correct, total = stats[1 : 1 + self.depth], stats[1 + self.depth :]
         with self.timer("optimizer"):
             self.precision.unscale(self.optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+            grad_norm = sharding.full(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
             lr = self.scheduler.get_last_lr()[0]
             if global_count > 0:
                 # fp16's scaler skips a step with overflowed gradients by itself (and lowers its scale); a
@@ -424,8 +452,8 @@ class Trainer:
                 "train_accuracy": [float(c / t) if t > 0 else 0.0 for c, t in zip(correct, total, strict=True)]}
 
     def _idle_backward(self) -> None:
-        assert self.ddp is not None
-        loss, _ = self.ddp(None)
+        assert self.wrapped is not None
+        loss, _ = self.wrapped(None)
         loss.backward()
 
     def guarded_step(self) -> dict[str, Any]:
@@ -445,8 +473,9 @@ class Trainer:
     ) -> api.LossTerms:
         sub = elems.subset(seg.elements)
         attention = api.SegmentAttention.build(self.attention_builder, sub)
-        # under DDP a training loss runs through the wrapper's forward, which arms the gradient reduction
-        loss = self.ddp if training and self.ddp is not None else _DrafterLoss.call(self.drafter)
+        # under DDP / FSDP a training loss runs through the wrapper's forward, which arms the gradient reduction (and
+        # under FSDP gathers the parameters)
+        loss = self.wrapped if training and self.wrapped is not None else _DrafterLoss.call(self.drafter)
         if getattr(self, "plugins_checked", False):
             return loss(example, elems, seg, attention)[1]
         # the first step checks every plugin's output so a broken plugin is named, not a shape error deep in autograd
@@ -459,6 +488,11 @@ class Trainer:
     def evaluate(self) -> dict[str, Any] | None:
         if not self.val_ids:
             return None
+        # under FSDP on whole parameters: a rank's validation forwards then need no collective each
+        with self._whole():
+            return self._evaluate()
+
+    def _evaluate(self) -> dict[str, Any]:
         module = self.drafter.module()
         module.eval()
         loss_sum = torch.zeros(1)
@@ -523,14 +557,22 @@ class Trainer:
 
     def save(self) -> Path:
         path = Path()
-        if self.dist.rank == 0:
-            path = checkpoint.save(
-                self.out, self.step, self.drafter, self.optimizer, self.scheduler, self.config_dict(),
-                {"data_position": self.step * self.cfg.batch_size, "tokens_seen": self.tokens_seen},
-                self.precision.scaler,
-            )
+        # under FSDP every rank gathers the full weights and optimizer state (collectives); rank 0 writes them in
+        # the one-process format, so any world size resumes from it
+        with self._whole():
+            optimizer_state = sharding.full_optimizer_state(self.optimizer) if self.fsdp is not None else None
+            if self.dist.rank == 0:
+                path = checkpoint.save(
+                    self.out, self.step, self.drafter, self.optimizer, self.scheduler, self.config_dict(),
+                    {"data_position": self.step * self.cfg.batch_size, "tokens_seen": self.tokens_seen},
+                    self.precision.scaler, optimizer_state=optimizer_state,
+                )
         self.dist.barrier()
         return path
+
+    def _whole(self) -> contextlib.AbstractContextManager:
+        """The drafter's parameters whole on every rank for the block (FSDP), else nothing to do."""
+        return sharding.gathered(self.fsdp) if self.fsdp is not None else contextlib.nullcontext()
 
     def record(self, entry: dict[str, Any]) -> None:
         if self.dist.rank != 0:
@@ -602,16 +644,25 @@ class _DrafterLoss(torch.nn.Module):
     ``forward`` returns (loss tensor, ``LossTerms``): DDP looks for tensors in the output to find unused parameters.
     ``forward(None)``: a zero loss over every trainable parameter, for a rank that holds no sequence this step."""
 
-    def __init__(self, drafter: api.Drafter) -> None:
+    def __init__(self, drafter: api.Drafter, *, every_parameter: bool = False) -> None:
         super().__init__()
         self.drafter = drafter
         self.inner = drafter.module()  # registered, so DDP sees (and broadcasts, and reduces) its parameters
+        # FSDP reduce-scatters the gradients a backward produced: a parameter a segment did not use (P-EAGLE's mask
+        # state where no mask slot is charged) must still get its zero, or the ranks' collectives differ in size
+        self.every_parameter = every_parameter
+
+    def _zero(self) -> torch.Tensor:
+        return sum(p.reshape(-1)[0] * 0.0 for p in self.inner.parameters() if p.requires_grad)
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, Any]:
         if len(args) == 1 and args[0] is None:
-            zero = sum(p.reshape(-1)[0] * 0.0 for p in self.inner.parameters() if p.requires_grad)
-            return zero, None
-        return _split(self.drafter.loss(*args))
+            return self._zero(), None
+        loss, terms = _split(self.drafter.loss(*args))
+        if self.every_parameter and loss is not None:
+            terms = attrs.evolve(terms, loss_sum=terms.loss_sum + self._zero())
+            loss = terms.loss_sum
+        return loss, terms
 
     @staticmethod
     def call(drafter: api.Drafter) -> Callable[..., tuple[torch.Tensor | None, Any]]:

@@ -1,0 +1,91 @@
+"""``--fsdp``: the drafter's parameters, gradients and AdamW state sharded across the ranks with torch's FSDP2
+(``torch.distributed.fsdp.fully_shard``), for a drafter whose optimizer state does not fit one device.
+
+The whole drafter is one FSDP unit, sharded at the root (``_DrafterLoss``): a drafter computes its loss by calling
+its submodules in its own order and number (EAGLE-3 runs its layer once per depth, a segment may forward nothing), and
+per-layer units would all-gather once per call, which ranks holding different sequences would not match. So the
+parameters are gathered whole for each forward and its backward (as under DDP) and resharded after; what stays
+sharded is AdamW's two moments (2 of the 4 fp32 copies per trainable parameter: ``specframe.memory`` divides them by
+the world size), the master weights between steps and the gradients accumulated between backwards (each backward
+reduce-scatters). Every rank runs the same number of forwards per step (ranks with fewer segments run zero-loss
+ones), because each forward all-gathers.
+
+Checkpoints stay in the one-process format (full weights in safetensors, the optimizer state keyed by parameter
+index), so a run resumes with another world size, with or without ``--fsdp``: saving gathers the full tensors on every
+rank (collectives) and rank 0 writes them; loading reads the full state on every rank and keeps each rank's shard.
+Evaluation runs on the gathered parameters (``gathered``), one sequence at a time, with no collective per forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def shard(root: nn.Module, device: torch.device) -> None:
+    """Shard ``root``'s parameters over every rank (one FSDP unit; see the module doc)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    fully_shard(root, mesh=mesh)
+
+
+def _is_dtensor(t: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor shard (a collective: every rank calls it in the same order); others as they are."""
+    return t.full_tensor() if _is_dtensor(t) else t
+
+
+@contextlib.contextmanager
+def gathered(root: nn.Module) -> Iterator[None]:
+    """Within the block every parameter of ``root`` is a plain tensor holding its full value (on every rank), so a
+    drafter's ``save``, ``state_dict`` and evaluation read it as in one process; the shards are put back after."""
+    originals: list[tuple[nn.Module, str, nn.Parameter]] = []
+    try:
+        for module in root.modules():
+            for name, param in list(module._parameters.items()):
+                if param is None or not _is_dtensor(param):
+                    continue
+                whole = nn.Parameter(param.detach().full_tensor(), requires_grad=param.requires_grad)
+                originals.append((module, name, param))
+                module._parameters[name] = whole
+        yield
+    finally:
+        # the same Parameter objects FSDP holds go back, so its own bookkeeping never saw the swap
+        for module, name, param in originals:
+            module._parameters[name] = param
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with every sharded tensor gathered whole (collective): the one-process format."""
+    sd = optimizer.state_dict()
+    state = {pid: {key: full(value) if isinstance(value, torch.Tensor) else value for key, value in entry.items()}
+             for pid, entry in sd["state"].items()}
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """After ``optimizer.load_state_dict`` of a one-process state: keep of each moment this rank's shard, placed as
+    its parameter is (a plain tensor the shape of a sharded parameter becomes a DTensor like it)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if not _is_dtensor(param):
+                continue
+            entry = optimizer.state.get(param, {})
+            for key, value in list(entry.items()):
+                if isinstance(value, torch.Tensor) and not _is_dtensor(value) and value.shape == param.shape:
+                    # every rank holds the full value: each keeps its own part, no communication
+                    entry[key] = distribute_tensor(value.to(param.device), param.device_mesh, param.placements,
+                                                   src_data_rank=None)
