@@ -4,7 +4,8 @@ On one CUDA GPU (``--device cuda``, the default) it
 1. trains every drafter a few bf16 steps with each GPU mask builder (flex, chunked, dense) on a tiny target;
 2. checks flex's forward and backward against dense: one fp32 step from the same seed with each builder must give the
    same weights (chunked too);
-3. runs a 2-rank NCCL job under torchrun when two GPUs are visible, and checks it against one process;
+3. runs 2-rank NCCL jobs under torchrun when two GPUs are visible (DDP, and the drafter sharded with --fsdp), and
+   checks each against one process;
 4. decodes with each trained drafter on the reference engine (target on the GPU) and checks the output equals plain
    decoding token for token;
 5. serves each exportable drafter with vLLM speculative decoding (when vLLM is installed) through
@@ -146,28 +147,31 @@ def two_ranks(work: Path, assets, device: str) -> dict[str, Any]:
     target, chat = assets
     cfg = dict(drafter="peagle", target=str(target), data=str(chat), seq_len=64, max_steps=2, batch_size=2, lr=3e-3,
                val_examples=1, mask_builder="flex", device="cuda", drafter_options=SMALL["peagle"])
-    script = work / "rank.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(ROOT)!r})
-        from specframe.engine import TrainConfig, train
-        train(TrainConfig(output={str(work / 'nccl')!r}, **{cfg!r}), progress=False)
-    """))
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--nproc-per-node", "2", str(script)], capture_output=True, text=True,
-                          timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(f"torchrun failed: {done.stderr[-2000:]}")
+    # DDP, then the drafter sharded with FSDP2 (--fsdp): both must give the one-process weights
+    for name, extra in (("nccl", {}), ("nccl-fsdp", {"fsdp": True})):
+        script = work / f"rank-{name}.py"
+        script.write_text(textwrap.dedent(f"""
+            import sys
+            sys.path.insert(0, {str(ROOT)!r})
+            from specframe.engine import TrainConfig, train
+            train(TrainConfig(output={str(work / name)!r}, **{({**cfg, **extra})!r}), progress=False)
+        """))
+        done = subprocess.run([str(torchrun), "--nproc-per-node", "2", str(script)], capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"torchrun ({name}) failed: {done.stderr[-2000:]}")
     from specframe.engine import TrainConfig, train
 
     one = train(TrainConfig(output=str(work / "nccl-one"), **cfg), progress=False)
     a = load_file(str(Path(one.checkpoint) / "model.safetensors"))
     from specframe.engine.checkpoint import resolve
 
-    b = load_file(str(resolve(work / "nccl") / "model.safetensors"))
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4, msg=key)
-    return {"world_size": 2, "backend": "nccl"}
+    for name in ("nccl", "nccl-fsdp"):
+        b = load_file(str(resolve(work / name) / "model.safetensors"))
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4, msg=f"{name}: {key}")
+    return {"world_size": 2, "backend": "nccl", "runs": ["ddp", "fsdp"]}
 
 
 def lossless_decoding(work: Path, assets, device: str) -> dict[str, Any]:
@@ -271,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         assets = (target, write_chat(work / "chat.jsonl"))
         check.part("bf16 training: every drafter x mask builder", bf16_training, work, assets, args.device)
         check.part("mask builders agree (fp32 step, forward + backward)", builders_agree, work, assets, args.device)
-        check.part("2 ranks (NCCL) equal 1 process", two_ranks, work, assets, args.device)
+        check.part("2 ranks (NCCL; DDP and FSDP2) equal 1 process", two_ranks, work, assets, args.device)
         check.part("lossless decoding, target on the device", lossless_decoding, work, assets, args.device)
         check.part("vLLM speculative decoding", vllm_serving, work, assets, args.device)
         if args.long_context:
