@@ -5,7 +5,8 @@ On one CUDA GPU (``--device cuda``, the default) it
 2. checks flex's forward and backward against dense: one fp32 step from the same seed with each builder must give the
    same weights (chunked too);
 3. runs 2-rank NCCL jobs under torchrun when two GPUs are visible (DDP, and the drafter sharded with --fsdp), and
-   checks each against one process;
+   checks each against one process, and loads the target with ``--device-map auto`` (features equal a one-device
+   load);
 4. decodes with each trained drafter on the reference engine (target on the GPU) and checks the output equals plain
    decoding token for token;
 5. serves each exportable drafter with vLLM speculative decoding (when vLLM is installed) through
@@ -174,6 +175,27 @@ def two_ranks(work: Path, assets, device: str) -> dict[str, Any]:
     return {"world_size": 2, "backend": "nccl", "runs": ["ddp", "fsdp"]}
 
 
+def device_map_features(work: Path, assets, device: str) -> dict[str, Any]:
+    """The target spread by ``--device-map auto`` over every visible GPU gives the features of a one-device load."""
+    import torch
+
+    from specframe.features import FeatureSpec, capture_features
+    from specframe.targets import load_target
+
+    if not device.startswith("cuda"):
+        raise Skip("device_map places a target over GPUs (the CPU test suite loads one on the CPU)")
+    target, _ = assets
+    one = load_target(target, device=device)
+    spread = load_target(target, device_map="auto")
+    ids = torch.arange(3, 67)[None]
+    spec = FeatureSpec(aux_layers=(1, 2, 3), final_hidden=True)
+    a, b = capture_features(one, ids, spec), capture_features(spread, ids, spec)
+    torch.testing.assert_close(a.aux, b.aux, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(a.final, b.final, atol=1e-4, rtol=1e-4)
+    placement = getattr(spread.model, "hf_device_map", None) or {}
+    return {"gpus": torch.cuda.device_count(), "devices_used": sorted({str(d) for d in placement.values()})}
+
+
 def lossless_decoding(work: Path, assets, device: str) -> dict[str, Any]:
     import torch
 
@@ -276,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         check.part("bf16 training: every drafter x mask builder", bf16_training, work, assets, args.device)
         check.part("mask builders agree (fp32 step, forward + backward)", builders_agree, work, assets, args.device)
         check.part("2 ranks (NCCL; DDP and FSDP2) equal 1 process", two_ranks, work, assets, args.device)
+        check.part("target spread by --device-map auto equals one device", device_map_features, work, assets,
+                   args.device)
         check.part("lossless decoding, target on the device", lossless_decoding, work, assets, args.device)
         check.part("vLLM speculative decoding", vllm_serving, work, assets, args.device)
         if args.long_context:

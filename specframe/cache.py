@@ -115,10 +115,10 @@ def _top_k(final: Any, head: Any, k: int, rows: int = 256) -> tuple[Any, Any]:
 
     ids, logp = [], []
     for start in range(0, final.shape[0], rows):
-        z = (final[start : start + rows] @ head.T).float()
+        z = (final[start : start + rows].to(head.device) @ head.T).float()
         top = torch.log_softmax(z, dim=-1).topk(k, dim=-1)
-        ids.append(top.indices.to(torch.int32))
-        logp.append(top.values)
+        ids.append(top.indices.to(torch.int32).cpu())
+        logp.append(top.values.cpu())
     if not ids:
         return torch.zeros(0, k, dtype=torch.int32), torch.zeros(0, k)
     return torch.cat(ids), torch.cat(logp)

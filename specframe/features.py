@@ -80,8 +80,10 @@ def capture_features(
     dtype: Any = None,
 ) -> Features:
     """Run the target over ``input_ids`` [B, T] and return the declared features (``dtype`` to cast them, e.g.
-    ``torch.float16`` for caches). Uses forward pre-hooks on the decoder layers and the base model's
-    ``last_hidden_state``; never computes the lm_head."""
+    ``torch.float16`` for caches) on ``input_ids``' device, wherever the target's weights are (one device, or spread
+    over several by a ``device_map``: the inputs go to its embedding's device, each captured state comes back).
+    Uses forward pre-hooks on the decoder layers and the base model's ``last_hidden_state``; never computes the
+    lm_head."""
     import torch
 
     model = target.model if hasattr(target, "model") and hasattr(target, "tokenizer") else target
@@ -100,17 +102,20 @@ def capture_features(
 
     for i in sorted(set(aux_ids)):
         hooks.append(layers[i].register_forward_pre_hook(make_hook(i), with_kwargs=True))
+    home = input_ids.device
+    entry = model.get_input_embeddings().weight.device
     try:
         with torch.no_grad():  # not inference_mode: callers use these tensors in autograd graphs
-            out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            out = base(input_ids=input_ids.to(entry), use_cache=False,
+                       attention_mask=None if attention_mask is None else attention_mask.to(entry))
     finally:
         for h in hooks:
             h.remove()
     feats = Features()
     if aux_ids:
-        feats.aux = torch.cat([grabbed[i] for i in aux_ids], dim=-1)
+        feats.aux = torch.cat([grabbed[i].to(home) for i in aux_ids], dim=-1)
     if spec.final_hidden:
-        feats.final = out.last_hidden_state
+        feats.final = out.last_hidden_state.to(home)
     if dtype is not None:
         feats.aux = feats.aux.to(dtype) if feats.aux is not None else None
         feats.final = feats.final.to(dtype) if feats.final is not None else None

@@ -197,14 +197,17 @@ def load_target(
     trust_remote_code: bool = False,
     device: Any = None,
     chat_template: str | os.PathLike | None = None,
+    device_map: str | dict | None = None,
 ) -> Target:
     """Load a target: ``"default"`` (embedded SmolLM2-135M-Instruct), a local folder, or a hub id.
 
     ``dtype`` (a torch dtype or ``fp32`` / ``bf16`` / ``fp16``) defaults to ``torch.float32`` (the fast dtype on CPU,
     and the one in which speculative output equals plain output token for token). ``device``: where the weights go
     (``specframe.devices.resolve_device``; default the CPU). ``chat_template``: a Jinja file replacing the
-    tokenizer's template (for targets without one, or to evaluate another). Remote code runs only with
-    ``trust_remote_code``. Raises ``SpecframeError`` for a path that does not exist, a folder without a tokenizer, or
+    tokenizer's template (for targets without one, or to evaluate another). ``device_map`` (``auto``, ``balanced``,
+    ``sequential`` or a dict) spreads a target too large for one device over every visible GPU (and the CPU) through
+    transformers / accelerate, in place of ``device``: layer by layer, one process, no tensor parallelism. Remote code
+    runs only with ``trust_remote_code``. Raises ``SpecframeError`` for a path that does not exist, a folder without a tokenizer, or
     a tokenizer with more ids than the model has embeddings.
     """
     import torch
@@ -239,11 +242,17 @@ def load_target(
             folder, source, tid = None, spec_s, spec_s
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+        placement = {} if device_map is None else {"device_map": device_map}
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                     **placement)
     except OSError as exc:
         raise SpecframeError(f"cannot load target '{spec_s}': {exc}") from exc
+    except (ValueError, ImportError) as exc:
+        if device_map is None:
+            raise
+        raise SpecframeError(f"--device-map {device_map}: transformers cannot place target '{spec_s}' ({exc})") from exc
     model.eval()
-    if device is not None:
+    if device is not None and device_map is None:
         model.to(device)
     if template is not None:
         tokenizer.chat_template = template

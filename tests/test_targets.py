@@ -75,3 +75,37 @@ def test_bad_targets(tmp_path):
     with pytest.raises(SpecframeError, match=r"tokenizer of target .* has 328 tokens but the model has only 320 "
                                              r"embeddings: tokenizer and model do not match"):
         load_target(path)
+
+
+def test_a_device_map_loads_the_same_target(tmp_path, monkeypatch):
+    """--device-map loads through transformers / accelerate (on this CPU-only machine every layer lands on the CPU):
+    the same weights and the same features as a plain load. Several GPUs: `make gpu-check`."""
+    import torch
+
+    from specframe.features import FeatureSpec, capture_features
+    from specframe.targets import load_target, tiny_target
+
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_target(tmp_path / "t")
+    plain = load_target(folder)
+    asked = []
+    original = AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **kw: asked.append(kw.get("device_map")) or original(*a, **kw))
+    mapped = load_target(folder, device_map="auto")
+    assert asked == ["auto"] and plain.weights_hash == mapped.weights_hash
+    ids = torch.tensor([[5, 9, 13, 2, 7]])
+    spec = FeatureSpec(aux_layers=(1, 2), final_hidden=True)
+    a, b = capture_features(plain, ids, spec), capture_features(mapped, ids, spec)
+    assert torch.equal(a.aux, b.aux) and torch.equal(a.final, b.final)
+
+
+def test_device_map_is_refused_under_torchrun(tmp_path, monkeypatch):
+    from specframe.engine import TrainConfig, train
+    from specframe.errors import UsageError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UsageError, match="--device-map spreads one target"):
+        train(TrainConfig(drafter="peagle", output=str(tmp_path / "o"), device_map="auto"), progress=False)
+    assert not (tmp_path / "o").exists()

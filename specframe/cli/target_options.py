@@ -1,5 +1,5 @@
-"""The options every command that loads a target shares: ``--device``, ``--dtype``, ``--trust-remote-code`` and
-``--chat-template``, collected into one ``TargetLoading`` so each command loads its target the same way."""
+"""The options every command that loads a target shares: ``--device``, ``--dtype``, ``--trust-remote-code``,
+``--chat-template`` and ``--device-map``, collected into one ``TargetLoading`` so each command loads its target the same way."""
 
 from __future__ import annotations
 
@@ -18,13 +18,15 @@ class TargetLoading:
     dtype: str = "fp32"
     trust_remote_code: bool = False
     chat_template: str | None = None
+    device_map: str | None = None
 
     def load(self, spec: str) -> Any:
         from specframe.devices import resolve_device
         from specframe.targets import load_target
 
         return load_target(spec, dtype=self.dtype, device=resolve_device(self.device),
-                           trust_remote_code=self.trust_remote_code, chat_template=self.chat_template)
+                           trust_remote_code=self.trust_remote_code, chat_template=self.chat_template,
+                           device_map=self.device_map)
 
 
 OPTIONS = [
@@ -38,6 +40,9 @@ OPTIONS = [
                  help="Run the model repository's own Python code (off unless given: only for targets you trust)."),
     click.option("--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
                  help="A Jinja chat template file replacing the tokenizer's."),
+    click.option("--device-map", default=None,
+                 help="Spread a target too large for one GPU over every visible GPU (and the CPU): transformers' "
+                      "device_map (auto, balanced, sequential), in place of --device; one process, layer by layer."),
 ]
 
 
@@ -45,8 +50,9 @@ def target_loading(fn):
     """Add the shared target options to a click command; it receives them as ``loading: TargetLoading``."""
 
     @functools.wraps(fn)
-    def wrapper(*args, device: str, dtype: str, trust_remote_code: bool, chat_template: str | None, **kwargs):
-        return fn(*args, loading=TargetLoading(device, dtype, trust_remote_code, chat_template), **kwargs)
+    def wrapper(*args, device: str, dtype: str, trust_remote_code: bool, chat_template: str | None,
+                device_map: str | None, **kwargs):
+        return fn(*args, loading=TargetLoading(device, dtype, trust_remote_code, chat_template, device_map), **kwargs)
 
     for option in reversed(OPTIONS):
         wrapper = option(wrapper)

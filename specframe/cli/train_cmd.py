@@ -120,6 +120,10 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
                    "the loss; fp16 with a gradient scaler) and of the target's weights.")
 @click.option("--trust-remote-code", is_flag=True,
               help="Run the target repository's own Python code (off unless given).")
+@click.option("--device-map", default=None,
+              help="Spread the target over every visible GPU (transformers' device_map: auto, balanced, "
+                   "sequential) instead of --device; one process only. For many processes prepare a cache this way "
+                   "and train from it.")
 @click.option("--chat-template", default=None, type=click.Path(exists=True, dir_okay=False),
               help="A Jinja chat template file replacing the target tokenizer's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (and no progress bar).")

@@ -74,6 +74,9 @@ class TrainConfig:
     dtype: str = attrs.field(default="fp32", validator=lambda i, a, v: _check_dtype(v))
     #: run the target repository's own code (transformers' trust_remote_code); off unless asked
     trust_remote_code: bool = False
+    #: spread the target over every visible GPU with transformers' device_map (auto, balanced, sequential) instead of
+    #: putting it on ``device``: one process only (torchrun ranks would each load it whole across all GPUs)
+    device_map: str | None = None
     #: a Jinja chat template file replacing the target tokenizer's
     chat_template: str | None = None
     #: warm start: a speculators EAGLE-3 / P-EAGLE, SafeAILab / SpecForge EAGLE-3 or PARD folder whose weights are

@@ -189,7 +189,9 @@ class OnlineSource(_Sequences):
         from specframe.features import capture_features
 
         # one conversation per forward: the target never attends across the documents of a packed sequence
-        f = capture_features(self.target, self.conversations[j].input_ids[None], self.feature_spec,
+        # on the target's (first) device: the features stay there for a drafter training on it
+        ids = self.conversations[j].input_ids[None]
+        f = capture_features(self.target, ids.to(self._device() or ids.device), self.feature_spec,
                              dtype=torch.float32)
         feats = {}
         if f.aux is not None:

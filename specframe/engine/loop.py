@@ -133,6 +133,10 @@ class Trainer:
 
         # time per phase (``--profile``); disabled, every phase is a no-op context
         self.timer = PhaseTimer(self.device, enabled=profile)
+        if cfg.device_map is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UsageError("--device-map spreads one target over every GPU of one process; under torchrun each "
+                             "rank would load it whole: prepare a feature cache with `specframe prepare --device-map "
+                             "auto` in one process, then train from it (--cache) on many")
         self.dist = _Dist(self.device)
         if cfg.fsdp and cfg.dtype == "fp16":
             raise UsageError("--fsdp trains in fp32 or bf16 (fp16's gradient scaler does not handle sharded "
@@ -183,9 +187,10 @@ class Trainer:
             from specframe.targets import load_target
 
             target = load_target(cfg.target, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code,
-                                 chat_template=cfg.chat_template)
+                                 chat_template=cfg.chat_template, device_map=cfg.device_map)
         self.target = target
-        target.model.to(self.device)
+        if getattr(target.model, "hf_device_map", None) is None:  # a device_map placed it already
+            target.model.to(self.device)
         drafter_cls = plugins.get("drafter", cfg.drafter)
         options = structure_options(cfg.drafter_options, drafter_cls.Options, f"drafter '{cfg.drafter}'")
         self.drafter: api.Drafter = drafter_cls(target.config, options)
