@@ -19,8 +19,9 @@ Estimator (an analytic model of what the code holds, checked against measured ch
                                                        and their gradients are held for every row; plus attention
                                                        scratch: dense / precomputed the [N, N] mask and SDPA's copies,
                                                        chunked a few [heads, chunk, band] score blocks)
-               the loss                               (the chunked KL keeps each charged element's hidden and target
-                                                       rows and a few [chunk, draft vocab] blocks at a time)
+               the loss                               (the chunked KL keeps each charged element's hidden state and its
+                                                       gradient, formed in the forward, and a few [chunk, draft vocab]
+                                                       blocks at a time)
 
 Element counts are not approximated: the estimator runs the real COD sampler on an all-supervised sequence and the
 real partitioner, so every segment's forwarded and charged counts are the ones training will see (COD sizes depend
@@ -306,8 +307,10 @@ def estimate(cfg: MemoryConfig) -> Estimate:
             "saved_activations": int(forwarded * saved),
             "backward_layer": int(forwarded * backward),
             "attention": int(attention),
-            # the chunked KL recomputes each chunk's logits in backward: it keeps the gathered hidden and target rows
-            # of every charged element, a few [chunk, Vd] fp32 blocks at a time, and the target head's draft rows
+            # the chunked KL (modeling.chunked_forward_kl) forms each row chunk's logit gradient in its forward: it
+            # holds every charged row's hidden state and its gradient (about H + H_t per row), the teacher of a block
+            # of positions and a few [chunk, Vd] fp32 blocks at a time (LOSS_CHUNK_BLOCKS counts both), and the
+            # target head's draft rows; a cache's compact top-k teacher needs no head rows, which this still counts
             "loss": int(charged * (h + h_t) * e + LOSS_CHUNK_BLOCKS * min(loss_chunk, max(charged, 1)) * vd * 4
                         + vd * h_t * e),
         }
