@@ -319,3 +319,27 @@ def test_compare_rounds_and_per_slot():
     assert parity.per_slot_counts(ref, 3) == [3, 2, 1]
     agg = parity.compare_per_slot(ref, [3, 2, 1], drafts=4, k=3)
     assert agg["max_abs_difference"] == 0.0
+
+
+@pytest.mark.slow  # imports vLLM's model registry (a minute on this CPU)
+def test_a_target_vllm_cannot_serve_is_refused_before_start_up_with_the_reasons(tmp_path):
+    """A Gemma target: vLLM's GemmaForCausalLM has no SupportsEagle3 (no aux hidden states for the drafter), and its
+    llama_eagle3 drafter builds only silu layers while this drafter is tanh-GELU like its target. drafter_job names
+    both before an engine starts; a Qwen2 target (SupportsEagle3, silu) passes the check."""
+    from specframe.vllm import vllm_available
+    from specframe.vllm.engine import drafter_job
+
+    for family in ("gemma", "qwen2"):
+        path = build_target(tmp_path / family, family=family)
+        config, _ = target_parts(path)
+        kwargs = dict(config=export.llama_config(config, 1), aux_layer_ids=AUX, target_hidden_size=config.hidden_size,
+                      target_num_layers=config.num_hidden_layers, verifier=export.verifier_name(path))
+        export.write_eagle3(tmp_path / f"{family}-export", eagle3_weights(config, 1, 64), **kwargs)
+    with pytest.raises(SpecframeError) as info:
+        drafter_job(tmp_path / "gemma-export", 3)
+    message = str(info.value)
+    assert message.startswith("the installed vLLM cannot serve this eagle3 export for target")
+    assert "builds only silu layers" in message and "gelu_pytorch_tanh" in message
+    if vllm_available():
+        assert "GemmaForCausalLM does not implement SupportsEagle3" in message
+    assert drafter_job(tmp_path / "qwen2-export", 3).target == str((tmp_path / "qwen2-export").resolve())

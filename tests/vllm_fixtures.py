@@ -18,9 +18,10 @@ HIDDEN, HEADS, KV_HEADS, INTER, LAYERS = 64, 2, 1, 128, 4
 AUX = [1, 2, 3]
 
 
-def build_target(path: Path, degenerate: bool = False) -> Path:
-    """A 4-layer Llama target (vocab about 320) with its tokenizer."""
-    tiny_target(path, hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS, intermediate=INTER, layers=LAYERS, seed=0)
+def build_target(path: Path, degenerate: bool = False, family: str = "llama") -> Path:
+    """A 4-layer target (vocab about 320) with its tokenizer: Llama, or another ``tiny_target`` family."""
+    tiny_target(path, hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS, intermediate=INTER, layers=LAYERS, seed=0,
+                family=family)
     if degenerate:
         from safetensors.torch import load_file, save_file
 

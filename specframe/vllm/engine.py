@@ -330,9 +330,11 @@ def drafter_job(export_dir: str | os.PathLike, k: int, target: str | os.PathLike
     """The engine job serving the export at ``export_dir`` with ``k`` draft tokens: a speculators export (EAGLE-3,
     P-EAGLE) without ``target`` is started from the folder alone (vLLM reads verifier and method from it); otherwise
     ``target`` is started with an explicit ``speculative_config``."""
+    from specframe.vllm import support
     from specframe.vllm.export import read_manifest, speculative_config
 
     manifest = read_manifest(export_dir)
+    support.check(export_dir, manifest.layout, target)  # before minutes of engine start-up, with the reason
     if target is None:
         if not manifest.speculators:
             raise SpecframeError(f"{export_dir} is a {manifest.layout} export: vLLM needs the target beside it")
