@@ -141,13 +141,17 @@ def draft_vocabulary(
 def full_vocab_top1(t2d: torch.Tensor, target_head: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """Reference for evaluation hits: the target's argmax over its whole vocabulary (what greedy verification
     accepts), as a draft id, or -1 when it lies outside the draft vocabulary (a hit is then impossible)."""
-    index = torch.cumsum(t2d.long(), 0) - 1
+    to_draft = _draft_index(t2d)
 
     def top1(target_hidden: torch.Tensor) -> torch.Tensor:
-        best = (target_hidden @ target_head.T).argmax(-1)
-        return torch.where(t2d[best], index[best], torch.full_like(best, -1))
+        return to_draft[(target_hidden @ target_head.T).argmax(-1)]
 
     return top1
+
+
+def _draft_index(t2d: torch.Tensor) -> torch.Tensor:
+    """Each target id's draft-vocabulary id, -1 outside the draft vocabulary ``t2d`` (bool [V])."""
+    return torch.where(t2d, torch.cumsum(t2d.long(), 0) - 1, -1)
 
 
 def in_draft_vocab(t2d: torch.Tensor, target_head: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -175,7 +179,7 @@ def kl_teacher(features: dict[str, torch.Tensor], t2d: torch.Tensor, target_head
     position only when the target's top-1 over the whole vocabulary is a draft token); ``evaluating``: a hit must
     match that top-1 (what greedy verification accepts), else the teacher's argmax within the draft vocabulary."""
     if TEACHER_IDS in features:
-        to_draft = torch.where(t2d, torch.cumsum(t2d.long(), 0) - 1, -1).to(device)
+        to_draft = _draft_index(t2d).to(device)
         keep_t2d = t2d.to(device)
         teacher = modeling.TopKTeacher(features[TEACHER_IDS].to(device), features[TEACHER_LOGP].to(device),
                                        to_draft, int(t2d.sum()))

@@ -81,6 +81,7 @@ class _Sequences:
         self._memo: dict[int, dict[str, torch.Tensor]] = {}
         self._pending: dict[int, Future] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._stream: Any = None  # the prefetch thread's CUDA stream, made on first use
         self._lock = threading.Lock()  # _memo and _pending are read by the caller and written by the prefetch thread
         # one feature computation at a time: the target's capture hooks and the cache's file reads are not re-entrant
         self._compute_lock = threading.Lock()
@@ -142,10 +143,11 @@ class _Sequences:
         device = self._device()
         if device is None or device.type != "cuda":
             return self._compute(i)
-        stream = torch.cuda.Stream(device=device)
-        with torch.cuda.stream(stream):
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        with torch.cuda.stream(self._stream):
             feats = self._compute(i)
-        stream.synchronize()  # in this thread: the features are complete before the caller can take them
+        self._stream.synchronize()  # in this thread: the features are complete before the caller can take them
         return feats
 
     def _device(self) -> torch.device | None:

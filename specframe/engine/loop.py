@@ -409,11 +409,13 @@ class Trainer:
         jobs = [(example, elems, seg, sup) for example, elems, segs, sup in work for seg in segs]
         # DDP averages the ranks' gradients; scaling by the world size makes that the global sum / global count
         scale = self.dist.world / global_count if global_count > 0 else 0.0
-        if global_count > 0 and not jobs and self.ddp is not None:
-            self._idle_backward()  # no sequence on this rank this step: it still takes part in the one reduction
-        # under FSDP every forward all-gathers and every backward reduce-scatters: each rank runs as many as the
-        # busiest one, the extra ones with a zero loss
-        idle = self.dist.max_(len(jobs)) - len(jobs) if self.fsdp is not None else 0
+        # zero-loss forward / backward passes that keep this rank in the ranks' collectives: under FSDP every forward
+        # all-gathers and every backward reduce-scatters, so each rank runs as many as the busiest one; under DDP a
+        # rank with no sequence this step still takes part in the one reduction
+        if self.fsdp is not None:
+            idle = self.dist.max_(len(jobs)) - len(jobs)
+        else:
+            idle = int(global_count > 0 and not jobs and self.ddp is not None)
         for j, (example, elems, seg, sup) in enumerate(jobs):
             # gradients accumulate locally over segments and sequences; only the last backward reduces across ranks
             last = j == len(jobs) - 1
