@@ -26,8 +26,38 @@ from presets import Preset
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(args: list[str], *, threads: int, log: Path) -> tuple[int, float, float]:
-    """``specframe ARGS`` in a child process; returns (exit code, peak RSS bytes of the child, wall seconds).
+def busy_cpu_seconds() -> float | None:
+    """CPU-seconds the whole machine has spent busy since boot (Linux ``/proc/stat``), or None where it cannot say."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        # cpu user nice system idle iowait irq softirq steal ...; guest time is already inside user and nice
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def beside_cores(busy_before: float | None, busy_after: float | None, child_cpu: float, seconds: float) -> float | None:
+    """How many cores other processes kept busy, on average, while a child ran: the machine's busy CPU time over
+    the interval less the child's own, per wall second (None where the machine's CPU time is unknown). A throughput
+    measured with this near a whole core shared the machine and is not comparable with a quiet one."""
+    if busy_before is None or busy_after is None or seconds <= 0:
+        return None
+    return max(0.0, (busy_after - busy_before - child_cpu) / seconds)
+
+
+@attrs.frozen
+class ChildRun:
+    exit: int
+    #: the child's peak RSS in bytes (``os.wait4``)
+    peak_rss_bytes: float
+    seconds: float
+    #: cores other processes kept busy meanwhile (``beside_cores``)
+    beside_cores: float | None
+
+
+def run_cli(args: list[str], *, threads: int, log: Path) -> ChildRun:
+    """``specframe ARGS`` in a child process, with its exit code, peak RSS, wall time and the load beside it.
     stdout and stderr go to ``log`` (appended), so a failure can be read after the fact."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     cmd = [sys.executable, "-m", "specframe", *args]
@@ -35,11 +65,13 @@ def run_cli(args: list[str], *, threads: int, log: Path) -> tuple[int, float, fl
     with open(log, "a") as out:
         out.write(f"$ {shlex.join(cmd)}\n")
         out.flush()
+        busy = busy_cpu_seconds()
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
-    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024.0, seconds
+        beside = beside_cores(busy, busy_cpu_seconds(), usage.ru_utime + usage.ru_stime, seconds)
+    return ChildRun(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024.0, seconds, beside)
 
 
 def last_error(log: Path) -> str:
@@ -116,10 +148,10 @@ class Workspace:
         if done.exists() and json.loads(done.read_text()).get("args") == args:
             return path
         log = self.root / f"cache-{key}.log"
-        code, peak, seconds = run_cli(args, threads=self.preset.threads, log=log)
-        if code != 0:
-            raise RuntimeError(f"specframe prepare failed ({code}): {last_error(log)}")
-        done.write_text(json.dumps({"args": args, "seconds": seconds, "peak_rss_bytes": peak}))
+        child = run_cli(args, threads=self.preset.threads, log=log)
+        if child.exit != 0:
+            raise RuntimeError(f"specframe prepare failed ({child.exit}): {last_error(log)}")
+        done.write_text(json.dumps({"args": args, **attrs.asdict(child)}))
         return path
 
     # ------------------------------------------------------------------------------------------------ training
@@ -158,8 +190,9 @@ class Workspace:
 
         while True:
             resume = ["--resume", str(out)] if checkpoint.has_checkpoint(out) else []
-            code, peak, seconds = run_cli([*args, *resume], threads=self.preset.threads, log=log)
-            attempts.append({"exit": code, "peak_rss_bytes": peak, "seconds": seconds, "resumed": bool(resume)})
+            child = run_cli([*args, *resume], threads=self.preset.threads, log=log)
+            code = child.exit
+            attempts.append({**attrs.asdict(child), "resumed": bool(resume)})
             if code == 0 or len(attempts) >= 2 or not checkpoint.has_checkpoint(out):
                 break
         record: dict[str, Any] = {"drafter": drafter, "key": key, "run": str(out), "command": shlex.join(
@@ -172,6 +205,9 @@ class Workspace:
         else:
             record.update(training_figures(out))
             record["peak_rss_bytes"] = max(a["peak_rss_bytes"] for a in attempts)
+            # the throughput above is only as quiet as the machine was: the most load any attempt had beside it
+            loads = [a["beside_cores"] for a in attempts]
+            record["beside_cores"] = None if None in loads else max(loads)
         record_path.write_text(json.dumps(record, indent=1))
         return record
 

@@ -39,7 +39,7 @@ def row(record: dict) -> dict:
         return {"refused": record["refused"]}
     out = {key: record[key] for key in ("val_loss", "val_expected_al", "tokens_per_second", "train_tokens",
                                         "supervised_elements", "peak_rss_bytes", "first_train_loss", "last_train_loss")}
-    for key in ("val_expected_al_method", "val_product_al", "val_vocab_masked", "learning_curve"):
+    for key in ("val_expected_al_method", "val_product_al", "val_vocab_masked", "learning_curve", "beside_cores"):
         if record.get(key) is not None:
             out[key] = record[key]
     for depth, acc in enumerate(record["val_accuracy"] or [], start=1):

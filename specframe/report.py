@@ -31,6 +31,8 @@ LABEL_KEYS = ("drafter", "mask_builder", "partitioner", "engine", "verifier", "d
 MAX_SERIES = 8
 #: a speedup above AL x this is physically impossible (a round costs at least one target forward)
 PHYSICAL_SLACK = 1.05
+#: a training throughput measured while other processes kept more than this many cores busy, on average, is flagged
+BUSY_CORES = 0.25
 
 
 def load_results(directory: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -385,14 +387,29 @@ def _speedups(d: dict[str, Any]) -> list[str]:
 
 
 def _training(d: dict[str, Any]) -> list[str]:
+    methods = d["metrics"]["methods"]
     # results written before the chain measurement hold the per-depth product estimate; say which one a row is
-    rows = [[name, _fmt(m.get("val_expected_al")), m.get("val_expected_al_method", "per-depth product"),
-             _fmt(m.get("tokens_per_second")), _fmt((m.get("peak_rss_bytes") or 0) / 2**20),
-             _fmt(m.get("train_tokens"))] if "refused" not in m
-            else [name, "does not fit", "", "", "", ""] for name, m in d["metrics"]["methods"].items()]
-    return [f"Training under one budget ({d['metrics'].get('memory_budget')}):", ""] + _table(
-        ["drafter", "expected AL (validation)", "measured as", "train tokens/s", "peak RSS MiB", "train tokens"],
-        rows) + [""]
+    header = ["drafter", "expected AL (validation)", "measured as", "train tokens/s", "peak RSS MiB", "train tokens"]
+    # the cores other processes kept busy during each run (results from before this was measured have none)
+    loaded = any(_number(m.get("beside_cores")) for m in methods.values())
+    rows = []
+    for name, m in methods.items():
+        if "refused" in m:
+            rows.append([name, "does not fit", "", "", "", ""] + ([""] if loaded else []))
+            continue
+        row = [name, _fmt(m.get("val_expected_al")), m.get("val_expected_al_method", "per-depth product"),
+               _fmt(m.get("tokens_per_second")), _fmt((m.get("peak_rss_bytes") or 0) / 2**20),
+               _fmt(m.get("train_tokens"))]
+        if loaded:
+            row.append(_fmt(m.get("beside_cores")) if _number(m.get("beside_cores")) else "not measured")
+        rows.append(row)
+    out = [f"Training under one budget ({d['metrics'].get('memory_budget')}):", ""]
+    out += _table(header + (["other load (cores)"] if loaded else []), rows) + [""]
+    busy = [name for name, m in methods.items() if _number(m.get("beside_cores")) and m["beside_cores"] > BUSY_CORES]
+    if busy:
+        out += [f"Throughput shared the machine for {', '.join(busy)} (other processes kept more than "
+                f"{BUSY_CORES} of a core busy on average): compare their tokens/s with care.", ""]
+    return out
 
 
 def _longest_context(d: dict[str, Any]) -> list[str]:

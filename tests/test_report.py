@@ -323,3 +323,29 @@ def test_answers_state_each_question_with_its_interval(tmp_path):
     assert f"K = 2 {ratio:.2f}x [" in text and ratio > 1
     assert "ngram" not in text
     assert report.headline(report.load_results(d))[:len(lines)] == lines
+
+
+def test_training_throughput_measured_beside_other_work_is_flagged(tmp_path):
+    """The training table says how many cores other processes kept busy during each run, and names the runs whose
+    tokens/s shared the machine; results from before this was measured keep the old table."""
+    d = tmp_path / "cpu"
+    write(d, "training.json", "bench.training", {"memory_budget": "3GiB", "methods": {
+        "peagle": {"val_expected_al": 1.3, "val_expected_al_method": "chain", "tokens_per_second": 250.0,
+                   "peak_rss_bytes": 2**30, "train_tokens": 900, "beside_cores": 0.02},
+        "eagle3": {"val_expected_al": 1.3, "val_expected_al_method": "chain", "tokens_per_second": 90.0,
+                   "peak_rss_bytes": 2**30, "train_tokens": 900, "beside_cores": 1.1},
+        "pard": {"val_expected_al": 1.2, "val_expected_al_method": "chain", "tokens_per_second": 80.0,
+                 "peak_rss_bytes": 2**30, "train_tokens": 900}}}, {})
+    assert CliRunner().invoke(main, ["report", str(d)]).exit_code == 0
+    text = (d / "report.md").read_text()
+    assert "| train tokens | other load (cores) |" in text
+    assert "| peagle | 1.3 | chain | 250 | 1024 | 900 | 0.02 |" in text
+    assert "| pard | 1.2 | chain | 80 | 1024 | 900 | not measured |" in text
+    assert "Throughput shared the machine for eagle3 (" in text  # and only for eagle3
+    old = tmp_path / "old"
+    write(old, "training.json", "bench.training", {"memory_budget": "3GiB", "methods": {
+        "peagle": {"val_expected_al": 1.3, "tokens_per_second": 250.0, "peak_rss_bytes": 2**30, "train_tokens": 9}}},
+        {})
+    assert CliRunner().invoke(main, ["report", str(old)]).exit_code == 0
+    text = (old / "report.md").read_text()
+    assert "other load" not in text and "shared the machine" not in text

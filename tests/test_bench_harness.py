@@ -1,0 +1,49 @@
+"""The comparison harness's child runs (benchmarks/harness.py): what it records about each `specframe` process,
+including how busy the rest of the machine was while a timed run went on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from harness import beside_cores, busy_cpu_seconds, run_cli  # noqa: E402
+
+
+def test_load_beside_a_child_is_the_machines_busy_time_less_the_childs_own():
+    # 10 busy CPU-seconds on the machine over 4 s of wall time, 6 of them the child's: others kept 1 core busy
+    assert beside_cores(100.0, 110.0, 6.0, 4.0) == pytest.approx(1.0)
+    # the child alone: nothing beside it (clock granularity may make the difference slightly negative)
+    assert beside_cores(100.0, 105.0, 5.01, 2.5) == 0.0
+    assert beside_cores(None, 110.0, 6.0, 4.0) is None and beside_cores(100.0, 110.0, 6.0, 0.0) is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the machine's CPU time comes from Linux /proc/stat")
+def test_the_machines_busy_time_counts_other_processes_work():
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n"
+    before = busy_cpu_seconds()
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    after = busy_cpu_seconds()
+    assert after - before >= 0.5  # the spinning child's CPU time shows in the machine's
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the machine's CPU time comes from Linux /proc/stat")
+def test_a_child_run_reports_exit_memory_time_and_the_load_beside_it(tmp_path):
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a core kept busy beside the child
+    try:
+        time.sleep(0.3)
+        child = run_cli(["plugins"], threads=1, log=tmp_path / "plugins.log")
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert child.exit == 0 and child.peak_rss_bytes > 2**20 and child.seconds > 0
+    log = (tmp_path / "plugins.log").read_text()
+    assert log.startswith("$ ") and "peagle" in log
+    # at least half a core on one core (the two share it), about one on two or more
+    assert child.beside_cores > 0.3
+    failed = run_cli(["train", "--drafter", "no-such-drafter"], threads=1, log=tmp_path / "bad.log")
+    assert failed.exit != 0
