@@ -58,7 +58,7 @@ demo: setup
 	  $(BIN)/specframe bench acceptance --engine vllm --checkpoint $(DEMO)/peagle --baseline ngram --dataset gsm8k \
 	      --num-prompts 3 --k 2 --k 3 --repeats 3 --max-new-tokens 96 --output $(DEMO)/vllm.json || exit $$?; \
 	else echo "== vLLM is not installed (make setup VLLM=cpu): the speed comparison in vLLM is skipped"; fi
-	@echo "next: every drafter head-to-head under one budget: make bench PRESET=cpu (about 70 min on 2 cores)"
+	@echo "next: every drafter head-to-head under one budget: make bench PRESET=cpu (about 2.5 hours on 2 cores)"
 	@echo "next: another drafter on the same data: $(BIN)/specframe train --drafter eagle3 --output runs/eagle3"
 
 test: setup
@@ -67,7 +67,7 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow" -x
 
-# The comparison suites (benchmarks/): PRESET=ci (tiny target, minutes; run by .ci/run), cpu (SmolLM2, about 70 min
+# The comparison suites (benchmarks/): PRESET=ci (tiny target, minutes; run by .ci/run), cpu (SmolLM2, about 2.5 hours
 # on 2 cores; results and report in benchmarks/results/cpu) or gpu. Stopped runs resume: the feature cache, trained
 # drafters and finished measurements are kept in runs/bench/PRESET and reused.
 PRESET ?= ci

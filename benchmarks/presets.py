@@ -1,5 +1,5 @@
 """The scales the comparison suites run at: ``ci`` (tiny target, minutes), ``cpu`` (SmolLM2 on a laptop-class CPU,
-about two hours), ``cpu-long`` (the same target trained on 1.15M tokens per drafter: about 10 hours, resumable) and ``gpu`` (a
+about 2.5 hours), ``cpu-long`` (the same target trained on 1.15M tokens per drafter: about 10 hours, resumable) and ``gpu`` (a
 scale worth publishing, for a machine with one).
 
 A preset fixes everything that must be equal across drafters for the comparison to be fair: the target, the
@@ -134,7 +134,7 @@ PRESETS = {
         speed_k=3, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2,
     ),
     "cpu": Preset(
-        name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; one to two hours on 2 cores",
+        name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; about 2.5 hours on 2 cores",
         target="default", data="default", train_examples=300, val_examples=16, seq_len=512, depth=7, steps=150,
         batch_size=2, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED,
         memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5, eval_every=30, mask_builder=None,
@@ -142,8 +142,9 @@ PRESETS = {
     # The budget that learns (issue 17): ShareGPT conversations, the field's usual EAGLE training data, whose teacher
     # distributions come from the target itself (online KL over the cached hidden states), packed into full 512-token
     # sequences: 560 steps x 4 x 512 = 1.15M training tokens per drafter, validated at 5 points on one token axis.
-    # About 2 hours per drafter on 2 cores at the cpu preset's 140 tokens/s: every drafter's run resumes from its last
-    # checkpoint (save_every = eval_every), so it spans sessions. The attention path is the engine's choice by size.
+    # At the cpu preset's measured rates on 2 AMD EPYC cores (72-251 tokens/s, 2026-12-01) that is 1.3 hours for
+    # P-EAGLE to 4.4 for DFlash, about 10 in all: every drafter's run resumes from its last checkpoint
+    # (save_every = eval_every), but only while its work folder is kept. The attention path is the engine's choice.
     "cpu-long": Preset(
         name="cpu-long", description="SmolLM2-135M-Instruct on ShareGPT, 1.15M training tokens per drafter, learning "
         "curves at 5 points; about 10 hours on 2 cores, resumable",
