@@ -45,7 +45,9 @@ from specframe.vllm import export as vllm_layouts
 #:   mask builders are taken as chain-only, so a block drafter is refused with them (``UsageError`` at the first
 #:   segment) rather than trained under the wrong rule; a partitioner that ignores the rule is caught by the
 #:   engine's causal-completeness check (``specframe.elements.check_partition``), which applies the set's rule.
-API_VERSION = "2"
+#: - "3" (additive): ``Drafter.forwarded_rows``, the row count the memory estimator charges a segment with; its
+#:   default (one row per element) is what every version-2 drafter was estimated with, so those run unchanged.
+API_VERSION = "3"
 
 __all__ = [
     "API_VERSION",
@@ -462,6 +464,14 @@ class Drafter(Component, ABC):
         """The trainable model (its ``parameters()`` are optimised, its ``state_dict()`` checkpointed)."""
 
     # -- training
+    def forwarded_rows(self, elements: int, anchors: int) -> int:
+        """Rows this drafter's layers run for a training segment of ``elements`` grid elements over ``anchors``
+        distinct anchors: what ``specframe.memory``'s estimate multiplies its per-row activation bytes by (and
+        squares, for a dense mask). Default: one row per element. A drafter that runs more states it here (DFlash
+        runs every slot of each charged anchor's block, whatever the training depth); an estimate that counts too
+        few rows proposes a context length the in-run guard then stops."""
+        return elements
+
     def check_training(self, depth: int, mask_builder: str, partitioner: str) -> None:
         """Refuse (``UsageError``) a training configuration this drafter cannot train: called by the engine at
         start-up, after the depth, mask builder and partitioner are resolved and before any data is read, so a

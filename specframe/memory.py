@@ -25,7 +25,8 @@ Estimator (an analytic model of what the code holds, checked against measured ch
 
 Element counts are not approximated: the estimator runs the real COD sampler on an all-supervised sequence and the
 real partitioner, so every segment's forwarded and charged counts are the ones training will see (COD sizes depend
-only on L, K and the ratios). Per-element byte counts were read off the saved-tensor sizes of
+only on L, K and the ratios). "Elements forwarded" is the drafter's ``Drafter.forwarded_rows`` of a segment's
+elements and anchors: one row per element unless the drafter runs others (DFlash runs each anchor's whole block). Per-element byte counts were read off the saved-tensor sizes of
 ``specframe.modeling.DecoderLayer`` (about 10.8 H + 4 I floats per element and layer), the row-chunked regime's from
 the tensors live at the peak of a long-context step (a ``TorchDispatchMode`` census), and the constants below (the
 process baseline and a per-step overhead) were read off a few measured runs; the tests and the benchmark check
@@ -190,15 +191,19 @@ def _numel(tensors: Any) -> int:
 
 
 def _layers(module: torch.nn.Module) -> tuple[int, Any]:
-    from specframe.modeling import DecoderLayer, LayerShape
+    """The drafter's decoder layers and their shape: ``modeling.DecoderLayer`` s, and any plugin layer built the same
+    way (an ``mlp`` beside a ``self_attn`` that carries a ``LayerShape``, as DFlash's), whose activations per row the
+    per-element constants describe as well."""
+    from specframe.modeling import LayerShape
 
-    layers = [m for m in module.modules() if isinstance(m, DecoderLayer)]
-    shape = layers[0].self_attn.shape if layers else None
-    return len(layers), shape if isinstance(shape, LayerShape) else None
+    layers = [m for m in module.modules() if isinstance(getattr(getattr(m, "self_attn", None), "shape", None),
+                                                        LayerShape) and hasattr(m, "mlp")]
+    return len(layers), layers[0].self_attn.shape if layers else None
 
 
 def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tuple[list[tuple[int, int, int]], int]:
-    """(forwarded, charged, depth-0 keys) of every segment, from the real COD sampler and partitioner."""
+    """(forwarded rows, charged, anchors) of every segment, from the real COD sampler and partitioner; the rows are
+    the drafter's ``forwarded_rows`` of the segment's elements and distinct anchors."""
     from specframe import api, plugins
     from specframe.elements import cod_sample, full_grid
     from specframe.engine.config import structure_options
@@ -222,7 +227,8 @@ def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tupl
     for seg in segs:
         idx = seg.elements
         charged = int((seg.loss_mask & charged_all[idx]).sum())
-        out.append((int(idx.numel()), charged, int((elems.depth[idx] == 0).sum())))
+        anchors = int(torch.unique(elems.anchor[idx]).numel())
+        out.append((int(drafter.forwarded_rows(int(idx.numel()), anchors)), charged, anchors))
     return out, len(elems)
 
 

@@ -529,42 +529,50 @@ def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chu
 
 
 def chunked_cross_entropy(
-    hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, chunk: int = 256
+    hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, chunk: int = 256,
+    row_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum over rows of the hard cross-entropy of softmax(hidden @ head.T) at ``labels``, and each row's top-1 hit,
-    in row chunks. As in ``chunked_forward_kl`` the logits' gradient (q - onehot) is formed in the forward, so each
-    chunk's logits are computed once, not again in backward; memory O(N x H + V x H), O(chunk x V) per chunk."""
+    """Sum over rows of the hard cross-entropy of softmax(hidden @ head.T) at ``labels`` (each row times
+    ``row_weight``, when given), and each row's top-1 hit, in row chunks. As in ``chunked_forward_kl`` the logits'
+    gradient (q - onehot) is formed in the forward, so each chunk's logits are computed once, not again in backward,
+    and no [N, V] tensor is ever alive: memory O(N x H + V x H), O(chunk x V) per chunk. Softmax runs in at least
+    fp32 (float64 stays float64, for the exactness tests)."""
     n = hidden.shape[0]
     if n == 0:
         return hidden.sum() * 0.0 + head.sum() * 0.0, torch.zeros(0, dtype=torch.bool)
     with _phase("loss"):
-        return _cross_entropy(hidden, head, labels, chunk)
+        return _cross_entropy(hidden, head, labels, chunk, row_weight)
 
 
-def _cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, chunk: int):
-    n = hidden.shape[0]
+def _cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, chunk: int,
+                   row_weight: torch.Tensor | None):
     grad_on = torch.is_grad_enabled()
     need_h, need_head = grad_on and hidden.requires_grad, grad_on and head.requires_grad
-    loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    wide = torch.promote_types(torch.promote_types(hidden.dtype, head.dtype), torch.float32)
+    loss = torch.zeros((), dtype=wide, device=hidden.device)
     hits = []
     grad_h = torch.zeros_like(hidden) if need_h else None
-    grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if need_head else None
+    grad_head = torch.zeros(head.shape, dtype=wide, device=head.device) if need_head else None
     with torch.no_grad():
-        for start in range(0, n, chunk):
+        for start in range(0, hidden.shape[0], chunk):
             h, y = hidden[start : start + chunk], labels[start : start + chunk]
             z = h @ head.T
-            logq = z.float()  # log-softmax in place: the [rows, V] passes over memory are most of this loop
+            logq = z.to(wide)  # log-softmax in place: the [rows, V] passes over memory are most of this loop
             logq = logq.sub_(torch.logsumexp(logq, dim=-1, keepdim=True))
-            loss += -logq.gather(1, y[:, None]).sum()
+            nll = -logq.gather(1, y[:, None])[:, 0]
+            w = None if row_weight is None else row_weight[start : start + chunk].to(device=z.device, dtype=wide)
+            loss += nll.sum() if w is None else (nll * w).sum()
             hits.append(logq.argmax(-1) == y)
             if need_h or need_head:
                 g = logq.exp_()
                 g[torch.arange(len(y), device=g.device), y] -= 1.0
+                if w is not None:
+                    g = g.mul_(w[:, None])
                 g = flush_subnormal(g.to(z.dtype))
                 if need_h:
                     grad_h[start : start + chunk] = (g @ head.to(z.dtype)).to(hidden.dtype)
                 if need_head:
-                    grad_head += (g.T @ h.to(z.dtype)).float()
+                    grad_head += (g.T @ h.to(z.dtype)).to(wide)
     if need_h or need_head:
         loss = _PrecomputedGrad.apply(hidden, head, loss, grad_h,
                                       None if grad_head is None else grad_head.to(head.dtype))

@@ -81,10 +81,11 @@ def run(drafter, ex, elems, sup, builder="dense", partitioner="none", parts=1, *
     return total / count, grads, hits
 
 
-def oracle_loss(drafter, ex, elems, sup):
+def oracle_loss(drafter, ex, elems, sup, gamma=None):
     """DFlash's forward written per block, with no mask builder: block a = [x_{a+1}, MASK x (B-1)] at positions
     a+1 .., attending with full attention to the context g_c (c <= a, same document) and to itself; element (a, d)
-    is slot d + 1 and its target x_{a+2+d}. Returns the summed cross-entropy over supervised elements."""
+    is slot d + 1 and its target x_{a+2+d}. Returns the summed cross-entropy over supervised elements (depth d
+    weighted exp(-d / gamma) when ``gamma`` is given)."""
     model = drafter.model
     docs = position_docs(ex.doc, sup.shape[0])
     B = drafter.options.block_size
@@ -100,7 +101,10 @@ def oracle_loss(drafter, ex, elems, sup):
         tokens[0] = ex.input_ids[a + 1]
         hidden = model(tokens, torch.arange(a + 1, a + 1 + B), kv, lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
         logits = model.lm_head(hidden[[d + 1 for d in want]])
-        total = total + F.cross_entropy(logits, ex.input_ids[[a + 2 + d for d in want]], reduction="sum")
+        per = F.cross_entropy(logits, ex.input_ids[[a + 2 + d for d in want]], reduction="none")
+        if gamma is not None:
+            per = per * torch.exp(-torch.tensor(want, dtype=per.dtype) / gamma)
+        total = total + per.sum()
     return total
 
 
@@ -156,6 +160,41 @@ def test_training_loss_equals_the_per_block_oracle(target, docs):
     loss, _, _ = run(drafter, ex, elems, sup)
     expected = float(oracle_loss(drafter, ex, elems, sup).detach()) / int(sup[elems.position].sum())
     assert math.isclose(loss, expected, rel_tol=1e-10)
+
+
+def test_depth_decay_weights_each_depth_as_the_oracle(target):
+    drafter, ex = make(target, loss_decay_gamma=1.5)
+    elems, sup = grid(drafter, ex)
+    loss, _, _ = run(drafter, ex, elems, sup)
+    count = int(sup[elems.position].sum())
+    assert math.isclose(loss, float(oracle_loss(drafter, ex, elems, sup, gamma=1.5).detach()) / count, rel_tol=1e-10)
+    assert not math.isclose(loss, float(oracle_loss(drafter, ex, elems, sup).detach()) / count, rel_tol=1e-6)
+
+
+def test_the_loss_never_holds_logits_for_more_rows_than_a_chunk(target):
+    """The head is the target's whole vocabulary: a [rows, V] logits block (and softmax's saved copy, and its
+    gradient) was most of a training step's memory, and put DFlash over the cpu preset's budget at every length.
+    Every product with the head, forward and backward, covers at most ``loss_chunk`` rows."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    vocab = target.config.vocab_size
+    widest = []
+
+    class Census(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) and out.shape[-1] == vocab:
+                widest.append(out.shape[0])
+            return out
+
+    drafter, ex = make(target, length=30, loss_chunk=3)
+    drafter.module().float()
+    ex = api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc, {k: v.float() for k, v in ex.features.items()})
+    elems, sup = grid(drafter, ex)
+    assert int(sup[elems.position].sum()) > 3 * 10  # many chunks' worth of charged rows
+    with Census():
+        run(drafter, ex, elems, sup)
+    assert widest and max(widest) <= 3
 
 
 def test_the_oracle_tells_a_causal_block_apart(target):

@@ -12,6 +12,7 @@ import pytest
 from transformers import LlamaConfig
 
 from specframe import memory as mem
+from specframe import plugins
 from specframe.engine.checkpoint import step_name
 from specframe.errors import SpecframeError, UsageError
 from specframe.memory_probe import ProbeSpec, measure
@@ -80,6 +81,19 @@ def test_estimate_matches_measured_peak_precomputed_partitioned():
     _check(ProbeSpec(seq_len=640, depth=5, mask_builder="precomputed", partitioner="peagle", partitions=2,
                      **{**SMALL, "hidden": 96, "heads": 6, "kv_heads": 3, "intermediate": 256},
                      drafter_options={"layers": 2, "draft_vocab_size": 200}))
+
+
+def test_estimate_is_not_short_for_a_drafter_that_runs_whole_blocks():
+    """DFlash runs every slot of each anchor's block (``Drafter.forwarded_rows``: 16 rows per anchor, whatever the
+    depth) through its own layer class, not ``DecoderLayer``. Counting one row per element and no layers, the estimate
+    fell to about half the measured peak, and proposed lengths the guard then stopped (the cpu preset's memory table:
+    3,072 proposed, 1,920 over). It must not fall short, and not be so loose that it wastes the budget."""
+    if "dflash" not in plugins.load().names("drafter"):
+        pytest.skip("the specframe-dflash distribution is not installed")
+    spec = ProbeSpec(seq_len=384, depth=4, drafter="dflash", mask_builder="chunked", target_layers=4,
+                     drafter_options={"layers": 2, "aux_layer_ids": [1, 3]})  # SmolLM2-135M's width and vocabulary
+    est, got = _estimate(spec), measure(spec)
+    assert got["peak_bytes"] <= est.peak_bytes <= 1.35 * got["peak_bytes"], (est.to_dict(), got)
 
 
 @pytest.mark.slow

@@ -111,6 +111,26 @@ def test_cross_entropy_equals_plain_autograd(chunk):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_weighted_cross_entropy_equals_plain_autograd_in_float64(chunk):
+    """Row weights scale each row's loss and gradient (DFlash's depth decay), and float64 inputs are not rounded
+    through float32 on the way (the drafters' exactness tests run in float64)."""
+    g = torch.Generator().manual_seed(chunk)
+    hidden = torch.randn(17, 8, generator=g, dtype=torch.float64).requires_grad_()
+    head = (4.0 * torch.randn(50, 8, generator=g, dtype=torch.float64)).requires_grad_()
+    labels = torch.randint(0, 50, (17,), generator=g)
+    weight = torch.rand(17, generator=g, dtype=torch.float64)
+    loss, hits = modeling.chunked_cross_entropy(hidden, head, labels, chunk, row_weight=weight)
+    assert loss.dtype == torch.float64
+    got = torch.autograd.grad(loss, (hidden, head))
+    per = torch.nn.functional.cross_entropy(hidden @ head.T, labels, reduction="none")
+    want = torch.autograd.grad((per * weight).sum(), (hidden, head))
+    torch.testing.assert_close(loss, (per * weight).sum(), rtol=1e-12, atol=1e-12)
+    assert torch.equal(hits, (hidden @ head.T).argmax(-1) == labels)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     torch.set_num_threads(1)

@@ -12,7 +12,8 @@ It imports only ``specframe.api``. What it declares, and why (README.md has the 
   as element sets under the block rule (context = depth-0 keys, block slot s = depth s + 1) and asks the segment's
   mask builder for it (``attention.subset``), so the configured builder's memory behaviour carries over.
 - Loss: cross-entropy against the data token with the target's frozen lm_head, weight exp(-d / gamma) at depth d
-  (``loss_decay_gamma``; off by default, as in SpecForge), normalised by the engine's supervised count.
+  (``loss_decay_gamma``; off by default, as in SpecForge), normalised by the engine's supervised count; computed in
+  row chunks over the target's vocabulary (``api.modeling.chunked_cross_entropy``), never as a whole [rows, V] block.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class DFlashOptions:
         "help": "target aux layer ids (hidden state entering that layer); null: DFlash's evenly spaced layers"})
     loss_decay_gamma: float | None = attrs.field(default=None, metadata={
         "help": "weight exp(-d / gamma) on depth d (the paper's position decay); null: uniform (SpecForge default)"})
+    loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
+        "help": "rows per chunk of the cross-entropy over the target's vocabulary (memory: one [chunk, vocab] block)"})
 
     def __attrs_post_init__(self) -> None:
         if self.block_size < 2:
@@ -121,6 +124,11 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
             raise api.UsageError(
                 f"dflash trains at most block_size - 1 = {self.depth} depths (its mask slots), got --depth {depth}"
             )
+
+    def forwarded_rows(self, elements: int, anchors: int) -> int:
+        # every slot of each anchor's block runs through the layers (the anchor token and all block_size - 1 masks:
+        # the block attends to itself bidirectionally), however few of its depths the grid trains
+        return anchors * (self.depth + 1)
 
     def prepare(self, target: Any, examples: Any) -> None:
         """Take the target's embedding and lm_head (frozen: DFlash shares them) and pick the mask token by
@@ -186,17 +194,17 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         hidden = model(tokens.to(device), (b_anchor + 1 + b_slot).to(device), context_kv, attend)
         # element (a, d) is slot d + 1 of block a and predicts x_{a+2+d}
         rows = (block_of * slots + depth + 1).to(device)
-        logits = model.lm_head(hidden[rows])
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: softmax in fp32
         target = ids[anchor + depth + 2].to(device)
-        per = F.cross_entropy(logits, target, reduction="none")
         gamma = self.options.loss_decay_gamma
-        if gamma is not None:
-            per = per * torch.exp(-depth.to(device=device, dtype=per.dtype) / gamma)
-        hit = (logits.argmax(-1) == target).cpu()
+        weight = None if gamma is None else torch.exp(-depth.to(device=device, dtype=torch.float64) / gamma)
+        # the head is the target's whole vocabulary: full [rows, V] logits (and softmax's saved copy and gradient)
+        # would be most of a step's memory, so the core's chunked cross-entropy holds one [chunk, V] block at a time
+        loss_sum, hit = api.modeling.chunked_cross_entropy(
+            hidden[rows], model.lm_head.weight, target, self.options.loss_chunk, row_weight=weight)
+        hit = hit.cpu()
         total = torch.bincount(depth, minlength=k)[:k]
         correct = torch.bincount(depth[hit], minlength=k)[:k]
-        return api.LossTerms(per.sum(), int(anchor.numel()), correct, total, hit=hit)
+        return api.LossTerms(loss_sum, int(anchor.numel()), correct, total, hit=hit)
 
     @staticmethod
     def _position_docs(elements: api.ElementSet) -> torch.Tensor:
