@@ -26,12 +26,12 @@ Estimator (an analytic model of what the code holds, checked against measured ch
 Element counts are not approximated: the estimator runs the real COD sampler on an all-supervised sequence and the
 real partitioner, so every segment's forwarded and charged counts are the ones training will see (COD sizes depend
 only on L, K and the ratios). "Elements forwarded" is the drafter's ``Drafter.forwarded_rows`` of a segment's
-elements and anchors: one row per element unless the drafter runs others (DFlash runs each anchor's whole block). Per-element byte counts were read off the saved-tensor sizes of
-``specframe.modeling.DecoderLayer`` (about 10.8 H + 4 I floats per element and layer), the row-chunked regime's from
-the tensors live at the peak of a long-context step (a ``TorchDispatchMode`` census), and the constants below (the
-process baseline and a per-step overhead) were read off a few measured runs; the tests and the benchmark check
-configurations that were not used to fit them (``benchmarks/results/memory_context.json`` has every measured point
-next to its estimate).
+elements and anchors: one row per element unless the drafter runs others (DFlash runs each anchor's whole block).
+Per-element byte counts were read off the saved-tensor sizes of ``specframe.modeling.DecoderLayer`` (about
+10.8 H + 4 I floats per element and layer), the row-chunked regime's from the tensors live at the peak of a
+long-context step (a ``TorchDispatchMode`` census), and the constants below (the process baseline and a per-step
+overhead) were read off a few measured runs; the tests and the benchmark check configurations that were not used to
+fit them (``benchmarks/results/memory_context.json`` has every measured point next to its estimate).
 
 The process pins glibc's mmap threshold (``pin_mmap_threshold``, called by the engine): with glibc's sliding
 threshold, freed blocks of a few tens of MiB stayed resident and an 8,192-token step peaked at 11.0 GiB instead of
