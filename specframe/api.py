@@ -465,11 +465,12 @@ class Drafter(Component, ABC):
 
     # -- training
     def forwarded_rows(self, elements: int, anchors: int) -> int:
-        """Rows this drafter's layers run for a training segment of ``elements`` grid elements over ``anchors``
-        distinct anchors: what ``specframe.memory``'s estimate multiplies its per-row activation bytes by (and
-        squares, for a dense mask). Default: one row per element. A drafter that runs more states it here (DFlash
-        runs every slot of each charged anchor's block, whatever the training depth); an estimate that counts too
-        few rows proposes a context length the in-run guard then stops."""
+        """Rows this drafter's layers run for a training segment of ``elements`` grid elements (charged ones and
+        the context the segment recomputes) whose charged elements have ``anchors`` distinct anchors: what
+        ``specframe.memory``'s estimate multiplies its per-row activation bytes by (and squares, for a dense mask).
+        Default: one row per element. A drafter that runs other rows states it here (DFlash runs every slot of each
+        charged anchor's block, whatever the training depth); an estimate that counts too few rows proposes a
+        context length the in-run guard then stops."""
         return elements
 
     def check_training(self, depth: int, mask_builder: str, partitioner: str) -> None:

@@ -202,8 +202,9 @@ def _layers(module: torch.nn.Module) -> tuple[int, Any]:
 
 
 def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tuple[list[tuple[int, int, int]], int]:
-    """(forwarded rows, charged, anchors) of every segment, from the real COD sampler and partitioner; the rows are
-    the drafter's ``forwarded_rows`` of the segment's elements and distinct anchors."""
+    """(forwarded rows, charged, anchors) of every segment, from the real COD sampler and partitioner under the
+    drafter's visibility rule; the rows are the drafter's ``forwarded_rows`` of the segment's elements and of the
+    distinct anchors of its charged ones (a segment's other elements are context it recomputes)."""
     from specframe import api, plugins
     from specframe.elements import cod_sample, full_grid
     from specframe.engine.config import structure_options
@@ -219,6 +220,7 @@ def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tupl
                            generator=torch.Generator().manual_seed(0))
     else:
         elems = full_grid(sup.shape[0], depth)
+    elems = elems.with_visibility(drafter.visibility)  # as the engine stamps it: the partitioner keeps blocks whole
     part_cls = plugins.get("partitioner", cfg.partitioner)
     partitioner = part_cls(structure_options({}, part_cls.Options, "partitioner"))
     segs = partitioner.partition(elems, cfg.partitions)  # the engine checks the partition itself
@@ -226,8 +228,9 @@ def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tupl
     out = []
     for seg in segs:
         idx = seg.elements
-        charged = int((seg.loss_mask & charged_all[idx]).sum())
-        anchors = int(torch.unique(elems.anchor[idx]).numel())
+        charged_here = seg.loss_mask & charged_all[idx]
+        charged = int(charged_here.sum())
+        anchors = int(torch.unique(elems.anchor[idx][charged_here]).numel())
         out.append((int(drafter.forwarded_rows(int(idx.numel()), anchors)), charged, anchors))
     return out, len(elems)
 
