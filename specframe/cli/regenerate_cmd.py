@@ -24,7 +24,8 @@ from specframe.cli.target_options import target_loading
     multiple=True,
     required=True,
     help="Prompt source (repeatable): sharegpt, gsm8k, gsm8k-eval, mt-bench, humaneval, a JSONL file or a hub id; "
-    "'default-prompts' = the prompts of the committed default set. The first user turn of each record is answered.",
+    "'default-prompts' / 'large-prompts' = the prompts of the committed default / large set. The first user turn of "
+    "each record is answered.",
 )
 @click.option("--limit", type=int, default=None, help="Use only the first N records of each --data source.")
 @click.option(
@@ -53,11 +54,23 @@ from specframe.cli.target_options import target_loading
     help="Generate nothing: merge the part files finished so far into OUTPUT and write the provenance "
     "(for a run stopped early; the provenance then counts what exists).",
 )
-@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--threads", type=int, default=None,
+              help="CPU threads: torch's (transformers engine) or vLLM's pinned OpenMP threads (default: all).")
+@click.option("--engine", type=click.Choice(["transformers", "vllm"]), default="transformers", show_default=True,
+              help="What answers: transformers' generate() on one padded batch (the reference), or vLLM's offline "
+              "engine with every prompt of a batch in flight (continuous batching; use a large --batch-size).")
+@click.option("--max-num-seqs", type=int, default=None,
+              help="vLLM: requests decoded together (default: --batch-size).")
+@click.option("--tensor-parallel-size", type=int, default=1, show_default=True, help="vLLM: GPUs per layer.")
+@click.option("--pipeline-parallel-size", type=int, default=1, show_default=True, help="vLLM: pipeline stages.")
+@click.option("--gpu-memory-utilization", type=float, default=None,
+              help="vLLM: share of each GPU's memory the engine may take (default: vLLM's, 0.9).")
+@click.option("--kv-cache-gib", type=int, default=2, show_default=True, help="vLLM on the CPU: KV-cache size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @target_loading
 def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, shard, finalize_only,
-               threads, as_json, loading):
+               threads, engine, max_num_seqs, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,
+               kv_cache_gib, as_json, loading):
     """Answer prompts greedily with the target; resumable (rerun the same command after a kill)."""
     import torch
     from rich.progress import Progress
@@ -65,19 +78,40 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
     from specframe.data.regenerate import regenerate as run_regenerate
     from specframe.data.sources import load_data
 
-    if threads:
+    from specframe.errors import UsageError
+
+    if batch_size < 1 or max_new_tokens < 1:
+        raise UsageError("--batch-size and --max-new-tokens must be positive")
+    if engine == "vllm" and loading.device_map is not None:
+        raise UsageError("--device-map places a transformers model; vLLM spreads a target with "
+                         "--tensor-parallel-size / --pipeline-parallel-size")
+    if threads and engine == "transformers":
         torch.set_num_threads(threads)
-    tgt = loading.load(target)
+    # vLLM reads the weights itself: only the tokenizer (prompt ids, decoding) and the weights' hash are needed here
+    tgt = loading.load(target, weights=engine == "transformers")
+    from specframe.data.regenerate import TransformersAnswerer
+
+    answerer = TransformersAnswerer(tgt) if engine == "transformers" else None
+    if engine == "vllm" and not finalize_only:
+        from specframe.vllm.answer import AnswerOptions, VllmAnswerer
+
+        answerer = VllmAnswerer(str(tgt.path), AnswerOptions(
+            dtype=loading.dtype, max_model_len=max_prompt_tokens + max_new_tokens,
+            max_num_seqs=max_num_seqs or batch_size, tensor_parallel_size=tensor_parallel_size,
+            pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_gib=kv_cache_gib, threads=threads))
     records = []
     for d in data:
         if d == "default-prompts":
             from specframe.data.default import default_prompt_records
 
             records.extend(default_prompt_records())
+        elif d == "large-prompts":
+            from specframe.data.large import large_prompt_records
+
+            records.extend(large_prompt_records())
         else:
             records.extend(load_data(d, limit=limit))
-    from specframe.errors import UsageError
-
     try:
         k, w = (int(x) for x in shard.split("/"))
         assert 0 <= k < w
@@ -101,10 +135,12 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             progress=lambda i, n: prog.update(task, completed=i, total=n),
             shard=(k, w),
             also_done=parts,
+            answerer=answerer,
         )
     runs_log = out.with_name(out.name + ".runs.jsonl")
     with open(runs_log, "a", encoding="utf-8") if not finalize_only else open(os.devnull, "w") as f:
-        f.write(json.dumps({"shard": shard, "threads": torch.get_num_threads(), **rep.as_dict()}) + "\n")
+        f.write(json.dumps({"shard": shard, "engine": engine, "threads": threads or torch.get_num_threads(),
+                            **rep.as_dict()}) + "\n")
     seen: dict = {}
     batch_log = []
     for p in sorted(out.parent.glob(out.name + ".part*.log")):
@@ -144,7 +180,8 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             "target_weights_hash": tgt.weights_hash,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "generation": {"greedy": True, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-                           "batch_size": batch_size, "padding": "left", "torch_threads": torch.get_num_threads()},
+                           "batch_size": batch_size, "threads": threads or torch.get_num_threads(), "dtype": loading.dtype,
+                           **(answerer.describe() if answerer is not None else {"engine": engine})},
             "counts": {"records": len(rows), "by_source": counts,
                        "finished_before_cap": sum(1 for r in rows if r["finished"]),
                        "answer_tokens": sum(r["answer_tokens"] for r in rows)},

@@ -20,13 +20,13 @@ class TargetLoading:
     chat_template: str | None = None
     device_map: str | None = None
 
-    def load(self, spec: str) -> Any:
+    def load(self, spec: str, *, weights: bool = True) -> Any:
         from specframe.devices import resolve_device
         from specframe.targets import load_target
 
         return load_target(spec, dtype=self.dtype, device=resolve_device(self.device),
                            trust_remote_code=self.trust_remote_code, chat_template=self.chat_template,
-                           device_map=self.device_map)
+                           device_map=self.device_map, weights=weights)
 
 
 OPTIONS = [

@@ -9,6 +9,7 @@
 - ``mt-bench``: the 80 flexeval MT-Bench questions, both user turns (no answers).
 - ``humaneval``: the 164 HumanEval prompts as one user message each.
 - ``default``: the committed self-distilled default training set (see ``specframe.data.default``).
+- ``large``: the committed large self-distilled set, about 12,000 answers (see ``specframe.data.large``).
 
 Anything else is a local JSON / JSONL(.gz) file, a parquet or arrow file, a folder written by ``datasets``'
 ``save_to_disk`` (its ``train`` split if it holds several), or a hub dataset id (``NAME``, ``NAME:CONFIG`` or
@@ -46,7 +47,7 @@ ROLE_MAP = {
     "model": "assistant",
     "system": "system",
 }
-BUILTIN = ("sharegpt", "gsm8k", "gsm8k-eval", "mt-bench", "humaneval", "default")
+BUILTIN = ("sharegpt", "gsm8k", "gsm8k-eval", "mt-bench", "humaneval", "default", "large")
 
 
 def _dataset(records: list[dict]) -> Any:
@@ -278,6 +279,13 @@ def load_data(
         from specframe.data.default import load_default
 
         return load_default(limit=limit)
+    if s == "large":
+        from specframe.data.large import ANSWERS, load_large
+
+        if not ANSWERS.exists():
+            raise SpecframeError(f"the large training set {ANSWERS} is not in this installation yet "
+                                 "(`make data-large` generates it)")
+        return load_large(limit=limit)
     p = Path(s).expanduser()
     if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
         import datasets
