@@ -92,7 +92,7 @@ DATA_LARGE ?= $(SF_HOME)/data/large
 data-large: setup
 	$(BIN)/specframe regenerate --engine vllm --data large-prompts --output $(DATA_LARGE)/answers.jsonl.gz \
 	    --provenance $(DATA_LARGE)/provenance.json --batch-size 256 --max-new-tokens 256 --max-prompt-tokens 384 \
-	    --kv-cache-gib 8
+	    --kv-cache-gib 4
 
 clean:
 	rm -rf $(VENV)
