@@ -3,15 +3,18 @@ use, errors surface in the caller; a run trains to the same weights with prefetc
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from specframe.engine import TrainConfig, train
+from specframe import api
+from specframe.engine import TrainConfig, data, train
 from specframe.engine import checkpoint as ckpt
-from specframe.engine.data import OnlineSource
+from specframe.engine.data import OnlineSource, _Sequences
 from specframe.features import FeatureSpec
 from specframe.targets import load_target
 from tests.train_fixtures import build, small_options
@@ -91,3 +94,44 @@ def test_a_run_trains_to_the_same_weights_with_and_without_prefetch(assets, tmp_
     assert len(ta) == len(tb)
     assert sum(name.startswith("specframe-prefetch") for name in tb) == 4
     assert not any(name.startswith("specframe-prefetch") for name in ta)
+
+
+class _OnCuda(_Sequences):
+    # features made on the CPU, but the thread takes the CUDA side-stream path (the stream API is faked below)
+    def _device(self):
+        return torch.device("cuda", 0)
+
+
+def test_a_kept_prefetch_is_published_only_after_its_side_stream_finished(monkeypatch):
+    class SlowStream:
+        synced = False
+
+        def __init__(self, device=None):
+            pass
+
+        def synchronize(self):
+            time.sleep(0.3)  # the target's kernels still running on the side stream
+            SlowStream.synced = True
+
+    monkeypatch.setattr(torch.cuda, "Stream", SlowStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    recorded: list[dict] = []
+    monkeypatch.setattr(data, "_record_on_current_stream", recorded.append)
+    ids = torch.arange(6)
+    src = _OnCuda([api.TrainingExample(ids, torch.ones(6, dtype=torch.bool), torch.zeros_like(ids))], 8, False,
+                  lambda j: {"aux_hidden": torch.ones(6, 4)})
+    src.keep_features(None)  # every sequence kept: example() takes the memo entry without waiting for the thread
+    src.prefetch([0])
+    try:
+        deadline = time.monotonic() + 10
+        while 0 not in src._memo and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert SlowStream.synced, "the kept features were visible before the side stream was synchronised"
+        feats = src.example(0).features
+        # kept features made on the side stream are recorded on the caller's stream like the pending ones (item 17)
+        assert recorded == [feats]
+        # a later use of the kept entry is not the side stream's any more
+        src.example(0)
+        assert recorded == [feats]
+    finally:
+        src.close()

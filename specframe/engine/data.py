@@ -104,8 +104,9 @@ class _Sequences:
             pending = self._pending.pop(i, None)
         if feats is None:
             feats = pending.result() if pending is not None else self._compute(i)
-            if pending is not None:
-                _record_on_current_stream(feats)
+        if pending is not None:
+            # made on the prefetch stream, also when kept (taken from _memo): the caller's stream uses them now
+            _record_on_current_stream(feats)
         return api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc, feats)
 
     def prefetch(self, ids: Iterable[int]) -> None:
@@ -131,13 +132,19 @@ class _Sequences:
             pool.shutdown(wait=True)
 
     def _compute(self, i: int) -> dict[str, torch.Tensor]:
+        feats = self._gather(i)
+        self._remember(i, feats)
+        return feats
+
+    def _gather(self, i: int) -> dict[str, torch.Tensor]:
         with self._compute_lock:
             per = [self._features(j) for j in self.groups[i]]
-        feats = {key: torch.cat([f[key] for f in per]) for key in per[0]} if len(per) > 1 else per[0]
+        return {key: torch.cat([f[key] for f in per]) for key in per[0]} if len(per) > 1 else per[0]
+
+    def _remember(self, i: int, feats: dict[str, torch.Tensor]) -> None:
         if self._keep is None or i in self._keep:
             with self._lock:
                 self._memo[i] = feats
-        return feats
 
     def _compute_on_side_stream(self, i: int) -> dict[str, torch.Tensor]:
         device = self._device()
@@ -146,8 +153,11 @@ class _Sequences:
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=device)
         with torch.cuda.stream(self._stream):
-            feats = self._compute(i)
+            feats = self._gather(i)
         self._stream.synchronize()  # in this thread: the features are complete before the caller can take them
+        # kept only now: example() takes a kept entry without waiting for the thread, so publishing it while the
+        # stream may still be writing it would hand the drafter half-written features
+        self._remember(i, feats)
         return feats
 
     def _device(self) -> torch.device | None:
