@@ -517,11 +517,13 @@ def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chu
                     g = logq.exp_().mul_(psum_block[local, None]).sub_(p)
                     if weight is not None:
                         g = g.mul_(weight[:, None])
-                    g = flush_subnormal(g.to(z.dtype))
-                    if need_h:
-                        grad_h[rows] = (g @ head.to(z.dtype)).to(hidden.dtype)
-                    if need_head:
-                        grad_head += (g.T @ h.to(z.dtype)).float()
+                    gd = _grad_dtype(z.dtype)
+                    g = flush_subnormal(g.to(gd))
+                    with _no_autocast(z.device):
+                        if need_h:
+                            grad_h[rows] = (g @ head.to(gd)).to(hidden.dtype)
+                        if need_head:
+                            grad_head += (g.T @ h.to(gd)).float()
     if need_h or need_head:
         loss = _PrecomputedGrad.apply(hidden, head, loss, grad_h,
                                       None if grad_head is None else grad_head.to(head.dtype))
@@ -568,15 +570,34 @@ def _cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tenso
                 g[torch.arange(len(y), device=g.device), y] -= 1.0
                 if w is not None:
                     g = g.mul_(w[:, None])
-                g = flush_subnormal(g.to(z.dtype))
-                if need_h:
-                    grad_h[start : start + chunk] = (g @ head.to(z.dtype)).to(hidden.dtype)
-                if need_head:
-                    grad_head += (g.T @ h.to(z.dtype)).to(wide)
+                gd = _grad_dtype(z.dtype)
+                g = flush_subnormal(g.to(gd))
+                with _no_autocast(z.device):
+                    if need_h:
+                        grad_h[start : start + chunk] = (g @ head.to(gd)).to(hidden.dtype)
+                    if need_head:
+                        grad_head += (g.T @ h.to(gd)).to(wide)
     if need_h or need_head:
         loss = _PrecomputedGrad.apply(hidden, head, loss, grad_h,
                                       None if grad_head is None else grad_head.to(head.dtype))
     return loss, torch.cat(hits)
+
+
+def _grad_dtype(logits_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the chunked losses form the logits' gradient and its two matmuls in: the logits' own, except fp16.
+
+    The gradient is formed in the forward, before the GradScaler's loss scale reaches it (``_PrecomputedGrad`` applies
+    the incoming, scaled gradient afterwards), and fp16's smallest normal is 6.1e-5: over a 32K draft vocabulary a
+    near-uniform q is ~3e-5, so in fp16 almost every push-down entry would be flushed to zero and the hidden state's
+    gradient would become -E_p[head] in place of E_q[head] - E_p[head]. float32 holds it (bf16 has float32's range).
+    """
+    return torch.float32 if logits_dtype == torch.float16 else logits_dtype
+
+
+def _no_autocast(device: torch.device):
+    # the gradient's matmuls run in the dtype _grad_dtype chose: fp16 autocast would cast them back to fp16 (under
+    # bf16 autocast the operands are bf16 already, so nothing changes)
+    return torch.autocast(device.type, enabled=False)
 
 
 def flush_subnormal(x: torch.Tensor) -> torch.Tensor:

@@ -203,3 +203,39 @@ def test_every_drafter_trains_as_with_a_teacher_per_element(name, target, monkey
     else:
         order = charged.nonzero().squeeze(1)
     assert torch.equal(kwargs["target_index"].cpu(), elems.position[order] + 1)
+
+
+@pytest.mark.parametrize("loss", ["kl", "ce"])
+def test_fp16_autocast_keeps_the_logits_gradient_below_fp16s_smallest_normal(loss):
+    """GPU-path review item 2: under fp16 autocast the logits' gradient, formed in the forward before the GradScaler's
+    scale reaches it, must not be cast to fp16: over a 32K draft vocabulary a near-uniform drafter's q is ~3e-5, below
+    fp16's smallest normal (6.1e-5), and flushing it leaves the hidden state's gradient at -E_p[head] in place of
+    E_q[head] - E_p[head]. Compared with float64 autograd; the head's rows share a mean direction (as real heads do),
+    which only the push-down mass cancels."""
+    g = torch.Generator().manual_seed(0)
+    n, h, v = 32, 64, 32768
+    hidden = torch.randn(n, h, generator=g)
+    head = 1e-3 * (torch.randn(v, h, generator=g) + 4 * torch.randn(h, generator=g))
+    target_hidden, target_head = torch.randn(n, h, generator=g), 0.3 * torch.randn(v, h, generator=g)
+    labels = torch.randint(0, v, (n,), generator=g)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        assert (hidden @ head.T).softmax(-1).max() < 6.1e-5  # the case the review describes
+    x, w = hidden.clone().requires_grad_(), head.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.float16):
+        if loss == "kl":
+            got_loss = modeling.chunked_forward_kl(x, w, target_hidden, target_head, chunk=8).loss_sum
+        else:
+            got_loss, _ = modeling.chunked_cross_entropy(x, w, labels, 8)
+    got = torch.autograd.grad(got_loss, (x, w))
+    x64, w64 = hidden.double().requires_grad_(), head.double().requires_grad_()
+    logq = torch.log_softmax(x64 @ w64.T, dim=-1)
+    if loss == "kl":
+        t_logp = torch.log_softmax(target_hidden.double() @ target_head.double().T, dim=-1)
+        want_loss = (t_logp.exp() * (t_logp - logq)).sum()
+    else:
+        want_loss = -logq.gather(1, labels[:, None]).sum()
+    want = torch.autograd.grad(want_loss, (x64, w64))
+    # the KL's teacher and both losses' logits are fp16 products (autocast); the gradient's own matmuls are not
+    tolerance = {"kl": 1e-2, "ce": 1e-4}[loss]
+    for a, b in zip(got, want, strict=True):
+        assert (a.double() - b).norm() / b.norm() < tolerance
