@@ -237,3 +237,38 @@ def test_fp16_resume_restores_the_gradient_scaler(assets, tmp_path):
         assert torch.equal(a[k], b[k]), k
     fp32 = train(config(assets, tmp_path / "fp32", max_steps=1), progress=False)
     assert not (fp32.checkpoint / "scaler.json").exists()  # no scaler, no file
+
+
+def test_fp16_step_with_nothing_supervised_leaves_the_scaler_ready(assets, tmp_path, monkeypatch):
+    """GPU-path review item 7: a step whose sequences supervise nothing (global count 0) does not step, and must not
+    unscale either: GradScaler forgets an ``unscale_`` only in ``update()``, so the next step's ``unscale_`` raised
+    "unscale_() has already been called on this optimizer since the last update()"."""
+    from specframe import api
+    from specframe.engine.loop import Trainer
+
+    trainer = Trainer(config(assets, tmp_path / "o", dtype="fp16", max_steps=2))
+    original = trainer.source.example
+
+    def example(i):
+        ex = original(i)
+        if trainer.step > 0:
+            return ex
+        # step 0's sequences have no assistant token: the drafter supervises nothing
+        return api.TrainingExample(ex.input_ids, torch.zeros_like(ex.loss_mask), ex.doc, ex.features)
+
+    monkeypatch.setattr(trainer.source, "example", example)
+    try:
+        before = {k: v.detach().clone() for k, v in trainer.drafter.module().state_dict().items()}
+        scaler = trainer.precision.scaler.state_dict()
+        skipped = trainer.guarded_step()
+        assert skipped["elements"] == 0 and skipped["train_loss"] is None
+        after = trainer.drafter.module().state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before)  # nothing stepped
+        assert trainer.precision.scaler.state_dict() == scaler
+        stepped = trainer.guarded_step()
+        assert stepped["elements"] > 0 and stepped["train_loss"] is not None
+        after = trainer.drafter.module().state_dict()
+        assert any(not torch.equal(before[k], after[k]) for k in before)
+        assert trainer.precision.scaler.state_dict()["_growth_tracker"] == 1  # one finite, stepped update
+    finally:
+        trainer.close()

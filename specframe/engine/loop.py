@@ -436,7 +436,11 @@ class Trainer:
         loss_sum = stats[:1]
         correct, total = stats[1 : 1 + self.depth], stats[1 + self.depth :]
         with self.timer("optimizer"):
-            self.precision.unscale(self.optimizer)
+            if global_count > 0:
+                # only a step that steps unscales: fp16's GradScaler forgets an unscale_ only in update(), which
+                # step() calls, so an unscale_ on a skipped step made the next one raise (the gradients are zero
+                # here anyway: the losses were scaled by 0)
+                self.precision.unscale(self.optimizer)
             grad_norm = sharding.full(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
             lr = self.scheduler.get_last_lr()[0]
             if global_count > 0:
