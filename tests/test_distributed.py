@@ -3,8 +3,10 @@ different world size, and bf16 / fp16 autocast against fp32."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -79,11 +81,14 @@ def test_no_gpu_means_cpu_and_a_clear_error_for_cuda(monkeypatch):
 RANK = """
 import os
 import sys
+with open({pids!r}, "a") as f:  # a deadlocked run is killed by these ids (each rank has a session of its own)
+    f.write(f"{{os.getpid()}}\\n")
 sys.path.insert(0, {root!r})
 import torch
 torch.set_num_threads(1)
 from specframe.engine import TrainConfig, train
 from specframe.engine.loop import Trainer
+{prelude}
 original = Trainer.train_step
 def step(self):
     {check}
@@ -108,15 +113,28 @@ FSDP_CHECK = ("from torch.distributed.tensor import DTensor; "
               "if k == 'exp_avg' and v.shape[0] > 1)")
 
 
-def torchrun(tmp_path, cfg, *, port: int, resume: str | None = None, stop: int | None = None):
-    script = tmp_path / f"rank-{port}.py"
+def torchrun(tmp_path, cfg, *, port: int, resume: str | None = None, stop: int | None = None, prelude: str = "",
+             timeout: float = 600):
+    """``cfg`` trained by 2 ranks; ``prelude``: code each rank runs first (``Trainer`` is imported). A run past
+    ``timeout`` (a deadlock) fails the test and takes torchrun's ranks down with it."""
+    script, pids = tmp_path / f"rank-{port}.py", tmp_path / f"rank-{port}.pids"
     check = FSDP_CHECK if cfg.fsdp else DDP_CHECK
-    script.write_text(textwrap.dedent(RANK.format(root=str(ROOT), cfg=attrs.asdict(cfg), stop=stop, check=check)))
+    script.write_text(textwrap.dedent(RANK.format(root=str(ROOT), cfg=attrs.asdict(cfg), stop=stop, check=check,
+                                                  prelude=prelude, pids=str(pids))))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--master-port", str(port),
                str(script)] + ([resume] if resume else [])
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        for pid in pids.read_text().split() if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"2-rank run still going after {timeout} s (deadlocked?): {stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-3000:]
 
 
 def assert_close(a, b):
@@ -154,6 +172,44 @@ def test_a_rank_without_a_sequence_still_joins_the_reduction(assets, tmp_path):
     """batch size 1 on 2 ranks: rank 1 holds nothing each step, yet DDP's collective must not hang or skew."""
     single = train(config(assets, tmp_path / "one", batch_size=1), progress=False)
     torchrun(tmp_path, config(assets, tmp_path / "two", batch_size=1), port=29534)
+    assert_close(weights(single.checkpoint), weights(tmp_path / "two"))
+
+
+def blank_first_step(trainer_cls) -> None:
+    """Patch ``trainer_cls.train_step`` so that step 0's sequences have no assistant token: the step supervises
+    nothing (global count 0), as a plugin's own ``supervision`` may do; later steps are untouched."""
+    from specframe import api
+
+    plain_step = trainer_cls.train_step
+
+    def train_step(self):
+        if self.step != 0:
+            return plain_step(self)
+        plain = self.source.example
+        self.source.example = lambda i: (lambda ex: api.TrainingExample(
+            ex.input_ids, torch.zeros_like(ex.loss_mask), ex.doc, ex.features))(plain(i))
+        try:
+            return plain_step(self)
+        finally:
+            del self.source.example
+
+    trainer_cls.train_step = train_step
+
+
+@pytest.mark.slow
+def test_a_step_that_supervises_nothing_does_not_deadlock_ddp(assets, tmp_path, monkeypatch):
+    """GPU-path review item 11: batch size 1 on 2 ranks (rank 1 holds nothing) and a first step that supervises
+    nothing. The rank with the sequence runs its synchronising backward, so the jobless rank must run its idle one
+    although the global count is 0 (it did not: DDP's all-reduce was left unmatched). Both steps then give the single
+    process's weights."""
+    from specframe.engine.loop import Trainer
+
+    monkeypatch.setattr(Trainer, "train_step", Trainer.train_step)  # restored after the test
+    blank_first_step(Trainer)
+    single = train(config(assets, tmp_path / "one", batch_size=1), progress=False)
+    assert single.metrics[0]["elements"] == 0 and single.metrics[1]["elements"] > 0
+    torchrun(tmp_path, config(assets, tmp_path / "two", batch_size=1), port=29535, timeout=120,
+             prelude="from tests.test_distributed import blank_first_step; blank_first_step(Trainer)")
     assert_close(weights(single.checkpoint), weights(tmp_path / "two"))
 
 

@@ -411,11 +411,12 @@ class Trainer:
         scale = self.dist.world / global_count if global_count > 0 else 0.0
         # zero-loss forward / backward passes that keep this rank in the ranks' collectives: under FSDP every forward
         # all-gathers and every backward reduce-scatters, so each rank runs as many as the busiest one; under DDP a
-        # rank with no sequence this step still takes part in the one reduction
+        # rank with no sequence this step still takes part in the one reduction, also when nothing is supervised
+        # (global count 0): a rank with sequences then still runs its synchronising backward
         if self.fsdp is not None:
             idle = self.dist.max_(len(jobs)) - len(jobs)
         else:
-            idle = int(global_count > 0 and not jobs and self.ddp is not None)
+            idle = int(not jobs and self.ddp is not None)
         for j, (example, elems, seg, sup) in enumerate(jobs):
             # gradients accumulate locally over segments and sequences; only the last backward reduces across ranks
             last = j == len(jobs) - 1
