@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -205,6 +206,26 @@ def test_speculators_config_reads_back_and_matches_what_vllm_extracts(target, tm
     pre = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(cfg)))
     assert pre["architectures"] == ["PeagleLlamaForCausalLM"] and pre["pard_token"] == 3
     assert pre["norm_before_residual"] is False and pre["num_hidden_layers"] == 2
+
+
+@pytest.mark.parametrize("layout", ["eagle3", "peagle"])
+def test_a_biased_targets_flags_do_not_reach_the_drafter_layers(target, tmp_path, layout):
+    """GPU-path review item 9: specframe's drafter layers have no biases, and vLLM builds biased q/k/v/o and MLP
+    projections from the layer config's attention_bias / mlp_bias: a Llama target with both set must still export
+    them false (llama_config is every layout's layer config: EAGLE-3, P-EAGLE, ParallelSpec and DFlash)."""
+    biased = copy.deepcopy(target.config)
+    biased.attention_bias = biased.mlp_bias = True
+    assert export.llama_config(biased, 1)["attention_bias"] is False
+    assert export.llama_config(biased.to_dict(), 1)["mlp_bias"] is False
+    kwargs = {**eagle_kwargs(target), "config": export.llama_config(biased, 1)}
+    v = target.config.vocab_size
+    if layout == "eagle3":
+        export.write_eagle3(tmp_path / layout, eagle3_weights(target.config, 1, v // 2), **kwargs)
+    else:
+        export.write_peagle(tmp_path / layout, eagle3_weights(target.config, 1, v // 2, parallel=True),
+                            mask_token_id=mask_token(target.tok), **kwargs)
+    layer = json.loads((tmp_path / layout / "config.json").read_text())["transformer_layer_config"]
+    assert layer["attention_bias"] is False and layer["mlp_bias"] is False
 
 
 @pytest.mark.parametrize(

@@ -89,8 +89,6 @@ _LLAMA_KEYS = (
     "bos_token_id",
     "eos_token_id",
     "pad_token_id",
-    "attention_bias",
-    "mlp_bias",
 )
 
 
@@ -223,6 +221,9 @@ def llama_config(target_config: Any, num_hidden_layers: int, **overrides: Any) -
     ``num_hidden_layers`` drafter layers and ``overrides`` applied (e.g. a different ``intermediate_size``)."""
     source = target_config if isinstance(target_config, Mapping) else target_config.to_dict()
     config = {k: source[k] for k in _LLAMA_KEYS if source.get(k) is not None}
+    # specframe's drafter layers have no biases, whatever the target's: vLLM builds biased q/k/v/o and MLP
+    # projections from these keys, so a target's attention_bias: true copied here made an export vLLM cannot load
+    config.update(attention_bias=False, mlp_bias=False)
     config.update(num_hidden_layers=int(num_hidden_layers), **overrides)
     return config
 
