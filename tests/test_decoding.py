@@ -317,3 +317,25 @@ def test_every_learned_drafter_is_lossless_through_the_engine(learned_target, na
                     eos_token_id=())
     assert chain.tokens == plain.tokens and tree.tokens == plain.tokens
     assert max(r.nodes for r in chain.rounds) == 3
+
+
+def test_the_tree_kv_path_copy_indexes_each_cache_on_its_own_device(monkeypatch):
+    """GPU-path review item 6: under ``--device-map`` each layer's cache lives on its layer's GPU, not on
+    ``model.device``. The KV path copy must build its row index where each cache tensor is: here ``model.device``
+    says 'meta' while the caches are on the CPU (an index on 'meta' made index_select fail)."""
+    from specframe.inference.target import TargetSession
+
+    model = tiny_target()
+    session = TargetSession(model)
+    session.prefill(torch.tensor([5, 6, 7]))
+    base = session.length
+    # root children 0 and 1, node 2 under node 1; the accepted path 1 -> 2 is not a prefix of the rows: a path copy
+    session.verify(9, torch.tensor([11, 12, 13]), torch.tensor([-1, -1, 1]))
+    rows = [base, base + 2, base + 3]
+    want = [(layer.keys[:, :, rows].clone(), layer.values[:, :, rows].clone()) for layer in session.cache.layers]
+    monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("meta")))
+    session.keep([1, 2])
+    assert session.length == base + 3
+    for layer, (keys, values) in zip(session.cache.layers, want, strict=True):
+        assert layer.keys.device.type == "cpu"
+        assert torch.equal(layer.keys[:, :, base:], keys) and torch.equal(layer.values[:, :, base:], values)

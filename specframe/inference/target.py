@@ -117,8 +117,12 @@ class TargetSession:
         if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
             raise SpecframeError("tree verification needs a plain full-attention KV cache (DynamicLayer)")
         # KV path copy: move the accepted nodes' rows right behind the pending token, then crop the rest.
-        index = torch.tensor([base + r for r in rows[1:]], device=self.model.device)
+        # the index lives where each cache tensor does: under --device-map every layer's cache is on its own GPU
+        kept = torch.tensor([base + r for r in rows[1:]])
+        index: dict[torch.device, torch.Tensor] = {}
         for layer in self.cache.layers:
             for full in (layer.keys, layer.values):
-                full[:, :, base + 1 : base + len(rows)] = full.index_select(2, index)
+                if full.device not in index:
+                    index[full.device] = kept.to(full.device)
+                full[:, :, base + 1 : base + len(rows)] = full.index_select(2, index[full.device])
         self.cache.crop(-(read - len(rows)))
