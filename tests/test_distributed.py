@@ -239,6 +239,29 @@ def test_fsdp_two_ranks_match_one_process_and_resume_across_world_sizes(assets, 
     assert_close(weights(single.checkpoint), weights(tmp_path / "two-again"))
 
 
+# rank 1 draws from the global RNG right after the run seeds it, before the drafter is built: its own init differs
+SKEWED_RNG = """
+plain_seed = torch.manual_seed
+def manual_seed(seed):
+    generator = plain_seed(seed)
+    if int(os.environ["RANK"]) == 1:
+        torch.rand(1)
+    return generator
+torch.manual_seed = manual_seed
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_start_from_rank_0s_weights(assets, tmp_path):
+    """GPU-path review item 10: FSDP2 shards each rank's own initialisation (DDP broadcasts rank 0's in its
+    constructor). With rank 1's initialisation skewed, the sharded run must still give the single process's weights:
+    every rank starts from rank 0's."""
+    single = train(config(assets, tmp_path / "one", max_steps=1), progress=False)
+    torchrun(tmp_path, config(assets, tmp_path / "two", max_steps=1, fsdp=True), port=29544, prelude=SKEWED_RNG,
+             timeout=300)
+    assert_close(weights(single.checkpoint), weights(tmp_path / "two"))
+
+
 def test_fsdp_needs_processes_and_no_fp16(assets, tmp_path):
     with pytest.raises(UsageError, match="--fsdp shards the drafter across processes"):
         train(config(assets, tmp_path / "one", fsdp=True), progress=False)

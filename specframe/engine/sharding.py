@@ -32,6 +32,12 @@ def shard(root: nn.Module, device: torch.device) -> None:
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    # fully_shard keeps of each parameter this rank's shard of this rank's own tensor: every rank starts from rank
+    # 0's weights and buffers, as DDP's constructor makes it, so the ranks agree even when their initialisations
+    # drew differently from the RNG
+    with torch.no_grad():
+        for t in [*root.parameters(), *root.buffers()]:
+            torch.distributed.broadcast(t, src=0)
     fully_shard(root, mesh=mesh)
 
 
