@@ -11,7 +11,7 @@ import torch
 
 from specframe import api, modeling, plugins
 from specframe.elements import full_grid
-from tests.drafter_helpers import DRAFTERS, features, tiny_target
+from tests.drafter_helpers import DRAFTERS, features, make, tiny_target
 
 
 def per_row_kl(hidden, head, target_hidden, target_head, reference_top1=None, chunk=256, position_mask=None,
@@ -239,3 +239,40 @@ def test_fp16_autocast_keeps_the_logits_gradient_below_fp16s_smallest_normal(los
     tolerance = {"kl": 1e-2, "ce": 1e-4}[loss]
     for a, b in zip(got, want, strict=True):
         assert (a.double() - b).norm() / b.norm() < tolerance
+
+
+@pytest.mark.parametrize("name", [d for d in DRAFTERS if d != "pard"])
+def test_the_dense_teacher_never_copies_the_whole_target_head(name, target):
+    """GPU-path review item 4: the dense teacher cast the target's whole lm_head [V, H] to the drafter's fp32 (2.1 GB
+    for a 128K x 4096 head, every segment, across GPUs under --device-map) to slice its draft rows. With a bf16
+    target head, no [V, H] float32 tensor is made: the draft rows are sliced on the head's side and cast alone, and
+    the full-vocabulary top-1 (position mask, evaluation reference) runs in the head's own dtype, as the target's
+    own greedy pick does. Training and evaluation give what the fp32 copy of that head gives."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    shape = (target.config.vocab_size, target.config.hidden_size)
+    copies = []
+
+    class Census(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == torch.float32:
+                copies.append(func)
+            return out
+
+    drafter, ex = make(name, target, length=24, vocab_position_mask=True)
+    head = drafter._target_head.to(torch.bfloat16)
+    elems = full_grid(drafter.supervision(ex).shape[0], 4, ex.doc[1:])
+    seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    attention = api.SegmentAttention.build(plugins.get("mask builder", "dense")(), elems)
+    for training in (True, False):
+        drafter.module().train(training)
+        with torch.no_grad():
+            drafter._target_head = head.float()  # the old path's copy, made here once
+            want = drafter.loss(ex, elems, seg, attention)
+            drafter._target_head = head
+            with Census():
+                got = drafter.loss(ex, elems, seg, attention)
+        assert not copies, copies
+        torch.testing.assert_close(got.loss_sum, want.loss_sum)
+        assert got.masked == want.masked and torch.equal(got.hit, want.hit)
