@@ -8,9 +8,10 @@
 - ``specframe.vllm.vllm_plugin``: the ``vllm.general_plugins`` entry point registering the ParallelSpec drafter model.
 - ``specframe.vllm.engine``: starts vLLM on a target (optionally with an exported drafter), generates greedily
   from token ids and turns vLLM's spec-decode counters into specframe's metrics (``specframe.metrics``).
+- ``specframe.vllm.answer``: the target's greedy answers to many prompts at once (``regenerate --engine vllm``).
 - ``specframe.vllm.parity``: compares vLLM's greedy tokens and acceptance with the reference engine's.
 
-vLLM is optional (``make setup VLLM=cpu|gpu``); only ``engine`` needs it, and ``vllm_available`` says whether it
+vLLM is optional (``make setup VLLM=cpu|gpu``); only ``engine`` and ``answer`` need it, and ``vllm_available`` says whether it
 imports.
 """
 

@@ -28,7 +28,8 @@ def main(request_path: str, result_path: str) -> None:
             engine = VllmEngine(job["target"], job["speculative_config"], options)
             startup = time.perf_counter() - started
             before = engine.counters()
-            generations = engine.generate(request["prompts"], request["max_new_tokens"], request["ignore_eos"])
+            generations = engine.generate(request["prompts"], request["max_new_tokens"], request["ignore_eos"],
+                                          together=request.get("together", False))
             counters = engine.counters().minus(before)
             engine.close()
             runs.append(

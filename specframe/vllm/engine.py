@@ -60,6 +60,9 @@ class EngineOptions:
     enforce_eager: bool = True
     #: CPU ids vLLM's OpenMP threads are pinned to (``VLLM_CPU_OMP_THREADS_BIND``); None: ``cpu_binding()``
     threads_bind: str | None = None
+    #: requests vLLM decodes together. 1 for timings (one prompt at a time, as the reference engine decodes); more
+    #: for acceptance over whole sets (``generate(..., together=True)``), which batching does not change
+    max_num_seqs: int = 1
 
 
 def cpu_binding(threads: int | None = None) -> str:
@@ -241,7 +244,7 @@ class VllmEngine:
             model=str(target),
             dtype=options.dtype,
             max_model_len=options.max_model_len,
-            max_num_seqs=1,
+            max_num_seqs=options.max_num_seqs,
             enforce_eager=options.enforce_eager,
             seed=options.seed,
             disable_log_stats=False,
@@ -264,34 +267,42 @@ class VllmEngine:
         destroy_distributed_environment()
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 256, ignore_eos: bool = False
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 256, ignore_eos: bool = False,
+        together: bool = False,
     ) -> list[VllmGeneration]:
-        """Greedy generation of each prompt (token ids), one after the other."""
+        """Greedy generation of each prompt (token ids), one after the other; ``together``: all of them handed to
+        vLLM at once, up to ``max_num_seqs`` decoding in one batch (each request's rounds are still its own, from
+        its per-request counters; its timings then measure the batch, not the request)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=ignore_eos)
+        groups = [list(prompts)] if together else [[ids] for ids in prompts]
         results = []
-        for ids in prompts:
+        for group in groups:
             started = time.perf_counter()
-            (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in ids])], params, use_tqdm=False)
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in group], params,
+                                     use_tqdm=False)
             total = time.perf_counter() - started
-            completion = out.outputs[0]
-            tokens = tuple(int(t) for t in completion.token_ids)
-            stats = completion.spec_decode_metrics
-            accepted = list(stats.per_step_accepted) if stats is not None else []
-            drafted = list(stats.per_step_drafted) if stats is not None else []
-            if self.speculative_config is not None and stats is None and len(tokens) > 1:
-                raise SpecframeError("vLLM returned no per-request spec-decode metrics; is this vLLM older than 0.32?")
-            results.append(
-                VllmGeneration(
-                    tokens=tokens,
-                    rounds=rounds_from_steps(len(tokens), accepted, drafted),
-                    decode_seconds=_decode_seconds(out, total),
-                    total_seconds=total,
-                )
-            )
+            if len(outs) != len(group):
+                raise SpecframeError(f"vLLM answered {len(outs)} of {len(group)} requests")
+            results.extend(self._generation(out, total) for out in outs)
         return results
+
+    def _generation(self, out: Any, total: float) -> VllmGeneration:
+        completion = out.outputs[0]
+        tokens = tuple(int(t) for t in completion.token_ids)
+        stats = completion.spec_decode_metrics
+        accepted = list(stats.per_step_accepted) if stats is not None else []
+        drafted = list(stats.per_step_drafted) if stats is not None else []
+        if self.speculative_config is not None and stats is None and len(tokens) > 1:
+            raise SpecframeError("vLLM returned no per-request spec-decode metrics; is this vLLM older than 0.32?")
+        return VllmGeneration(
+            tokens=tokens,
+            rounds=rounds_from_steps(len(tokens), accepted, drafted),
+            decode_seconds=_decode_seconds(out, total),
+            total_seconds=total,
+        )
 
 
 def _speculators_export(target: str | os.PathLike) -> bool:
@@ -372,15 +383,18 @@ def run_jobs(
     ignore_eos: bool = False,
     options: EngineOptions = EngineOptions(),
     timeout: float = 1800,
+    together: bool = False,
 ) -> list[VllmRun]:
     """Run ``jobs`` one after the other in one child process (vLLM is imported once; each engine is closed before
-    the next starts) on the same ``prompts``, and return one ``VllmRun`` per job."""
+    the next starts) on the same ``prompts``, and return one ``VllmRun`` per job. ``together``: each engine gets
+    every prompt at once (``VllmEngine.generate``), ``options.max_num_seqs`` of them in flight."""
     request = {
         "jobs": [attrs.asdict(j) for j in jobs],
         "prompts": [[int(t) for t in p] for p in prompts],
         "max_new_tokens": max_new_tokens,
         "ignore_eos": ignore_eos,
         "options": attrs.asdict(options),
+        "together": together,
     }
     data = _run_worker(request, timeout)
     return [VllmRun.from_dict(r) for r in data["runs"]]
