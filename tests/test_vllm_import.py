@@ -267,6 +267,56 @@ def test_parallelspec_slot_inputs_give_each_mask_its_own_embedding_and_the_ancho
     assert h[:, 0].tolist() == [0, 1, 1, 1, 1, 5, 6, 7, 7, 7]
 
 
+class _Registry:
+    """vLLM's ModelRegistry as the general plugin sees it (the real one needs vLLM imported: ~20 s)."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.models, self.fail = {}, fail
+
+    def get_supported_archs(self):
+        return self.models.keys()
+
+    def register_model(self, arch, cls):
+        if self.fail is not None:
+            raise self.fail
+        self.models[arch] = cls
+
+
+@pytest.fixture
+def plugin(monkeypatch):
+    """specframe.vllm.vllm_plugin with a fake ``vllm`` (its ModelRegistry) and vLLM's EAGLE-3 model module
+    unimportable, as on a vLLM whose model code moved; registration state reset."""
+    import sys
+
+    from specframe.vllm import vllm_plugin
+
+    registry = _Registry()
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(ModelRegistry=registry))
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.models.llama_eagle3", None)  # import raises ImportError
+    monkeypatch.setattr(vllm_plugin, "_registered", False)
+    return SimpleNamespace(module=vllm_plugin, registry=registry)
+
+
+def test_vllm_plugin_registers_lazily_and_a_broken_model_import_does_not_reach_register(plugin):
+    """vLLM calls the general plugin unguarded in every process: register() imports no vLLM model code, it only
+    names the class (GPU-path review item 8)."""
+    plugin.module.register()
+    assert dict(plugin.registry.models) == {"ParallelSpecLlamaForCausalLMEagle3":
+                                            "specframe.vllm.vllm_plugin:ParallelSpecLlamaForCausalLMEagle3"}
+    # where vLLM does load the drafter, the broken import surfaces there, for ParallelSpec only
+    with pytest.raises(ImportError):
+        getattr(plugin.module, plugin.module.ARCHITECTURE)
+
+
+def test_vllm_plugin_register_only_warns_when_vllm_refuses(plugin, caplog):
+    plugin.registry.fail = TypeError("register_model() changed")
+    with caplog.at_level("WARNING", logger="specframe.vllm.vllm_plugin"):
+        plugin.module.register()  # does not raise
+    assert "could not register its vLLM model ParallelSpecLlamaForCausalLMEagle3" in caplog.text
+    assert "TypeError: register_model() changed" in caplog.text
+    assert not plugin.module._registered  # a later call tries again
+
+
 def test_parallelspec_export_round_trips_and_refuses_the_standalone_backbone(target, tmp_path):
     cls = plugins.get("drafter", "parallelspec")
     torch.manual_seed(0)

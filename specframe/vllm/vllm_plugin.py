@@ -14,24 +14,50 @@ vLLM loads it through the ``vllm.general_plugins`` entry point ``specframe`` (``
 ``ModelRegistry.register_model`` s the class; safe to call more than once); ``specframe.vllm.engine`` also calls
 ``register`` before starting vLLM in process. The architecture name ends in ``Eagle3`` so that vLLM's eagle3 method
 keeps it as is.
+
+vLLM calls every general plugin in every process it starts (``vllm serve``'s API server included) and does not guard
+the call, so ``register`` imports no vLLM model code: it registers the class by its ``"module:Class"`` name, which
+vLLM imports only where a ParallelSpec drafter is actually loaded (the module's ``__getattr__`` builds the class
+then), and a failure only logs a warning, so that a vLLM this plugin does not fit still serves everything else.
 """
 
 from __future__ import annotations
 
+import logging
+
 ARCHITECTURE = "ParallelSpecLlamaForCausalLMEagle3"
+#: what vLLM's registry imports when it first needs the model (``__getattr__`` below builds the class)
+MODEL_CLASS = f"{__name__}:{ARCHITECTURE}"
 _registered = False
+_log = logging.getLogger(__name__)
 
 
 def register() -> None:
-    """Register the ParallelSpec drafter model with vLLM's model registry (the general plugin's entry point)."""
+    """Register the ParallelSpec drafter model with vLLM's model registry (the general plugin's entry point).
+    Never raises: a failure is logged as a warning (vLLM would otherwise fail in every process, not only for
+    ParallelSpec)."""
     global _registered
     if _registered:
         return
-    from vllm import ModelRegistry
+    try:
+        from vllm import ModelRegistry
 
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, _build_model_class())
+        if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    except Exception as exc:  # noqa: BLE001 - any failure here must leave vLLM usable
+        _log.warning("specframe could not register its vLLM model %s (ParallelSpec drafters will not load): %s: %s",
+                     ARCHITECTURE, type(exc).__name__, exc)
+        return
     _registered = True
+
+
+def __getattr__(name: str):
+    # the lazy registration's target: built (importing vLLM's EAGLE-3 model) on first access only
+    if name == ARCHITECTURE:
+        cls = _build_model_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def slot_inputs(input_ids, hidden_states, embeds, mask_token_id: int, mask_embeddings):
