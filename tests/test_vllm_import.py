@@ -317,6 +317,60 @@ def test_vllm_plugin_register_only_warns_when_vllm_refuses(plugin, caplog):
     assert not plugin.module._registered  # a later call tries again
 
 
+def _plugin_model(monkeypatch, masks: int, mask_token_id: int):
+    """specframe's vLLM plugin model built on a stand-in for vLLM's Eagle3LlamaForCausalLM whose inner model returns
+    the embeddings and hidden states it is given (what the plugin's forward adds is all that is under test)."""
+    import sys
+    from types import ModuleType
+
+    from specframe.vllm import vllm_plugin
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(128, 4)
+
+        def embed_input_ids(self, input_ids):
+            return self.embed_tokens(input_ids)
+
+        def forward(self, input_ids, positions, hidden_states, input_embeds=None):
+            return input_embeds, hidden_states
+
+    class Eagle3LlamaForCausalLM(torch.nn.Module):
+        def __init__(self, *, vllm_config, prefix=""):
+            super().__init__()
+            self.config, self.model = vllm_config, Inner()
+
+    fake = ModuleType("vllm.model_executor.models.llama_eagle3")
+    fake.Eagle3LlamaForCausalLM = Eagle3LlamaForCausalLM
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    config = SimpleNamespace(parallelspec_num_masks=masks, pard_token=mask_token_id, hidden_size=4)
+    model = vllm_plugin._build_model_class()(vllm_config=config)
+    with torch.no_grad():
+        model.model.mask_embeddings.copy_(torch.tensor([[100.0] * 4, [200.0] * 4]))
+    return model
+
+
+def test_parallelspec_vllm_model_refuses_inputs_embeds_without_ids_and_substitutes_given_embeds(monkeypatch):
+    """vLLM's multimodal-embeddings path passes inputs_embeds and no ids: the mask slots cannot be found, so the
+    model refuses rather than draft silently as P-EAGLE with a zero mask_hidden (GPU-path review item 12)."""
+    M = 99
+    model = _plugin_model(monkeypatch, masks=2, mask_token_id=M)
+    assert model.supports_multimodal_embeddings is False  # vLLM then takes the token-id path
+    ids = torch.tensor([5, 6, M, M, 0])
+    hidden = torch.arange(5.0)[:, None].repeat(1, 4)
+    embeds = -torch.arange(5.0)[:, None].repeat(1, 4)
+    with pytest.raises(ValueError, match="needs input_ids to find its parallel-drafting mask slots"):
+        model(None, torch.arange(5), hidden, embeds)
+    # embeddings given with the ids: the slots are still substituted
+    e, h = model(ids, torch.arange(5), hidden, embeds)
+    assert e[:, 0].tolist() == [0, -1, 100, 200, -4] and h[:, 0].tolist() == [0, 1, 1, 1, 4]
+    # ids only (vLLM's text path): the model's own embedding, then the same substitution
+    e, h = model(ids, torch.arange(5), hidden)
+    assert torch.equal(e[[0, 1, 4]], model.model.embed_tokens(ids[[0, 1, 4]]))
+    assert e[2:4, 0].tolist() == [100, 200] and h[:, 0].tolist() == [0, 1, 1, 1, 4]
+
+
 def test_parallelspec_export_round_trips_and_refuses_the_standalone_backbone(target, tmp_path):
     cls = plugins.get("drafter", "parallelspec")
     torch.manual_seed(0)

@@ -93,12 +93,22 @@ def _build_model_class():
             # on the inner model, so that the loader's "model." prefix finds it
             self.model.mask_embeddings = nn.Parameter(torch.zeros(masks, config.hidden_size), requires_grad=False)
 
+        # vLLM's proposer hands a drafter that supports multimodal embeddings inputs_embeds in place of input_ids;
+        # the mask slots are found by their token id, so this model does not take that path (vLLM then drafts from
+        # the token ids, text only)
+        supports_multimodal_embeddings = False
+
         def forward(self, input_ids, positions, hidden_states, inputs_embeds=None):
-            if inputs_embeds is None and input_ids is not None:
-                embeds = self.model.embed_input_ids(input_ids)
-                inputs_embeds, hidden_states = slot_inputs(
-                    input_ids, hidden_states, embeds, self.mask_token_id, self.model.mask_embeddings
-                )
+            if input_ids is None:
+                # without the ids every mask slot would run with the one shared pard_token embedding and the fc(0)
+                # hidden state: still lossless, so only the acceptance would be (silently) wrong
+                raise ValueError(f"{ARCHITECTURE} needs input_ids to find its parallel-drafting mask slots; "
+                                 "vLLM passed inputs_embeds only")
+            if inputs_embeds is None:
+                inputs_embeds = self.model.embed_input_ids(input_ids)
+            inputs_embeds, hidden_states = slot_inputs(
+                input_ids, hidden_states, inputs_embeds, self.mask_token_id, self.model.mask_embeddings
+            )
             return self.model(input_ids, positions, hidden_states, inputs_embeds)
 
     return ParallelSpecLlamaForCausalLMEagle3
