@@ -40,6 +40,28 @@ def local_rank() -> int:
         raise UsageError(f"LOCAL_RANK must be an integer, got {value!r}") from None
 
 
+#: what torch.distributed's env:// rendezvous reads besides WORLD_SIZE (torchrun sets them all)
+RENDEZVOUS_ENV = ("RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def world_size(rendezvous: bool = True) -> int:
+    """The number of processes of this run (torchrun's ``WORLD_SIZE``; 1 outside torchrun). Above 1 and with
+    ``rendezvous`` (the process group is still to be formed), the rest of the env:// rendezvous must be set too:
+    checked here, so an incomplete environment is one clear line and not torch's ``ValueError`` from inside
+    ``init_process_group``."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    try:
+        world = int(value)
+    except ValueError:
+        raise UsageError(f"WORLD_SIZE must be an integer, got {value!r}") from None
+    missing = [name for name in RENDEZVOUS_ENV if not os.environ.get(name)]
+    if world > 1 and rendezvous and missing:
+        raise UsageError(f"WORLD_SIZE={world} asks for a distributed run, but {', '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} not set: launch with torchrun --nproc-per-node N "
+                         "(it sets them all), or unset WORLD_SIZE for one process")
+    return world
+
+
 def resolve_device(spec: str | None = "auto") -> Any:
     """The torch device ``spec`` means for this process (see the module doc); a clear error for one that is absent."""
     import torch

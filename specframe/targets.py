@@ -224,6 +224,7 @@ def load_target(
             template = Path(chat_template).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise SpecframeError(f"--chat-template {chat_template}: cannot read it ({exc})") from None
+        _check_template(chat_template, template)
     spec_s = str(spec)
     if spec_s == "default":
         folder: Path | None = ensure_default_target()
@@ -280,6 +281,23 @@ def load_target(
     except SpecframeError:
         digest = _state_dict_hash(model)
     return Target(model=model, tokenizer=tokenizer, id=tid, weights_hash=digest, config=model.config, path=folder)
+
+
+def _check_template(path: str | os.PathLike, template: str) -> None:
+    """Refuse a chat template that is not valid Jinja now, with its line, rather than as jinja2's traceback from the
+    first ``apply_chat_template`` (after the target has loaded). Compiled the way transformers renders it (its
+    ``{% generation %}`` tag and loop controls included), so any template transformers accepts passes."""
+    import jinja2
+
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # a transformers without this helper: the template is then checked when first rendered
+        return
+    try:
+        _compile_jinja_template(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise SpecframeError(f"--chat-template {path}: not a valid Jinja template (line {exc.lineno}: {exc.message})"
+                             ) from None
 
 
 def _tokenizer_only(spec_s: str, source: str, folder: Path | None, tid: str, template: str | None,

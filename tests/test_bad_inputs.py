@@ -142,6 +142,13 @@ def set_config(**values) -> Callable[[Path], None]:
     return edit
 
 
+def distributed_env(monkeypatch, **values) -> None:
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+
+
 CASES = [
     Case("data-missing", "--data names no file",
          "error: data '{tmp}/nope.jsonl' is neither a built-in name (sharegpt, gsm8k, gsm8k-eval, "
@@ -286,6 +293,16 @@ CASES = [
          "error: --config {tmp}/bad.toml is not valid: Expected ']' at the end of a table declaration "
          "(at line 1, column 9)",
          lambda c: [*train(c), "--config", "{tmp}/bad.toml"], write("bad.toml", "[drafter\nlayers = ")),
+    Case("chat-template-not-jinja", "a --chat-template file that is not valid Jinja",
+         "error: --chat-template {tmp}/bad.jinja: not a valid Jinja template (line 1: Unexpected end of template. "
+         "Jinja was looking for the following tags: 'endfor' or 'else'. The innermost block that needs to be closed "
+         "is 'for'.)",
+         lambda c: [*train(c), "--chat-template", "{tmp}/bad.jinja"],
+         write("bad.jinja", "{% for m in messages %}{{ m.content }}\n")),
+    Case("distributed-env-incomplete", "WORLD_SIZE=2 in the environment without MASTER_ADDR (not torchrun)",
+         "error: WORLD_SIZE=2 asks for a distributed run, but MASTER_ADDR is not set: launch with torchrun "
+         "--nproc-per-node N (it sets them all), or unset WORLD_SIZE for one process",
+         lambda c: train(c), lambda c: distributed_env(c["monkeypatch"], WORLD_SIZE="2", RANK="0", MASTER_PORT="29500")),
     Case("target-missing", "--target names no folder or model",
          "error: target path {tmp}/no-such-target does not exist",
          lambda c: [*train(c), "--target", "{tmp}/no-such-target"]),

@@ -92,10 +92,10 @@ class _Dist:
     def __init__(self, device: torch.device) -> None:
         import torch.distributed as dist
 
-        from specframe.devices import backend
+        from specframe.devices import backend, world_size
 
         self.dist = dist
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.world = world_size(rendezvous=not dist.is_initialized())
         if self.world > 1 and not dist.is_initialized():
             if device.type == "cuda":
                 torch.cuda.set_device(device)
