@@ -3,8 +3,7 @@ timer (the loss kernels are tests/test_teacher.py)."""
 
 from __future__ import annotations
 
-import time
-
+import pytest
 import torch
 
 from specframe import api, plugins
@@ -51,15 +50,30 @@ def test_engine_sizes_attention_only_when_no_builder_is_named(tmp_path):
     assert made["chunked"].name == "chunked" and not isinstance(made["chunked"], SizedMaskBuilder)
 
 
-def test_phase_timer_subtracts_nested_phases():
+class _Clock:
+    """perf_counter that moves only when told: the timer's arithmetic, not the machine's speed or load, is tested."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_phase_timer_subtracts_nested_phases(monkeypatch):
+    from specframe.engine import profile
+
+    clock = _Clock()
+    monkeypatch.setattr(profile, "time", clock)
     timer = PhaseTimer(torch.device("cpu"))
     with timer("forward"):
-        time.sleep(0.02)
+        clock.now += 0.02
         with timer("loss"):
-            time.sleep(0.05)
-    assert 0.05 <= timer.seconds["loss"] < 0.2
-    assert 0.02 <= timer.seconds["forward"] < 0.05  # the nested loss is not counted twice
+            clock.now += 0.05
+        clock.now += 0.01
+    assert timer.seconds["loss"] == pytest.approx(0.05)
+    assert timer.seconds["forward"] == pytest.approx(0.03)  # the nested loss is not counted twice
     off = PhaseTimer(torch.device("cpu"), enabled=False)
     with off("forward"):
-        time.sleep(0.01)
+        clock.now += 0.01
     assert sum(off.seconds.values()) == 0.0

@@ -76,18 +76,23 @@ def test_help_documents_every_option():
 
 
 def test_profile_prints_time_per_phase(assets, tmp_path):
-    code, text = run(*base(assets, tmp_path / "run", "--max-steps", 2, "--eval-every", 1, "--profile"))
+    """Asserts what does not depend on the machine's speed: every phase is in the table and in the raw seconds, a
+    phase that ran took time (unrounded: printed, a fast machine rounds them to 0.00 s), the table shows those
+    seconds and the shares add up to the whole."""
+    from specframe.engine.profile import PHASES
+
+    code, text = run(*base(assets, tmp_path / "run", "--max-steps", 2, "--eval-every", 1, "--profile", "--json"))
     assert code == 0, text
-    table = text[text.index("profile: 2 steps"):]
-    rows = {line.split()[0]: [float(x.rstrip("%")) for x in line.split()[1:]]
-            for line in table.splitlines()[2:] if line.split() and line.split()[0] in
-            ("data", "forward", "loss", "backward", "optimizer", "eval", "checkpoint")}
-    assert set(rows) == {"data", "forward", "loss", "backward", "optimizer", "eval", "checkpoint"}
-    # every phase is timed (the big ones take visible time; optimizer, eval and checkpoint can round to 0.00 s on a
-    # quiet machine), and the shares add up to the whole
-    assert all(rows[phase][0] > 0 for phase in ("data", "forward", "loss", "backward")), rows
-    assert all(seconds >= 0 for seconds, _, _ in rows.values()), rows
-    assert abs(sum(share for _, share, _ in rows.values()) - 100.0) < 0.5
-    assert "training tokens/s" in table
+    summary = json.loads(text[text.index("{\n"):])
+    seconds, table = summary["profile_seconds"], summary["profile"]
+    assert table.startswith("profile: 2 steps") and "training tokens/s" in table
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[2:] if line.split()[0] in PHASES}
+    assert set(rows) == set(seconds) == set(PHASES)
+    assert all(seconds[phase] > 0 for phase in ("data", "forward", "loss", "backward", "optimizer", "eval",
+                                                "checkpoint")), seconds
+    total = sum(seconds.values())
+    for phase, (printed, share, _) in rows.items():
+        assert printed == f"{seconds[phase]:.2f}" and share == f"{seconds[phase] / total:.1%}"
+    assert abs(sum(float(share.rstrip("%")) for _, share, _ in rows.values()) - 100.0) < 0.5
     code, text = run(*base(assets, tmp_path / "plain", "--max-steps", 1))
     assert code == 0 and "profile:" not in text

@@ -128,7 +128,8 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
               help="A Jinja chat template file replacing the target tokenizer's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (and no progress bar).")
 @click.option("--profile", is_flag=True, help="Time every phase of training (data, forward, loss, backward, "
-              "optimizer, eval, checkpoint) and print the table at the end (under --json: as 'profile').")
+              "optimizer, eval, checkpoint) and print the table at the end (under --json: as 'profile', and the "
+              "unrounded seconds per phase as 'profile_seconds').")
 @click.pass_context
 def train(ctx: click.Context, resume: str | None, config_file: str | None, print_config: bool, as_json: bool,
           profile: bool, **flags: Any) -> None:
@@ -177,6 +178,7 @@ def train(ctx: click.Context, resume: str | None, config_file: str | None, print
     }
     if result.profile is not None:
         summary["profile"] = result.profile
+        summary["profile_seconds"] = result.profile_seconds
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:

@@ -46,6 +46,8 @@ class TrainResult:
     last_eval: dict[str, Any] | None
     #: ``--profile``: the time-per-phase table (``specframe.engine.profile``), else None
     profile: str | None = None
+    #: ``--profile``: the raw seconds per phase behind that table (unrounded), else None
+    profile_seconds: dict[str, float] | None = None
 
 
 def expected_acceptance_length(accuracy: list[float]) -> float:
@@ -644,10 +646,12 @@ class Trainer:
             with self.timer("checkpoint"):
                 last_ckpt = self.save()
         losses = [h["train_loss"] for h in history if h["train_loss"] is not None]
-        profile = None
+        profile = profile_seconds = None
         if self.timer.enabled:
             profile = self.timer.report(len(history), sum(int(h.get("tokens") or 0) for h in history))
-        return TrainResult(self.step, last_ckpt, history, losses[-1] if losses else None, last_eval, profile)
+            profile_seconds = self.timer.as_dict()
+        return TrainResult(self.step, last_ckpt, history, losses[-1] if losses else None, last_eval, profile,
+                           profile_seconds)
 
 
 class _DrafterLoss(torch.nn.Module):
