@@ -161,6 +161,14 @@ def test_ids_are_checked(target, tmp_path):
     kwargs = eagle_kwargs(target, 4) | {"aux_layer_ids": [1, 2, 5]}
     with pytest.raises(SpecframeError, match="aux layer ids"):
         export.write_peagle(tmp_path / "x", w, mask_token_id=1, **kwargs)
+    # id L is the last layer's output, which vLLM's target never collects (it collects the inputs of layers
+    # 0..L-1), so it is refused as training refuses it (GPU-path review item 14)
+    layers = target.config.num_hidden_layers
+    kwargs = eagle_kwargs(target, 4) | {"aux_layer_ids": [1, 2, layers]}
+    with pytest.raises(SpecframeError, match=rf"aux layer ids \[1, 2, {layers}\] are invalid .* \(valid: "
+                                             rf"0\.\.{layers - 1}, the hidden state entering each layer"):
+        export.write_peagle(tmp_path / "x", w, mask_token_id=1, **kwargs)
+    export.write_peagle(tmp_path / "x", w, mask_token_id=1, **(kwargs | {"aux_layer_ids": [0, 2, layers - 1]}))
     pw, cfg = pard_weights(target.config, 1)
     with pytest.raises(SpecframeError, match="pard_token"):
         export.write_pard(tmp_path / "p", pw, config=cfg, pard_token=-1)
@@ -226,6 +234,31 @@ def test_a_biased_targets_flags_do_not_reach_the_drafter_layers(target, tmp_path
                             mask_token_id=mask_token(target.tok), **kwargs)
     layer = json.loads((tmp_path / layout / "config.json").read_text())["transformer_layer_config"]
     assert layer["attention_bias"] is False and layer["mlp_bias"] is False
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "peagle", "dflash"])
+def test_the_exported_verifier_names_the_targets_own_architectures(tmp_path, kind):
+    """GPU-path review item 14: speculators' VerifierConfig records the verifier's architectures; a Qwen2 target's
+    export said LlamaForCausalLM. Through each speculators drafter's own export_vllm, and kept by set_serving."""
+    from specframe import plugins
+
+    path = build_target(tmp_path / "qwen2", family="qwen2")
+    config, tok = target_parts(path)
+    assert config.architectures == ["Qwen2ForCausalLM"]
+    cls = plugins.get("drafter", kind)
+    options = {"eagle3": dict(layers=1, aux_layer_ids=AUX), "peagle": dict(layers=2, aux_layer_ids=AUX),
+               "dflash": dict(layers=2, block_size=4, aux_layer_ids=[1, 3])}[kind]
+    drafter = cls(config, cls.Options(**options))
+    if kind != "eagle3":
+        drafter.mask_token_id = mask_token(tok)
+    drafter.export_vllm(tmp_path / "out", tok)
+    verifier = json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": str(path.resolve()), "architectures": ["Qwen2ForCausalLM"]}
+    export.set_serving(tmp_path / "out", verifier="org/qwen2", speculative_tokens=2)
+    verifier = json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": "org/qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    assert export.verifier_architectures_of(config.to_dict()) == ["Qwen2ForCausalLM"]
+    assert export.verifier_architectures_of({}) == []
 
 
 @pytest.mark.parametrize(

@@ -347,6 +347,7 @@ class Eagle3Drafter(api.Drafter):
             directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config), speculative_tokens=self.options.k_infer,
+            verifier_architectures=layouts.verifier_architectures_of(self.target_config),
         )
 
     def import_weights(self, imported: Any) -> None:

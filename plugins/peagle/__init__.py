@@ -253,6 +253,7 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
             mask_token_id=self.mask_token_id, target_num_layers=int(self.target_config.num_hidden_layers),
             tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config), speculative_tokens=self.options.k_infer,
+            verifier_architectures=layouts.verifier_architectures_of(self.target_config),
         )
 
     def import_weights(self, imported: Any) -> None:

@@ -216,6 +216,16 @@ def verifier_of(target_config: Any) -> str | None:
     return verifier_name(source) if source else None
 
 
+def verifier_architectures_of(target_config: Any) -> list[str]:
+    """The target's own ``architectures`` (``Qwen2ForCausalLM``, ...), as speculators' VerifierConfig records them;
+    empty when its config names none."""
+    if isinstance(target_config, Mapping):
+        names = target_config.get("architectures")
+    else:
+        names = getattr(target_config, "architectures", None)
+    return [str(a) for a in names or ()]
+
+
 def llama_config(target_config: Any, num_hidden_layers: int, **overrides: Any) -> dict[str, Any]:
     """A drafter's Llama config dict: the layer shapes of ``target_config`` (a transformers config or a dict), with
     ``num_hidden_layers`` drafter layers and ``overrides`` applied (e.g. a different ``intermediate_size``)."""
@@ -238,17 +248,20 @@ def speculators_config(
     verifier: str | None,
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
     drafter: str | None = None,
+    verifier_architectures: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The speculators ``config.json`` of an EAGLE-3 / P-EAGLE drafter from its flat config (Llama layer fields plus
     ``draft_vocab_size``, ``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids`` and, P-EAGLE,
-    ``mask_token_id``), naming ``verifier`` (the target: a local folder path or hub id) and drafting
+    ``mask_token_id``), naming ``verifier`` (the target: a local folder path or hub id) with its
+    ``verifier_architectures`` (``verifier_architectures_of`` the target's config; none known: empty) and drafting
     ``speculative_tokens`` tokens per step by default. ``flat_config`` reads it back."""
     if layout not in SPECULATORS:
         raise SpecframeError(f"layout {layout!r} has no speculators format (speculators layouts: {', '.join(SPECULATORS)})")
     if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 1:
         raise SpecframeError(f"speculative_tokens must be a positive integer, got {speculative_tokens!r}")
     if layout == "dflash":
-        return _dflash_config(flat, verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter)
+        return _dflash_config(flat, verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
+                              verifier_architectures=verifier_architectures)
     layer = {k: v for k, v in flat.items() if k not in _EAGLE_FIELDS and k not in _FIXED_FLAGS}
     layer.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False)
     layer.setdefault("torch_dtype", "float32")
@@ -259,7 +272,7 @@ def speculators_config(
             "algorithm": layout,
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
-            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or ())},
         },
         "transformer_layer_config": layer,
         **{k: flat[k] for k in _EAGLE_FIELDS if k in flat},
@@ -313,6 +326,7 @@ def set_serving(
         flat, manifest.layout, verifier=verifier if verifier is not None else manifest.verifier,
         speculative_tokens=speculative_tokens if speculative_tokens is not None else manifest.speculative_tokens,
         drafter=manifest.drafter,
+        verifier_architectures=(cfg.get("speculators_config") or {}).get("verifier", {}).get("architectures"),
     )
     tmp = directory / "config.json.tmp"
     tmp.write_text(json.dumps(new, indent=1, sort_keys=True))
@@ -335,6 +349,7 @@ def write_eagle3(
     drafter: str | None = "eagle3",
     verifier: str | None = None,
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+    verifier_architectures: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Write an autoregressive EAGLE-3 drafter (speculators ``eagle3``).
 
@@ -343,14 +358,16 @@ def write_eagle3(
     ``vocab_size`` = the target's; ``draft_vocab_size`` is read from ``lm_head.weight``. ``aux_layer_ids`` are the
     target hidden states the drafter reads (id i = the hidden state entering target layer i, 0 = the embeddings; a
     tiny target needs them explicitly, vLLM's default assumes many layers); ``target_num_layers`` bounds them.
-    ``verifier`` names the target vLLM starts for ``LLM(model=EXPORT)`` (``verifier_name`` of its folder or hub id);
-    ``speculative_tokens`` is the default number of draft tokens per step.
+    ``verifier`` names the target vLLM starts for ``LLM(model=EXPORT)`` (``verifier_name`` of its folder or hub id),
+    ``verifier_architectures`` its own architectures (``verifier_architectures_of``; recorded, vLLM does not read
+    them); ``speculative_tokens`` is the default number of draft tokens per step.
     Returns the manifest (``layout``, ``method``, ``parallel_drafting``, ...) as a dict.
     """
     tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
     if "mask_hidden" in tensors:
         raise SpecframeError("an autoregressive EAGLE-3 export has no mask_hidden; use write_peagle for P-EAGLE")
-    full = speculators_config(cfg, "eagle3", verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter)
+    full = speculators_config(cfg, "eagle3", verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
+                              verifier_architectures=verifier_architectures)
     return _write(directory, tensors, full, tokenizer)
 
 
@@ -367,13 +384,15 @@ def write_peagle(
     drafter: str | None = "peagle",
     verifier: str | None = None,
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
+    verifier_architectures: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Write a P-EAGLE drafter (speculators ``peagle``: vLLM's eagle3 method with ``parallel_drafting``):
     ``write_eagle3``'s layout plus ``mask_hidden`` [1, 1, n_aux * H_target] in ``weights`` and ``mask_token_id`` (a
     target-vocabulary id whose embedding row the mask slots read) in the config."""
     tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
     _peagle_parts(tensors, cfg, mask_token_id)
-    full = speculators_config(cfg, "peagle", verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter)
+    full = speculators_config(cfg, "peagle", verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
+                              verifier_architectures=verifier_architectures)
     return _write(directory, tensors, full, tokenizer)
 
 
@@ -391,6 +410,7 @@ def write_dflash(
     drafter: str | None = "dflash",
     verifier: str | None = None,
     speculative_tokens: int | None = None,
+    verifier_architectures: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Write a DFlash drafter (speculators ``dflash``, module docstring): ``weights`` under vLLM's
     ``DFlashQwen3Model`` names, ``config`` the drafter's layer config (``llama_config`` of the target with
@@ -409,7 +429,8 @@ def write_dflash(
         mask_token_id=mask_token_id, aux_hidden_state_layer_ids=[int(i) for i in aux_layer_ids], block_size=block_size,
     )
     tensors = _dflash_parts(_tensors(weights), flat, target_num_layers)
-    full = _dflash_config(flat, verifier=verifier, speculative_tokens=tokens, drafter=drafter)
+    full = _dflash_config(flat, verifier=verifier, speculative_tokens=tokens, drafter=drafter,
+                          verifier_architectures=verifier_architectures)
     return _write(directory, tensors, full, tokenizer)
 
 
@@ -418,7 +439,8 @@ _DFLASH_FIELDS = ("draft_vocab_size", "target_hidden_size", "mask_token_id", "au
 
 
 def _dflash_config(
-    flat: Mapping[str, Any], *, verifier: str | None, speculative_tokens: int, drafter: str | None
+    flat: Mapping[str, Any], *, verifier: str | None, speculative_tokens: int, drafter: str | None,
+    verifier_architectures: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     layer = {k: v for k, v in flat.items() if k not in _DFLASH_FIELDS}
     # Qwen3: vLLM builds DFlash layers from a Qwen3 config (per-head q_norm / k_norm); the sizes are the drafter's own
@@ -431,7 +453,7 @@ def _dflash_config(
             "algorithm": "dflash",
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
-            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or ())},
         },
         "transformer_layer_config": layer,
         **{k: flat[k] for k in _DFLASH_FIELDS if k in flat},
@@ -664,9 +686,12 @@ def _eagle3_parts(
     aux = [int(i) for i in aux_layer_ids]
     if not aux:
         raise SpecframeError("aux_layer_ids is empty: EAGLE-3 reads at least one target hidden state")
-    if target_num_layers is not None and any(not 0 <= i <= target_num_layers for i in aux):
+    # id i is the hidden state entering target layer i; vLLM's target collects those of layers 0..L-1 only, so id L
+    # (the last layer's output) would never reach the drafter
+    if target_num_layers is not None and any(not 0 <= i < target_num_layers for i in aux):
         raise SpecframeError(
-            f"aux layer ids {aux} are invalid for a target with {target_num_layers} layers (valid: 0..{target_num_layers})"
+            f"aux layer ids {aux} are invalid for a target with {target_num_layers} layers (valid: "
+            f"0..{target_num_layers - 1}, the hidden state entering each layer, which is what vLLM's target collects)"
         )
     h_t = int(target_hidden_size)
 

@@ -289,6 +289,7 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
             mask_token_id=self.mask_token_id, block_size=self.options.block_size,
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config),
+            verifier_architectures=layouts.verifier_architectures_of(self.target_config),
             speculative_tokens=self.options.k_infer,
         )
 
