@@ -71,7 +71,7 @@ test-fast: setup
 # on 2 cores; results and report in benchmarks/results/cpu) or gpu. Stopped runs resume: the feature cache, trained
 # drafters and finished measurements are kept in runs/bench/PRESET and reused.
 PRESET ?= ci
-BENCH_RESULTS ?= $(if $(filter ci,$(PRESET)),runs/bench/ci/results,benchmarks/results/$(PRESET))
+BENCH_RESULTS ?= $(if $(filter ci ci-jobs,$(PRESET)),runs/bench/$(PRESET)/results,benchmarks/results/$(PRESET))
 bench: setup
 	$(BIN)/pytest benchmarks --preset $(PRESET) --results-dir $(BENCH_RESULTS) --benchmark-only -p no:cacheprovider \
 	    -q -s --benchmark-json $(BENCH_RESULTS)/pytest-benchmark.json

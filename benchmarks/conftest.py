@@ -1,9 +1,10 @@
 """Options and shared fixtures of the comparison suites (``pytest benchmarks --preset cpu``).
 
 ``--preset`` (or ``SPECFRAME_BENCH_PRESET``) picks the scale (``benchmarks/presets.py``); ``--bench-work`` the work
-folder that keeps the feature cache and the trained drafters between runs; ``--results-dir`` where results files
-go (default ``benchmarks/results/<preset>`` for cpu / gpu, ``<work>/results`` for ci, so CI never overwrites the
-committed figures).
+folder that keeps the feature cache and the trained drafters between runs (default ``$SPECFRAME_HOME/bench/<preset>``,
+outside the checkout, so a long run survives a fresh checkout; the ci presets: ``runs/bench/<preset>``);
+``--results-dir`` where results files go (default ``benchmarks/results/<preset>``; ci presets ``<work>/results``, so CI
+never overwrites the committed figures).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ROOT, Workspace
+from harness import ROOT, Workspace, default_work
 from presets import PRESETS, resolve
 
 
@@ -21,7 +22,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("specframe", "specframe comparison suites")
     group.addoption("--preset", default=os.environ.get("SPECFRAME_BENCH_PRESET", "ci"), choices=sorted(PRESETS),
                     help="scale of the suites (default ci, or $SPECFRAME_BENCH_PRESET)")
-    group.addoption("--bench-work", default=None, help="work folder (default runs/bench/<preset>)")
+    group.addoption("--bench-work", default=None, help="work folder (default $SPECFRAME_HOME/bench/<preset>; ci presets: "
+                    "runs/bench/<preset>)")
     group.addoption("--results-dir", default=None, help="results folder (default benchmarks/results/<preset>; ci: "
                     "<work>/results)")
 
@@ -32,10 +34,10 @@ def workspace(request) -> Workspace:
 
     preset = resolve(request.config.getoption("--preset"))
     torch.set_num_threads(preset.threads)
-    work = Path(request.config.getoption("--bench-work") or ROOT / "runs" / "bench" / preset.name)
+    work = Path(request.config.getoption("--bench-work") or default_work(preset))
     results = request.config.getoption("--results-dir")
     if results is None:
-        results = work / "results" if preset.name == "ci" else ROOT / "benchmarks" / "results" / preset.name
+        results = ROOT / "benchmarks" / "results" / preset.name if preset.committed else work / "results"
     return Workspace(preset, work.resolve(), Path(results).resolve())
 
 
@@ -50,3 +52,23 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     from specframe.results import portable
 
     output_json.update(portable(dict(output_json), ROOT))
+
+
+# What the per-drafter jobs (test_jobs.py) do in one job per drafter, these suites do table by table; a preset runs
+# one way or the other, the memory suite (independent of training) either way.
+SUITE_BY_SUITE = ("test_training.py", "test_acceptance.py", "test_vllm.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    preset = PRESETS[config.getoption("--preset")]
+    kept, dropped = [], []
+    for item in items:
+        name = Path(str(item.fspath)).name
+        per_drafter = name == "test_jobs.py"
+        if name in SUITE_BY_SUITE + ("test_jobs.py",) and per_drafter != preset.per_drafter_jobs:
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

@@ -1,7 +1,8 @@
 """What the comparison suites share: the work folder of a preset, its target, its one feature cache and the trained
 drafters, each built once through the real CLI and reused when a run is resumed.
 
-Everything expensive is kept under the work folder (``runs/bench/<preset>`` by default) and reused: the target (ci:
+Everything expensive is kept under the work folder (``default_work``: ``$SPECFRAME_HOME/bench/<preset>``, or
+``runs/bench/<preset>`` for the ci presets) and reused: the target (ci:
 built; otherwise the cached default), the feature cache (``specframe prepare`` resumes a half-written one), and each
 drafter's training run (``specframe train --resume`` continues a killed one from its last checkpoint; a finished one is
 recognised by its ``bench-run.json``). A stopped suite run therefore loses at most the part in flight.
@@ -24,6 +25,14 @@ import attrs
 from presets import Preset
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_work(preset: Preset) -> Path:
+    """A preset's work folder: outside the checkout for a preset whose results are committed (a long run must survive
+    a fresh checkout of the same machine), ``runs/bench/<name>`` for the ci presets."""
+    from specframe.home import specframe_home
+
+    return specframe_home() / "bench" / preset.name if preset.committed else ROOT / "runs" / "bench" / preset.name
 
 
 def busy_cpu_seconds() -> float | None:
@@ -165,7 +174,7 @@ class Workspace:
                 "--seq-len", str(p.seq_len), "--depth", str(p.depth), "--max-steps", str(p.steps),
                 "--batch-size", str(p.batch_size), "--lr", str(p.lr),
                 "--max-examples", str(p.train_examples + p.val_examples), "--val-examples", str(p.val_examples),
-                # cpu: one conversation per sequence, as its committed results were measured; cpu-long: packed
+                # cpu: one conversation per sequence, as its committed results were measured; cpu-large: packed
                 "--pack" if p.pack else "--no-pack", "--eval-every", str(p.eval_every),
                 *(["--mask-builder", p.mask_builder] if p.mask_builder else []),
                 "--partitioner", p.partitioner, "--partitions", str(p.partitions),

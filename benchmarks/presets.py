@@ -1,6 +1,7 @@
 """The scales the comparison suites run at: ``ci`` (tiny target, minutes), ``cpu`` (SmolLM2 on a laptop-class CPU,
-about 2.5 hours), ``cpu-long`` (the same target trained on 1.15M tokens per drafter: about 10 hours, resumable) and ``gpu`` (a
-scale worth publishing, for a machine with one).
+about 2.5 hours), ``cpu-large`` (the same target trained on 1M tokens of the large self-distilled set per drafter,
+each drafter one resumable job: about 2.5 hours per drafter) and ``gpu`` (a scale worth publishing, for a machine with
+one).
 
 A preset fixes everything that must be equal across drafters for the comparison to be fair: the target, the
 training conversations (one shared feature cache), the sequence length, depth, steps, batch size, learning rate and
@@ -65,6 +66,27 @@ class Preset:
     vllm_ks: tuple[int, ...] = (2, 3, 5)
     #: every engine starts once and the repeats are interleaved, but each costs a full pass over the prompts
     vllm_repeats: int = 3
+    #: one self-contained job per drafter (benchmarks/test_jobs.py): train, whole-set acceptance in vLLM, speed in
+    #: vLLM, its results in ``<results>/<drafter>/``; the suite-by-suite files (test_training, test_acceptance,
+    #: test_vllm) are skipped, the memory suite still runs
+    per_drafter_jobs: bool = False
+    #: results committed under benchmarks/results/<name> and a work folder outside the checkout
+    #: ($SPECFRAME_HOME/bench/<name>, kept across fresh checkouts); False (the ci presets): both under runs/bench/
+    committed: bool = True
+    #: per-drafter jobs: prompts per set for the whole-set acceptance (None: the whole set) and its answer cap
+    acceptance_prompts: int | None = None
+    acceptance_max_new_tokens: int = 256
+    #: requests in flight in the whole-set acceptance runs, and the KV cache (GiB) that holds them
+    acceptance_batch: int = 64
+    acceptance_kv_gib: int = 4
+    #: per-drafter jobs: bump a drafter's revision when a change alters its training or decoding, so its finished job
+    #: (whose results say the commit they were measured at) runs again
+    job_revisions: dict[str, int] = attrs.field(factory=dict)
+    #: per-drafter jobs: MT-Bench questions (two turns each) timed at batch 1, and the answer cap there
+    speed_prompts: int = 10
+    speed_max_new_tokens: int = 128
+    #: the EAGLE-2 tree on the reference engine, for drafters that build trees: MT-Bench questions (a subset)
+    tree_prompts: int = 5
 
     def train_options(self, drafter: str, depth: int | None = None) -> dict:
         """The drafter's options: its architecture from ``drafters``, plus the preset's shared draft vocabulary,
@@ -131,7 +153,21 @@ PRESETS = {
         plugin_drafters={"dflash": {"layers": 2, "aux_layer_ids": [1, 3]}},
         memory_builders=("dense", "chunked"), memory_cap=512, memory_depth=4, memory_segment_len=128,
         datasets=("mt-bench", "humaneval", "gsm8k"), prompts=1, max_new_tokens=12, ks=(2, 4), tree=(3, 2, 6),
-        speed_k=3, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2,
+        speed_k=3, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, committed=False,
+    ),
+    # the per-drafter job path at ci scale (tests/test_bench_jobs.py and .ci/run's bench run keep it working)
+    "ci-jobs": Preset(
+        name="ci-jobs", description="the ci preset run as one job per drafter (train, whole-set acceptance and speed "
+        "in vLLM)",
+        target="tiny", data="gsm8k", train_examples=12, val_examples=2, seq_len=256, depth=4, steps=6, batch_size=2,
+        lr=3e-3, draft_vocab=128, memory_budget="2GiB",
+        drafters={"peagle": {"layers": 2}, "eagle3": {"layers": 1}},
+        plugin_drafters={"dflash": {"layers": 2, "aux_layer_ids": [1, 3]}},
+        memory_builders=("dense",), memory_partitioners=("none",), memory_cap=256, memory_depth=4,
+        memory_segment_len=128, datasets=("mt-bench", "gsm8k"), prompts=1, max_new_tokens=12, ks=(2,), tree=(3, 2, 6),
+        speed_k=2, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, eval_every=3, per_drafter_jobs=True,
+        acceptance_prompts=3, acceptance_max_new_tokens=16, acceptance_batch=4, acceptance_kv_gib=1, speed_prompts=1,
+        speed_max_new_tokens=12, tree_prompts=1, committed=False,
     ),
     "cpu": Preset(
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; about 2.5 hours on 2 cores",
@@ -139,18 +175,21 @@ PRESETS = {
         batch_size=2, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED,
         memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5, eval_every=30, mask_builder=None,
     ),
-    # The budget that learns (issue 17): ShareGPT conversations, the field's usual EAGLE training data, whose teacher
-    # distributions come from the target itself (online KL over the cached hidden states), packed into full 512-token
-    # sequences: 560 steps x 4 x 512 = 1.15M training tokens per drafter, validated at 5 points on one token axis.
-    # At the cpu preset's measured rates on 2 AMD EPYC cores (72-251 tokens/s, 2026-12-01) that is 1.3 hours for
-    # P-EAGLE to 4.4 for DFlash, about 10 in all: every drafter's run resumes from its last checkpoint
-    # (save_every = eval_every), but only while its work folder is kept. The attention path is the engine's choice.
-    "cpu-long": Preset(
-        name="cpu-long", description="SmolLM2-135M-Instruct on ShareGPT, 1.15M training tokens per drafter, learning "
-        "curves at 5 points; about 10 hours on 2 cores, resumable",
-        target="default", data="sharegpt", train_examples=3200, val_examples=32, seq_len=512, depth=7, steps=560,
+    # The budget that answers (issue 29): the large self-distilled set (the target's own greedy answers, so the
+    # drafters learn what the target says), 4,500 distinct conversations (about 1.3M tokens) packed into full 512-token sequences and
+    # read once: 500 steps x 4 x 512 = 1,024,000 training tokens per drafter, validated at 10 points on one token
+    # axis. At the cpu preset's rates on 2 AMD EPYC cores (72-251 tokens/s) that is 70-90 minutes of training per
+    # drafter (DFlash about 4 hours). Each drafter is one job (train, whole-set acceptance in vLLM, batch-1 speed in
+    # vLLM) that resumes from its last checkpoint (save_every = eval_every) in the work folder under
+    # $SPECFRAME_HOME, which a fresh checkout keeps; a drafter whose results are complete is skipped.
+    "cpu-large": Preset(
+        name="cpu-large", description="SmolLM2-135M-Instruct on the large self-distilled set, 1.02M training tokens "
+        "per drafter (one pass), learning curves at 10 points; one resumable job per drafter, about 2.5 hours each "
+        "on 2 cores",
+        target="default", data="large", train_examples=4500, val_examples=64, seq_len=512, depth=7, steps=500,
         batch_size=4, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED, pack=True,
-        eval_every=112, mask_builder=None, memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5,
+        eval_every=50, mask_builder=None, memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=3,
+        per_drafter_jobs=True, vllm_ks=(2, 3, 5), speed_k=3, vllm_repeats=3, speed_prompts=10,
     ),
     "gpu": Preset(
         name="gpu", description="SmolLM2 target, about 30x the cpu preset's training tokens, 8 GiB budget, 64K memory search",

@@ -105,7 +105,10 @@ def render(directory: Path, output: Path | None = None) -> Path:
     documents = load_results(directory)
     output = output or directory / "report.md"
     output.parent.mkdir(parents=True, exist_ok=True)
+    from specframe.report_jobs import jobs_section
+
     lines = [f"# specframe results: {directory.name}", ""]
+    lines += jobs_section(documents)
     lines += headline(documents)
     made = figures(documents)
     if made:

@@ -1,0 +1,309 @@
+"""Per-drafter jobs (presets with ``per_drafter_jobs``, e.g. ``cpu-large``): each drafter trained, then measured,
+then its results written, one drafter after the other, so a run stopped after any drafter has kept that drafter's
+whole answer and its checkpoint need not outlive the job.
+
+    make bench PRESET=cpu-large       # continues where it stopped; skips drafters whose results are complete
+
+- ``test_baselines``: plain vLLM's answers to every prompt turn of each set (later turns follow plain's own
+  answers; kept in the work folder, the prompts every drafter is asked) and n-gram at each K, whole sets, many
+  requests in flight (``specframe.vllm.acceptance``): ``<results>/baselines/acceptance-<set>.json``.
+- ``test_drafter_job[drafter]``: in this order, each part reused when its results file has the same key:
+  1. training (``harness.Workspace.trained``: resumes from the last checkpoint in the work folder)
+     -> ``<results>/<drafter>/training.json`` (learning curve on the shared token axis, throughput, load beside);
+  2. whole-set acceptance in vLLM at each K of ``vllm_ks`` -> ``acceptance-<set>.json``;
+  3. for a drafter that builds trees, the EAGLE-2 tree on the reference engine, on a subset -> ``tree-reference.json``;
+  4. speed in vLLM at batch 1: plain, n-gram and the drafter at each K, interleaved repeats, MT-Bench turns
+     (``bench.compare_vllm``) -> ``speed-batch1.json``. A measurement that shared the machine (other processes kept
+     more than ``QUIET_CORES`` busy) is written with its load and measured again by the next run, never reported;
+  5. ``job.json``: the checkpoint's hash (every file of the drafter carries the same), the commit, and whether the
+     job is complete.
+  A drafter whose ``job.json`` is complete under the same job key (preset, drafter options, ``job_revisions``) is
+  skipped without retraining: bump its revision in the preset when a change alters its training or decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shlex
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from harness import beside_cores, busy_cpu_seconds, command, fingerprint, saved_metrics, target_provenance
+from presets import exportable, resolve
+from specframe import bench
+
+#: a speed measurement with more than this many cores kept busy by other processes is redone, not reported
+QUIET_CORES = 0.25
+#: what a job measures; part of every job key, so a change here reruns every drafter's job
+JOB_SCHEMA = 1
+
+
+def pytest_generate_tests(metafunc):
+    if "drafter" in metafunc.fixturenames:
+        metafunc.parametrize("drafter", list(resolve(metafunc.config.getoption("--preset")).drafters))
+
+
+@pytest.fixture(scope="module")
+def target(workspace):
+    from specframe.targets import load_target
+
+    return load_target(workspace.target())
+
+
+def _engine_options(p):
+    from specframe.vllm.engine import EngineOptions, cpu_binding
+
+    return EngineOptions(threads_bind=cpu_binding(p.threads), max_num_seqs=p.acceptance_batch,
+                         kv_cache_gib=p.acceptance_kv_gib)
+
+
+def _source(workspace) -> str:
+    from specframe.cli.export_cmd import target_source
+
+    return target_source(workspace.target())
+
+
+def contexts(workspace, dataset: str) -> tuple[dict[str, list[int]], dict[str, Any]]:
+    """Every prompt turn's ids for ``dataset`` (later turns after plain vLLM's answers) and plain's generations,
+    computed once per preset and set and kept in the work folder (deterministic: recomputed the same if lost)."""
+    from specframe.vllm.acceptance import prompt_contexts
+    from specframe.vllm.engine import Conversation, VllmGeneration
+
+    p = workspace.preset
+    prompts = bench.load_prompts(dataset, p.acceptance_prompts)
+    key = fingerprint([dataset, [q.id for q in prompts], p.acceptance_max_new_tokens, p.target, JOB_SCHEMA])
+    path = workspace.root / f"contexts-{dataset}-{key}.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        return saved["contexts"], {k: VllmGeneration.from_dict(g) for k, g in saved["plain"].items()}
+    ctx, plain = prompt_contexts(_source(workspace), [Conversation(q.id, tuple(q.turns)) for q in prompts],
+                                 max_new_tokens=p.acceptance_max_new_tokens, options=_engine_options(p))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"contexts": ctx, "plain": {k: g.as_dict() for k, g in plain.items()}}))
+    os.replace(tmp, path)
+    return ctx, plain
+
+
+def _acceptance(workspace, target, dataset: str, jobs: dict, path: Path, config: dict, provenance: dict) -> dict:
+    """Whole-set acceptance of ``jobs`` (label -> (vLLM job, K)) on ``dataset``, or the saved figures."""
+    from specframe.results import write_results
+    from specframe.vllm.acceptance import bootstrap_al, measure, summary
+
+    p = workspace.preset
+    ctx, plain = contexts(workspace, dataset)
+    key = fingerprint([{k: v for k, v in config.items() if k != "drafters"}, sorted(ctx), JOB_SCHEMA])
+    saved = saved_metrics(path, key)
+    if saved is not None:
+        return saved
+    measured = measure(_source(workspace), ctx, jobs, max_new_tokens=p.acceptance_max_new_tokens,
+                       options=_engine_options(p))
+    methods = {label: summary(result, plain) for label, result in measured.items()}
+    base = [g.prompt_metrics() for g in plain.values()]
+    lo, hi = bootstrap_al(base)
+    methods["plain"] = {"k": 0, "prompt_turns": len(base), "acceptance_length": 1.0,
+                        "acceptance_length_interval": {"low": lo, "high": hi, "level": 0.95}}
+    rows = [{"method": label, "id": key_.split("#")[0], "turn": int(key_.split("#")[1]) + 1, **figures}
+            for label, m in methods.items() for key_, figures in m.pop("per_prompt", {}).items()]
+    metrics = {"methods": methods, "dataset": dataset, "engine": "vllm", "batched": p.acceptance_batch,
+               "max_new_tokens": p.acceptance_max_new_tokens}
+    write_results(path, kind="bench.acceptance.whole-set", metrics=bench.json_safe(metrics), per_prompt=rows,
+                  provenance=provenance, config={**config, "key": key})
+    return metrics
+
+
+def _ngram_jobs(p, source: str) -> dict:
+    """vLLM's prompt lookup at each K, with the n-gram plugin's sizes (label -> (job, K))."""
+    from specframe import plugins
+    from specframe.vllm.engine import Job
+
+    ngram = plugins.get("drafter", "ngram").Options()
+    return {f"ngram/k{k}": (Job(source, {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max":
+                                         int(ngram.n_max), "prompt_lookup_min": int(ngram.n_min)}), k)
+            for k in p.vllm_ks}
+
+
+def _drafter_jobs(p, drafter: str, export: Path, source: str) -> dict:
+    from specframe.vllm.engine import Job
+    from specframe.vllm.export import speculative_config
+
+    return {f"{drafter}/k{k}": (Job(source, speculative_config(export, k)), k) for k in p.vllm_ks}
+
+
+def test_baselines(benchmark, workspace, target):
+    from specframe.vllm import vllm_available
+
+    p = workspace.preset
+    if not p.vllm or not vllm_available():
+        pytest.skip("vLLM is not installed (make setup VLLM=cpu)" if p.vllm else f"preset {p.name} runs no vLLM")
+    out = workspace.results / "baselines"
+    prov = bench.results_provenance(target, [], command())
+    box: dict[str, Any] = {}
+
+    def run():
+        for dataset in p.datasets:
+            # the drafters the run expects: the report names those not yet done
+            config = {"preset": p.name, "dataset": dataset, "methods": "plain+ngram", "ks": list(p.vllm_ks),
+                      "drafters": list(p.drafters)}
+            box[dataset] = _acceptance(workspace, target, dataset, _ngram_jobs(p, _source(workspace)),
+                                       out / f"acceptance-{dataset}.json", config, prov)
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    for dataset, metrics in box.items():
+        for label, m in metrics["methods"].items():
+            assert 1.0 <= m["acceptance_length"] <= m["k"] + 1, (dataset, label)
+    print("\n" + "; ".join(f"{d}: " + ", ".join(f"{k} AL {v['acceptance_length']:.2f}" for k, v in m["methods"].items())
+                           for d, m in box.items()))
+
+
+def job_key(p, drafter: str) -> str:
+    """What decides whether a drafter's finished job still stands: the preset, the drafter's options and its
+    revision (``Preset.job_revisions``), and what a job measures (``JOB_SCHEMA``)."""
+    # the other drafters' entries stay out: adding a drafter, or rerunning another, leaves this one's job standing
+    shared = attrs.asdict(p, filter=lambda a, _: a.name not in ("drafters", "plugin_drafters", "job_revisions"))
+    return fingerprint([shared, drafter, p.train_options(drafter), p.job_revisions.get(drafter, 0), JOB_SCHEMA])
+
+
+def finished_job(results: Path, key: str) -> dict | None:
+    path = results / "job.json"
+    if not path.exists():
+        return None
+    document = json.loads(path.read_text())
+    metrics = document.get("metrics", {})
+    return metrics if document.get("config", {}).get("key") == key and metrics.get("complete") else None
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _speed(workspace, target, record: dict, drafter: str, path: Path, provenance: dict) -> dict:
+    """Batch-1 speed in vLLM, interleaved (``bench.compare_vllm``), with the load beside it; saved figures are reused
+    only if they were measured quietly."""
+    from specframe.results import write_results
+
+    p = workspace.preset
+    prompts = bench.load_prompts("mt-bench", p.speed_prompts)
+    methods = [bench.plugin_method("ngram", target.config, k=p.speed_k, label=f"ngram/k{p.speed_k}")]
+    methods += [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}") for k in p.vllm_ks]
+    config = {"preset": p.name, "drafter": drafter, "dataset": "mt-bench", "prompts": [q.id for q in prompts],
+              "ks": list(p.vllm_ks), "repeats": p.vllm_repeats, "max_new_tokens": p.speed_max_new_tokens,
+              "concurrency": 1, "verifier": "greedy"}
+    key = fingerprint([config, methods[-1].checkpoint_hash, JOB_SCHEMA])
+    saved = saved_metrics(path, key)
+    if saved is not None and saved.get("quiet"):
+        return saved
+    busy, cpu, started = busy_cpu_seconds(), _cpu_seconds(), time.perf_counter()
+    served = bench.compare_vllm(workspace.target(), prompts, methods, repeats=p.vllm_repeats,
+                                max_new_tokens=p.speed_max_new_tokens, threads=p.threads)
+    seconds = time.perf_counter() - started
+    load = beside_cores(busy, busy_cpu_seconds(), _cpu_seconds() - cpu, seconds)
+    metrics = {**bench.json_safe(served.summary()), "beside_cores": load, "quiet": load is not None and load <= QUIET_CORES,
+               "concurrency": 1, "engine": "vllm"}
+    write_results(path, kind="bench.speed", metrics=metrics, per_prompt=bench.json_safe(served.per_prompt()),
+                  provenance=provenance, config={**config, "key": key})
+    return metrics
+
+
+def _tree(workspace, target, record: dict, drafter: str, path: Path, provenance: dict) -> dict:
+    from specframe.inference.engine import TreeShape
+    from specframe.results import write_results
+
+    p = workspace.preset
+    prompts = bench.load_prompts("mt-bench", p.tree_prompts)
+    tree = TreeShape(*p.tree)
+    methods = [bench.checkpoint_method(record["run"], target.config, tree=tree, label=f"{drafter}/tree")]
+    config = {"preset": p.name, "drafter": drafter, "dataset": "mt-bench", "prompts": [q.id for q in prompts],
+              "tree": attrs.asdict(tree), "max_new_tokens": p.max_new_tokens, "engine": "reference"}
+    key = fingerprint([config, methods[0].checkpoint_hash, JOB_SCHEMA])
+    saved = saved_metrics(path, key)
+    if saved is not None:
+        return saved
+    result = bench.compare(target.model, target.tokenizer, prompts, methods, bench.make_verifier("greedy"),
+                           repeats=1, max_new_tokens=p.max_new_tokens)
+    summary = bench.json_safe(result.summary())
+    write_results(path, kind="bench.acceptance", metrics=summary, per_prompt=bench.json_safe(result.per_prompt()),
+                  provenance=provenance, config={**config, "key": key})
+    return summary
+
+
+def test_drafter_job(benchmark, workspace, target, drafter):
+    from specframe import plugins
+    from specframe.results import git_commit, write_results
+    from specframe.vllm import vllm_available
+
+    p = workspace.preset
+    out = workspace.results / drafter
+    key = job_key(p, drafter)
+    done = finished_job(out, key)
+    if done is not None:
+        benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+        benchmark.extra_info.update({"reused": str(out / "job.json")})
+        print(f"\n{drafter}: complete in {out} (checkpoint {done['checkpoint_hash']}), skipped")
+        return
+    box: dict[str, Any] = {}
+
+    def job():
+        record = workspace.trained(drafter)
+        box["record"] = record
+        if "refused" in record:
+            return
+        from test_training import row
+
+        method = bench.checkpoint_method(record["run"], target.config, label=drafter)
+        ckpt = method.checkpoint_hash
+        prov = bench.results_provenance(target, [method], command())
+        write_results(out / "training.json", kind="bench.training",
+                      metrics={"methods": {drafter: row(record)}, "memory_budget": p.memory_budget},
+                      per_prompt=[], config={"preset": p.name, "drafter": drafter, "command": record["command"]},
+                      provenance=prov)
+        files = ["training.json"]
+        quiet = True
+        if exportable(drafter) and p.vllm and vllm_available():
+            from specframe.cli.export_cmd import export_checkpoint
+
+            with tempfile.TemporaryDirectory(prefix="specframe-job-") as tmp:
+                export_checkpoint(record["run"], Path(tmp) / "export", _source(workspace))
+                jobs = _drafter_jobs(p, drafter, Path(tmp) / "export", _source(workspace))
+                for dataset in p.datasets:
+                    config = {"preset": p.name, "drafter": drafter, "dataset": dataset, "ks": list(p.vllm_ks),
+                              "checkpoint_hash": ckpt}
+                    box[dataset] = _acceptance(workspace, target, dataset, jobs, out / f"acceptance-{dataset}.json",
+                                               config, prov)
+                    files.append(f"acceptance-{dataset}.json")
+            if plugins.get("drafter", drafter).builds_trees:
+                box["tree"] = _tree(workspace, target, record, drafter, out / "tree-reference.json", prov)
+                files.append("tree-reference.json")
+            box["speed"] = _speed(workspace, target, record, drafter, out / "speed-batch1.json", prov)
+            files.append("speed-batch1.json")
+            quiet = bool(box["speed"]["quiet"])
+        state = {"drafter": drafter, "checkpoint_hash": ckpt, "files": files, "commit": git_commit(),
+                 "train_tokens": record.get("train_tokens"), "complete": quiet,
+                 "waiting": None if quiet else "speed measured beside other load: the next run measures it again"}
+        write_results(out / "job.json", kind="bench.job", metrics=state, per_prompt=[],
+                      config={"preset": p.name, "drafter": drafter, "key": key,
+                              "job_revision": p.job_revisions.get(drafter, 0), "command": shlex.join(command())},
+                      provenance=prov)
+        box["state"] = state
+
+    benchmark.pedantic(job, rounds=1, iterations=1)
+    record = box["record"]
+    if "refused" in record:
+        pytest.skip(f"{drafter} does not fit {p.memory_budget}: {record['refused']}")
+    assert record["steps"] == p.steps
+    assert record["first_train_loss"] > record["last_train_loss"], "training did not lower the loss"
+    if "speed" in box:
+        for label, m in box["speed"]["methods"].items():
+            if label != "plain":
+                assert m["lossless"], f"{label} changed plain vLLM's greedy output at batch 1"
+    for dataset in p.datasets:
+        for label, m in box.get(dataset, {}).get("methods", {}).items():
+            assert 1.0 <= m["acceptance_length"] <= m["k"] + 1, (dataset, label)
+    benchmark.extra_info.update({"job": box["state"]})

@@ -1,0 +1,159 @@
+"""The answer of a per-drafter run (``benchmarks/test_jobs.py``): what ``specframe report`` says first when a results
+folder holds per-drafter jobs, merging whatever drafters have finished and naming those still missing.
+
+- which drafters are done (their checkpoint hash and training tokens), which are waiting (and why), which the run
+  expects and has not reached;
+- per evaluation set, the ranking by whole-set acceptance length in vLLM (each method's best K, with the bootstrap
+  interval over prompt turns), n-gram among them;
+- per drafter, batch-1 speed in vLLM at each K over plain vLLM and over n-gram (95% intervals over interleaved
+  repeats), from quiet measurements only; the fastest method over all;
+- the learning curves as (training tokens, validation AL) points on the shared token axis.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+
+def _band(value: float | None, low: float | None, high: float | None, fmt: str = ".2f") -> str:
+    if value is None:
+        return "n/a"
+    if low is None or high is None:
+        return format(value, fmt)
+    return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
+def _drafter_folder(name: str) -> str | None:
+    parts = name.replace("\\", "/").split("/")
+    return parts[0] if len(parts) > 1 else None
+
+
+def jobs_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Markdown lines for the per-drafter jobs in ``documents`` (relative name, document); [] when there are none."""
+    jobs = {d["metrics"]["drafter"]: d for _, d in documents if d["kind"] == "bench.job"}
+    whole = [(n, d) for n, d in documents if d["kind"] == "bench.acceptance.whole-set"]
+    if not jobs and not whole:
+        return []
+    expected: list[str] = []
+    for _, d in whole:
+        for name in d.get("config", {}).get("drafters", []):
+            if name not in expected:
+                expected.append(name)
+    done = sorted(n for n, d in jobs.items() if d["metrics"].get("complete"))
+    waiting = sorted(n for n, d in jobs.items() if not d["metrics"].get("complete"))
+    missing = [n for n in expected if n not in jobs]
+    lines = ["## The answer (one job per drafter)", ""]
+    lines.append("- **Done:** " + (", ".join(
+        f"{n} ({_tokens(jobs[n])} training tokens, checkpoint `{str(jobs[n]['metrics']['checkpoint_hash'])[:19]}`)"
+        for n in done) or "none yet"))
+    if waiting:
+        lines.append("- **Waiting:** " + ", ".join(f"{n} ({jobs[n]['metrics'].get('waiting')})" for n in waiting))
+    if missing:
+        lines.append("- **Not yet run:** " + ", ".join(missing) + " (`make bench PRESET=<preset>` continues)")
+    lines.append("")
+    lines += _ranking(whole)
+    lines += _speed(documents, done)
+    lines += _curves(documents)
+    return lines
+
+
+def _tokens(job: dict[str, Any]) -> str:
+    tokens = job["metrics"].get("train_tokens")
+    return f"{tokens:,}" if isinstance(tokens, int) else "?"
+
+
+def _ranking(whole: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Per set: every method at its best K, highest whole-set AL first."""
+    best: dict[str, dict[str, tuple[str, dict[str, Any]]]] = defaultdict(dict)
+    for _, d in whole:
+        dataset = d["metrics"].get("dataset") or d.get("config", {}).get("dataset")
+        for label, m in d["metrics"].get("methods", {}).items():
+            if label == "plain":
+                continue
+            method = label.split("/")[0]
+            if method not in best[dataset] or m["acceptance_length"] > best[dataset][method][1]["acceptance_length"]:
+                best[dataset][method] = (label, m)
+    lines = []
+    for dataset in sorted(best):
+        ranked = sorted(best[dataset].values(), key=lambda item: -item[1]["acceptance_length"])
+        lines += [f"**{dataset}: whole-set acceptance length in vLLM** (each method at its best K; 95% bootstrap "
+                  "interval over prompt turns)", "", "| rank | method | AL | prompt turns | output equal to plain vLLM |",
+                  "|---|---|---|---|---|"]
+        for i, (label, m) in enumerate(ranked, 1):
+            iv = m.get("acceptance_length_interval") or {}
+            same = m.get("equal_to_plain")
+            lines.append(f"| {i} | {label} | {_band(m['acceptance_length'], iv.get('low'), iv.get('high'))} | "
+                         f"{m.get('prompt_turns')} | {'n/a' if same is None else f'{same:.1%}'} |")
+        lines.append("")
+    return lines
+
+
+def _speed(documents: list[tuple[str, dict[str, Any]]], done: list[str]) -> list[str]:
+    rows, fastest = [], None
+    for name, d in documents:
+        if d["kind"] != "bench.speed" or not d["metrics"].get("quiet"):
+            continue
+        drafter = d.get("config", {}).get("drafter") or _drafter_folder(name)
+        methods = d["metrics"]["methods"]
+        ratios = d["metrics"].get("ratios", {})
+        ngram = next((label for label in methods if label.startswith("ngram/")), None)
+        for label, m in methods.items():
+            if label == "plain" or label == ngram:
+                continue
+            s = m.get("speedup_interval") or {}
+            rows.append((drafter, label, m, s, _over(ratios, label, ngram) if ngram else None))
+            if fastest is None or (s.get("mean") or 0) > (fastest[3].get("mean") or 0):
+                fastest = (drafter, label, m, s)
+        if ngram:
+            s = methods[ngram].get("speedup_interval") or {}
+            rows.append(("baseline", ngram, methods[ngram], s, None))
+    if not rows:
+        return []
+    lines = ["**Speed in vLLM at batch 1** (MT-Bench turns, interleaved repeats; speedup = tokens/s over plain "
+             "vLLM's, 95% interval over repeats; quiet measurements only)", "",
+             "| drafter | method | AL | speedup over plain | over n-gram |", "|---|---|---|---|---|"]
+    for drafter, label, m, s, vs in rows:
+        lines.append(f"| {drafter} | {label} | {m['acceptance_length']:.2f} | "
+                     f"{_band(s.get('mean'), s.get('low'), s.get('high'))}x | "
+                     f"{'' if vs is None else _band(vs.get('mean'), vs.get('low'), vs.get('high')) + 'x'} |")
+    lines.append("")
+    if fastest is not None:
+        drafter, label, m, s = fastest
+        verdict = "faster than" if (s.get("low") or 0) > 1 else (
+            "slower than" if s.get("high") is not None and s["high"] < 1 else "not separable from")
+        lines += [f"- **Fastest drafter in vLLM at batch 1:** {label}, "
+                  f"{_band(s.get('mean'), s.get('low'), s.get('high'))}x plain vLLM: {verdict} plain decoding", ""]
+    return lines
+
+
+def _over(ratios: dict[str, Any], label: str, ngram: str) -> dict[str, Any] | None:
+    """``label``'s tokens/s over n-gram's with its interval, from the comparison's pairwise ratios (stored one way
+    round: the earlier method over the later)."""
+    pair = (ratios.get(f"{label} / {ngram}") or {}).get("otps")
+    if pair and pair.get("mean"):
+        return pair
+    pair = (ratios.get(f"{ngram} / {label}") or {}).get("otps")
+    if not pair or not pair.get("mean"):
+        return None
+    inv = lambda v: None if not v else 1.0 / v  # noqa: E731
+    return {"mean": inv(pair["mean"]), "low": inv(pair.get("high")), "high": inv(pair.get("low"))}
+
+
+def _curves(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    points = {}
+    for name, d in documents:
+        if d["kind"] != "bench.training" or _drafter_folder(name) is None:
+            continue
+        for drafter, row in d["metrics"].get("methods", {}).items():
+            if row.get("learning_curve"):
+                points[drafter] = row["learning_curve"]
+    if not points:
+        return []
+    lines = ["**Learning curves** (validation AL at each evaluation, against the training tokens seen by then: one "
+             "token axis for every drafter)", "", "| drafter | (training tokens, validation AL) |", "|---|---|"]
+    for drafter, curve in sorted(points.items()):
+        cells = ", ".join(f"({p['train_tokens']:,}, {p['val_expected_al']:.3f})" for p in curve
+                          if p.get("val_expected_al") is not None)
+        lines.append(f"| {drafter} | {cells} |")
+    return lines + [""]

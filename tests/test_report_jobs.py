@@ -1,0 +1,105 @@
+"""`specframe report` on a per-drafter run (benchmarks/test_jobs.py): it merges whatever drafters finished, names
+the ones waiting or missing, ranks whole-set acceptance with intervals and reports quiet batch-1 speed only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+from click.testing import CliRunner
+
+from specframe import results
+from specframe.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+TARGET = {"id": "tiny", "weights_hash": "sha256:abc"}
+
+
+def write(path, kind, metrics, config):
+    prov = results.provenance(target=TARGET, token_budget=1000, command=["pytest"])
+    return results.write_results(path, kind=kind, metrics=metrics, per_prompt=[], provenance=prov, config=config)
+
+
+def whole(al: dict[str, tuple[float, float, float]], dataset="mt-bench") -> dict:
+    return {"dataset": dataset, "engine": "vllm", "methods": {
+        label: {"k": int(label.rsplit("k", 1)[1]), "prompt_turns": 160, "acceptance_length": v,
+                "acceptance_length_interval": {"low": lo, "high": hi}, "equal_to_plain": 1.0}
+        for label, (v, lo, hi) in al.items()}}
+
+
+def speed(label: str, mean: float, quiet: bool = True) -> dict:
+    return {"quiet": quiet, "methods": {
+        "plain": {"acceptance_length": 1.0},
+        "ngram/k3": {"acceptance_length": 1.3, "speedup_interval": {"mean": 1.2, "low": 1.1, "high": 1.3}},
+        label: {"acceptance_length": 2.0, "speedup_interval": {"mean": mean, "low": mean - 0.1, "high": mean + 0.1}}},
+        "ratios": {f"ngram/k3 / {label}": {"otps": {"mean": 1.2 / mean, "low": 1.1 / mean, "high": 1.3 / mean}}}}
+
+
+@pytest.fixture
+def partial(tmp_path):
+    d = tmp_path / "cpu-large"
+    write(d / "baselines" / "acceptance-mt-bench.json", "bench.acceptance.whole-set",
+          whole({"ngram/k2": (1.20, 1.15, 1.25), "ngram/k5": (1.31, 1.25, 1.37)}),
+          {"dataset": "mt-bench", "drafters": ["peagle", "eagle3", "pard"]})
+    write(d / "peagle" / "acceptance-mt-bench.json", "bench.acceptance.whole-set",
+          whole({"peagle/k2": (1.8, 1.7, 1.9), "peagle/k3": (2.1, 2.0, 2.2)}), {"dataset": "mt-bench"})
+    write(d / "peagle" / "speed-batch1.json", "bench.speed", speed("peagle/k3", 1.5), {"drafter": "peagle"})
+    write(d / "peagle" / "job.json", "bench.job", {"drafter": "peagle", "checkpoint_hash": "sha256:" + "1" * 64,
+          "train_tokens": 1_024_000, "complete": True}, {"key": "x"})
+    # EAGLE-3's job ran, but its speed shared the machine: waiting, and its speed is not reported
+    write(d / "eagle3" / "speed-batch1.json", "bench.speed", speed("eagle3/k3", 9.9, quiet=False), {"drafter": "eagle3"})
+    write(d / "eagle3" / "job.json", "bench.job", {"drafter": "eagle3", "checkpoint_hash": "sha256:" + "2" * 64,
+          "train_tokens": 1_024_000, "complete": False, "waiting": "speed measured beside other load"}, {"key": "y"})
+    return d
+
+
+def test_a_partial_run_reports_what_finished_and_names_what_is_missing(partial):
+    res = CliRunner().invoke(main, ["report", str(partial)])
+    assert res.exit_code == 0, res.output
+    text = (partial / "report.md").read_text()
+    section = text[text.index("## The answer (one job per drafter)"):]
+    assert "**Done:** peagle (1,024,000 training tokens" in section
+    assert "**Waiting:** eagle3 (speed measured beside other load)" in section
+    assert "**Not yet run:** pard" in section
+    # the ranking: each method at its best K, best first, with its interval
+    assert "| 1 | peagle/k3 | 2.10 [2.00, 2.20] |" in section and "| 2 | ngram/k5 | 1.31 [1.25, 1.37] |" in section
+    # speed: quiet measurements only; over n-gram is the inverse of the stored n-gram / drafter ratio
+    assert "| peagle | peagle/k3 | 2.00 | 1.50 [1.40, 1.60]x | 1.25 [1.15, 1.36]x |" in section
+    assert "9.90" not in section
+    assert "**Fastest drafter in vLLM at batch 1:** peagle/k3, 1.50 [1.40, 1.60]x plain vLLM: faster than" in section
+
+
+def test_a_finished_job_is_skipped_only_under_its_own_key(tmp_path):
+    from presets import PRESETS
+    from test_jobs import finished_job, job_key
+
+    p = PRESETS["cpu-large"]
+    key = job_key(p, "peagle")
+    assert key == job_key(attrs.evolve(p, drafters={**p.drafters, "new": {}}), "peagle")  # another drafter added
+    assert key == job_key(attrs.evolve(p, job_revisions={"eagle3": 1}), "peagle")  # another drafter rerun
+    assert key != job_key(attrs.evolve(p, job_revisions={"peagle": 1}), "peagle")  # this drafter's change
+    assert key != job_key(attrs.evolve(p, steps=p.steps + 1), "peagle")
+    assert key != job_key(attrs.evolve(p, drafters={**p.drafters, "peagle": {"layers": 2}}), "peagle")
+    write(tmp_path / "job.json", "bench.job", {"drafter": "peagle", "complete": True, "checkpoint_hash": "h"},
+          {"key": key})
+    assert finished_job(tmp_path, key)["checkpoint_hash"] == "h"
+    assert finished_job(tmp_path, job_key(p, "eagle3")) is None
+    write(tmp_path / "job.json", "bench.job", {"drafter": "peagle", "complete": False, "checkpoint_hash": "h"},
+          {"key": key})
+    assert finished_job(tmp_path, key) is None  # an incomplete job runs again
+
+
+def test_the_large_presets_drafters_train_on_a_million_tokens_of_distinct_conversations():
+    from presets import PRESETS
+
+    p = PRESETS["cpu-large"]
+    assert p.data == "large" and p.pack and p.per_drafter_jobs and p.committed
+    assert p.steps * p.batch_size * p.seq_len >= 1_000_000
+    assert p.steps // p.eval_every >= 8  # validation along one token axis at no fewer than 8 points
+    # packed one pass: the conversations hold more tokens than the steps read (about 290 tokens each in the set)
+    assert p.train_examples * 250 >= p.steps * p.batch_size * p.seq_len
+    assert "cpu-long" not in PRESETS
