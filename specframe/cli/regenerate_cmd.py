@@ -172,10 +172,13 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["source"]] = counts.get(r["source"], 0) + 1
+        from specframe.home import specframe_home
+
+        command = ("specframe regenerate " + " ".join(sys.argv[sys.argv.index("regenerate") + 1 :])
+                   if "regenerate" in sys.argv else "specframe regenerate")
         prov = {
-            "command": "specframe regenerate " + " ".join(sys.argv[sys.argv.index("regenerate") + 1 :])
-            if "regenerate" in sys.argv
-            else "specframe regenerate",
+            # a work folder under the specframe home is named as such: the same on every machine
+            "command": command.replace(str(specframe_home()), "$SPECFRAME_HOME"),
             "target_id": tgt.id,
             "target_weights_hash": tgt.weights_hash,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
