@@ -123,7 +123,8 @@ def capture_features(
 
 
 def target_logits(target: Any, final_hidden: Any, vocab_ids: Sequence[int] | Any | None = None) -> Any:
-    """Target logits from the final hidden state with the target's lm_head, in float32.
+    """Target logits from the final hidden state with the target's lm_head, in float32, on the head's device (under
+    ``--device-map`` the head may sit on another GPU than ``final_hidden``, which is moved there).
 
     ``vocab_ids``: restrict to these target ids (e.g. the draft vocabulary, in draft order), computing only those
     rows of lm_head. Result [..., len(vocab_ids)] or [..., V].
@@ -134,7 +135,7 @@ def target_logits(target: Any, final_hidden: Any, vocab_ids: Sequence[int] | Any
     head = model.get_output_embeddings()
     w = head.weight
     b = getattr(head, "bias", None)
-    h = final_hidden.to(w.dtype)
+    h = final_hidden.to(device=w.device, dtype=w.dtype)
     if vocab_ids is not None:
         idx = torch.as_tensor(vocab_ids, dtype=torch.long, device=w.device)
         w = w.index_select(0, idx)

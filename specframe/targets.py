@@ -256,6 +256,8 @@ def load_target(
         if device_map is None:
             raise
         raise SpecframeError(f"--device-map {device_map}: transformers cannot place target '{spec_s}' ({exc})") from exc
+    if device_map is not None:
+        _check_placement(model, spec_s, device_map)
     model.eval()
     if device is not None and device_map is None:
         model.to(device)
@@ -281,6 +283,23 @@ def load_target(
     except SpecframeError:
         digest = _state_dict_hash(model)
     return Target(model=model, tokenizer=tokenizer, id=tid, weights_hash=digest, config=model.config, path=folder)
+
+
+def _check_placement(model: Any, spec_s: str, device_map: Any) -> None:
+    """Refuse a device map that offloads part of the target. accelerate keeps an offloaded module's weights on the
+    meta device (the CPU or disk copy is loaded by a hook only while it runs, and with a GPU in the map "cpu" entries
+    are offloaded too), but feature capture, the teachers and the weights hash read those weights directly."""
+    meta = sorted({name.rsplit(".", 1)[0] for name, p in model.named_parameters() if p.device.type == "meta"})
+    placed = getattr(model, "hf_device_map", None) or {}
+    off_map = [name for name, where in placed.items() if where in ("cpu", "disk")]
+    if meta or any(placed[name] == "disk" for name in off_map):
+        offloaded = off_map or meta  # the map's own entries where it has them, else the modules left on meta
+        shown = ", ".join(offloaded[:4]) + (f" and {len(offloaded) - 4} more" if len(offloaded) > 4 else "")
+        raise SpecframeError(
+            f"--device-map {device_map}: transformers offloaded part of target '{spec_s}' ({shown}) to the CPU or "
+            "disk, whose weights specframe cannot read while capturing features: the target must fit on the GPUs "
+            "(a smaller --dtype, more GPUs, or a map without cpu / disk entries)"
+        )
 
 
 def _check_template(path: str | os.PathLike, template: str) -> None:

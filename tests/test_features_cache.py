@@ -48,6 +48,19 @@ def test_capture_matches_hidden_state_convention(tiny):  # noqa: F811
     assert capture_features(tiny, ids, FeatureSpec(aux_layers=None, final_hidden=False)).aux is None
 
 
+def test_target_logits_move_the_hidden_state_to_the_heads_device(tiny):  # noqa: F811
+    """Under --device-map the head may sit on another device than the final hidden state (GPU-path review item 15);
+    the meta device stands in for that other GPU here."""
+    import copy
+
+    model = copy.deepcopy(tiny.model)
+    model.get_output_embeddings().to("meta")
+    final = torch.randn(2, 5, tiny.hidden_size)
+    logits = target_logits(model, final)
+    assert logits.device.type == "meta" and logits.shape == (2, 5, model.config.vocab_size)
+    assert logits.dtype == torch.float32 and target_logits(model, final, [7, 3, 100]).shape == (2, 5, 3)
+
+
 def _sharegpt_20():
     """The first 20 ShareGPT conversations, first exchange, clipped to 300 characters per turn (the tiny target's
     tokenizer spends about a token per character)."""

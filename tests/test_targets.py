@@ -101,6 +101,31 @@ def test_a_device_map_loads_the_same_target(tmp_path, monkeypatch):
     assert torch.equal(a.aux, b.aux) and torch.equal(a.final, b.final)
 
 
+def test_a_device_map_that_offloads_part_of_the_target_is_refused(tmp_path, monkeypatch):
+    """accelerate leaves an offloaded module's weights on the meta device (GPU-path review item 15): feature capture
+    would read meta tensors, so such a placement is refused with the modules it offloaded. transformers is made to
+    offload here as it would with too little GPU memory (this machine has no GPU)."""
+    from transformers import AutoModelForCausalLM
+
+    from specframe.errors import SpecframeError
+    from specframe.targets import load_target, tiny_target
+
+    folder = tiny_target(tmp_path / "t")
+    original = AutoModelForCausalLM.from_pretrained
+
+    def offloading(*args, **kwargs):
+        model = original(*args, **kwargs)
+        model.model.layers[2:].to("meta")
+        model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 0,
+                               "model.layers.2": "cpu", "model.layers.3": "disk", "model.norm": 0, "lm_head": 0}
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", offloading)
+    with pytest.raises(SpecframeError, match=r"--device-map auto: transformers offloaded part of target '.*' "
+                                             r"\(model\.layers\.2, model\.layers\.3\) to the CPU or disk"):
+        load_target(folder, device_map="auto")
+
+
 def test_device_map_is_refused_under_torchrun(tmp_path, monkeypatch):
     from specframe.engine import TrainConfig, train
     from specframe.errors import UsageError
