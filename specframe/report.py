@@ -657,7 +657,7 @@ def _memory_figure(plt: Any, memory: dict[str, dict[str, list]], budget: float |
     for ax, (title, series) in zip(axes.flat, panels):
         lengths = set()
         for name, pts in series[:MAX_SERIES]:
-            (line,) = ax.plot([t for t, _ in pts], [g for _, g in pts], "o-", label=name)
+            (line,) = ax.plot([t for t, _ in pts], [g for _, g in pts], "o-", label=name, color=colour(name))
             handles.setdefault(name, line)
             lengths |= {t for t, _ in pts}
         if budget is not None:
@@ -677,6 +677,21 @@ def _memory_figure(plt: Any, memory: dict[str, dict[str, list]], budget: float |
     else:
         fig.legend(list(handles.values()), list(handles), loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
     return fig
+
+
+#: one colour per drafter in every figure (matplotlib's tab10, in the order the drafters shipped); any other name gets
+#: a colour of its own from the rest of the palette, fixed by the name, never by its position in a figure
+COLOURS = {"peagle": "tab:blue", "eagle3": "tab:orange", "pard": "tab:green", "parallelspec": "tab:red",
+           "dflash": "tab:purple", "ngram": "tab:gray", "plain": "black"}
+_SPARE = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
+def colour(name: str) -> str:
+    """The colour of a drafter (or of a method label such as ``peagle/k3``) in every figure."""
+    import zlib
+
+    drafter = name.split("/")[0].split(":")[0].strip()
+    return COLOURS.get(drafter) or _SPARE[zlib.crc32(drafter.encode()) % len(_SPARE)]
 
 
 def figures(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str, Any]]:
@@ -706,7 +721,7 @@ def figures(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str,
                 heights.append(v["al"])
                 err[0].append(max(0.0, v["al"] - v["low"]) if v["low"] is not None else 0.0)
                 err[1].append(max(0.0, v["high"] - v["al"]) if v["high"] is not None else 0.0)
-            ax.bar(xs, heights, width, yerr=err, capsize=2, label=name)
+            ax.bar(xs, heights, width, yerr=err, capsize=2, label=name, color=colour(name))
         ax.set_xticks(range(len(sets)), sets)
         ax.set(xlabel="evaluation set", ylabel="acceptance length (tokens per target forward)",
                title="Acceptance length per drafter (best setting, 95% interval over prompt turns)")
@@ -724,7 +739,7 @@ def figures(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str,
             means = [speed[name][k]["mean"] for k in ks]
             low = [m - (speed[name][k]["low"] if speed[name][k]["low"] is not None else m) for k, m in zip(ks, means)]
             high = [(speed[name][k]["high"] if speed[name][k]["high"] is not None else m) - m for k, m in zip(ks, means)]
-            ax.errorbar(ks, means, yerr=[low, high], marker="o", capsize=3, label=name)
+            ax.errorbar(ks, means, yerr=[low, high], marker="o", capsize=3, label=name, color=colour(name))
         ax.axhline(1.0, color="grey", lw=1.0, ls="--", label="break-even: plain decoding (1.0)")
         ax.set_xticks(sorted({k for n in names for k in speed[n]}))
         dataset = _speed_dataset(documents) if engine == "reference" else None
@@ -739,8 +754,9 @@ def figures(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str,
         note = []
         fig, ax = plt.subplots(figsize=(7, 4))
         for name in _capped(sorted(curves), note, "drafters"):
-            ax.plot([t for t, _ in curves[name]], [a for _, a in curves[name]], "o-", label=name)
-        ax.set(xlabel="training tokens", ylabel="validation AL (mean accepted chain + 1)",
+            ax.plot([t for t, _ in curves[name]], [a for _, a in curves[name]], "o-", label=name, color=colour(name))
+        # a log token axis: AL grows about linearly per doubling of training tokens (``learning_rates``)
+        ax.set(xscale="log", xlabel="training tokens (log scale)", ylabel="validation AL (mean accepted chain + 1)",
                title="Learning curves")
         _outside_legend(ax)
         made.append(("learning-curves.png", "How fast does each drafter learn per training token?", fig))

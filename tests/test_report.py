@@ -199,7 +199,7 @@ def test_one_figure_per_question_with_its_series_and_labels(tmp_path):
     ax = fig.axes[0]
     assert sorted(ax.get_legend_handles_labels()[1]) == ["eagle3", "pard", "peagle"]
     line = next(x for x in ax.get_lines() if x.get_label() == "peagle")
-    assert list(line.get_xdata()) == [100, 200, 300] and ax.get_xlabel() == "training tokens"
+    assert list(line.get_xdata()) == [100, 200, 300] and ax.get_xlabel() == "training tokens (log scale)" and ax.get_xscale() == "log"
 
     # memory: a series per drafter and combination, the budget line at 3 GiB
     fig = made["memory-by-context.png"][1]

@@ -103,3 +103,21 @@ def test_the_large_presets_drafters_train_on_a_million_tokens_of_distinct_conver
     # packed one pass: the conversations hold more tokens than the steps read (about 290 tokens each in the set)
     assert p.train_examples * 250 >= p.steps * p.batch_size * p.seq_len
     assert "cpu-long" not in PRESETS
+
+
+def test_a_drafter_has_one_colour_in_every_figure_and_the_curves_a_log_token_axis(partial):
+    from matplotlib.colors import to_hex
+
+    from specframe.report import COLOURS, colour, figures, load_results
+
+    curve = [{"step": s, "train_tokens": t, "val_expected_al": a} for s, t, a in [(50, 100_000, 1.2), (100, 200_000, 1.4)]]
+    for name in ("peagle", "eagle3"):
+        write(partial / name / "training.json", "bench.training",
+              {"methods": {name: {"learning_curve": curve, "val_expected_al": 1.4}}}, {"drafter": name})
+    made = {name: fig for name, _, fig in figures(load_results(partial))}
+    ax = made["learning-curves.png"].axes[0]
+    assert ax.get_xscale() == "log"
+    lines = {line.get_label(): to_hex(line.get_color()) for line in ax.get_lines()}
+    assert lines["peagle"] == to_hex(COLOURS["peagle"]) and lines["eagle3"] == to_hex(COLOURS["eagle3"])
+    assert colour("peagle/k3") == colour("peagle") != colour("eagle3/k3")
+    assert colour("somebody-elses") == colour("somebody-elses/k2")  # a third-party drafter: fixed by its name
