@@ -10,7 +10,7 @@ import pytest
 from specframe.data.regenerate import RegenerateReport, plan_prompts, read_done, regenerate, stop_token_ids
 from specframe.errors import SpecframeError
 from specframe.vllm import vllm_available
-from tests.target_fixtures import chat_records, tiny  # noqa: F401
+from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (make setup VLLM=cpu|gpu)")
 
@@ -136,7 +136,7 @@ def test_vllm_answers_equal_the_reference_and_resume_to_the_same_file(tmp_path):
 
 @pytest.mark.slow
 @needs_vllm
-def test_vllm_answers_smollm2_as_transformers_does(tmp_path, default_target):
+def test_vllm_answers_smollm2_as_transformers_does(tmp_path, default_target):  # noqa: F811
     """SmolLM2-135M-Instruct, fp32 greedy, 16 prompts of the large set: most answers are identical token for token
     (where they are not, the engines' sums differ in the last bits at a near tie, and the answers part there)."""
     from specframe.data.large import large_prompt_records
