@@ -152,7 +152,7 @@ def distributed_env(monkeypatch, **values) -> None:
 CASES = [
     Case("data-missing", "--data names no file",
          "error: data '{tmp}/nope.jsonl' is neither a built-in name (sharegpt, gsm8k, gsm8k-eval, "
-         "mt-bench, humaneval, default), a file or datasets folder, nor a hub id (NAME, NAME:CONFIG or "
+         "mt-bench, humaneval, default, large), a file or datasets folder, nor a hub id (NAME, NAME:CONFIG or "
          "NAME:CONFIG:SPLIT)", lambda c: train(c, data="{tmp}/nope.jsonl")),
     Case("data-empty", "an empty --data file",
          "error: {tmp}/empty.jsonl holds no conversations", lambda c: train(c, data="{tmp}/empty.jsonl"),
