@@ -225,6 +225,7 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
     def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
         self.check_k(k)
         k = min(k, self.depth)  # a block drafts at most block_size - 1 tokens
+        slots = self.depth + 1  # always the block it was trained as (GPU-path review item 3, below)
         model = self.model
         device = model.fc.weight.device
         tokens, aux = self._pending.take()
@@ -239,12 +240,15 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
                              for (ck, cv), (nk, nv) in zip(self._context, new, strict=True)]
         self._cached += p
         anchor = int(tokens[-1])  # x_{t+1}, the token the target committed last; its feature is not known yet
-        block = torch.full((k + 1,), self.mask_token_id, dtype=torch.long, device=device)
+        # The whole block of block_size slots, whatever k: attention inside it is bidirectional, so every slot's
+        # output depends on how many mask slots follow, and a shorter block (k + 1 slots) would be a network it was
+        # never trained as. z-lab's dflash_generate drafts the full block too; the first k drafts are kept.
+        block = torch.full((slots,), self.mask_token_id, dtype=torch.long, device=device)
         block[0] = anchor
-        position = torch.arange(self._cached, self._cached + k + 1, device=device)
+        position = torch.arange(self._cached, self._cached + slots, device=device)
         # one block sees all of the context and all of itself: no mask at inference
         hidden = model(block, position, self._context, _full_attention)
-        draft = model.lm_head(hidden[1:]).argmax(-1)
+        draft = model.lm_head(hidden[1 : k + 1]).argmax(-1)
         return api.Draft(tokens=draft.cpu())
 
     # -------------------------------------------------------------------------------------------------- checkpoints
