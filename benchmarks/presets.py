@@ -85,6 +85,9 @@ class Preset:
     #: per-drafter jobs: MT-Bench questions (two turns each) timed at batch 1, and the answer cap there
     speed_prompts: int = 10
     speed_max_new_tokens: int = 128
+    #: per-drafter jobs: speed is measured at each of these numbers of requests at once (1: batch 1; 4: the smallest
+    #: case a server sees)
+    speed_concurrency: tuple[int, ...] = (1, 4)
     #: the EAGLE-2 tree on the reference engine, for drafters that build trees: MT-Bench questions (a subset)
     tree_prompts: int = 5
 
@@ -166,8 +169,8 @@ PRESETS = {
         memory_builders=("dense",), memory_partitioners=("none",), memory_cap=256, memory_depth=4,
         memory_segment_len=128, datasets=("mt-bench", "gsm8k"), prompts=1, max_new_tokens=12, ks=(2,), tree=(3, 2, 6),
         speed_k=2, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, eval_every=3, per_drafter_jobs=True,
-        acceptance_prompts=3, acceptance_max_new_tokens=16, acceptance_batch=4, acceptance_kv_gib=1, speed_prompts=1,
-        speed_max_new_tokens=12, tree_prompts=1, committed=False,
+        acceptance_prompts=3, acceptance_max_new_tokens=16, acceptance_batch=4, acceptance_kv_gib=1, speed_prompts=2,
+        speed_max_new_tokens=12, tree_prompts=1, committed=False, speed_concurrency=(1, 2),
     ),
     "cpu": Preset(
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; about 2.5 hours on 2 cores",

@@ -12,8 +12,9 @@ whole answer and its checkpoint need not outlive the job.
      -> ``<results>/<drafter>/training.json`` (learning curve on the shared token axis, throughput, load beside);
   2. whole-set acceptance in vLLM at each K of ``vllm_ks`` -> ``acceptance-<set>.json``;
   3. for a drafter that builds trees, the EAGLE-2 tree on the reference engine, on a subset -> ``tree-reference.json``;
-  4. speed in vLLM at batch 1: plain, n-gram and the drafter at each K, interleaved repeats, MT-Bench turns
-     (``bench.compare_vllm``) -> ``speed-batch1.json``. A measurement that shared the machine (other processes kept
+  4. speed in vLLM at batch 1 and at each further ``speed_concurrency`` (requests at once): plain, n-gram and the
+     drafter at each K, interleaved repeats, MT-Bench turns (``bench.compare_vllm``) -> ``speed-batch1.json``,
+     ``speed-concurrent4.json``. A measurement that shared the machine (other processes kept
      more than ``QUIET_CORES`` busy) is written with its load and measured again by the next run, never reported;
   5. ``job.json``: the checkpoint's hash (every file of the drafter carries the same), the commit, and whether the
      job is complete.
@@ -184,9 +185,13 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _speed(workspace, target, record: dict, drafter: str, path: Path, provenance: dict) -> dict:
-    """Batch-1 speed in vLLM, interleaved (``bench.compare_vllm``), with the load beside it; saved figures are reused
-    only if they were measured quietly."""
+def speed_file(concurrency: int) -> str:
+    return "speed-batch1.json" if concurrency == 1 else f"speed-concurrent{concurrency}.json"
+
+
+def _speed(workspace, target, record: dict, drafter: str, path: Path, provenance: dict, concurrency: int) -> dict:
+    """Speed in vLLM at ``concurrency`` requests at once, interleaved (``bench.compare_vllm``), with the load beside
+    it; saved figures are reused only if they were measured quietly."""
     from specframe.results import write_results
 
     p = workspace.preset
@@ -195,18 +200,18 @@ def _speed(workspace, target, record: dict, drafter: str, path: Path, provenance
     methods += [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}") for k in p.vllm_ks]
     config = {"preset": p.name, "drafter": drafter, "dataset": "mt-bench", "prompts": [q.id for q in prompts],
               "ks": list(p.vllm_ks), "repeats": p.vllm_repeats, "max_new_tokens": p.speed_max_new_tokens,
-              "concurrency": 1, "verifier": "greedy"}
+              "concurrency": concurrency, "verifier": "greedy"}
     key = fingerprint([config, methods[-1].checkpoint_hash, JOB_SCHEMA])
     saved = saved_metrics(path, key)
     if saved is not None and saved.get("quiet"):
         return saved
     busy, cpu, started = busy_cpu_seconds(), _cpu_seconds(), time.perf_counter()
     served = bench.compare_vllm(workspace.target(), prompts, methods, repeats=p.vllm_repeats,
-                                max_new_tokens=p.speed_max_new_tokens, threads=p.threads)
+                                max_new_tokens=p.speed_max_new_tokens, threads=p.threads, concurrency=concurrency)
     seconds = time.perf_counter() - started
     load = beside_cores(busy, busy_cpu_seconds(), _cpu_seconds() - cpu, seconds)
     metrics = {**bench.json_safe(served.summary()), "beside_cores": load, "quiet": load is not None and load <= QUIET_CORES,
-               "concurrency": 1, "engine": "vllm"}
+               "concurrency": concurrency, "engine": "vllm"}
     write_results(path, kind="bench.speed", metrics=metrics, per_prompt=bench.json_safe(served.per_prompt()),
                   provenance=provenance, config={**config, "key": key})
     return metrics
@@ -281,9 +286,11 @@ def test_drafter_job(benchmark, workspace, target, drafter):
             if plugins.get("drafter", drafter).builds_trees:
                 box["tree"] = _tree(workspace, target, record, drafter, out / "tree-reference.json", prov)
                 files.append("tree-reference.json")
-            box["speed"] = _speed(workspace, target, record, drafter, out / "speed-batch1.json", prov)
-            files.append("speed-batch1.json")
-            quiet = bool(box["speed"]["quiet"])
+            for concurrency in p.speed_concurrency:
+                name = speed_file(concurrency)
+                box[name] = _speed(workspace, target, record, drafter, out / name, prov, concurrency)
+                files.append(name)
+                quiet = quiet and bool(box[name]["quiet"])
         state = {"drafter": drafter, "checkpoint_hash": ckpt, "files": files, "commit": git_commit(),
                  "train_tokens": record.get("train_tokens"), "complete": quiet,
                  "waiting": None if quiet else "speed measured beside other load: the next run measures it again"}
@@ -299,10 +306,10 @@ def test_drafter_job(benchmark, workspace, target, drafter):
         pytest.skip(f"{drafter} does not fit {p.memory_budget}: {record['refused']}")
     assert record["steps"] == p.steps
     assert record["first_train_loss"] > record["last_train_loss"], "training did not lower the loss"
-    if "speed" in box:
-        for label, m in box["speed"]["methods"].items():
+    for concurrency in p.speed_concurrency:
+        for label, m in box.get(speed_file(concurrency), {}).get("methods", {}).items():
             if label != "plain":
-                assert m["lossless"], f"{label} changed plain vLLM's greedy output at batch 1"
+                assert m["lossless"], f"{label} changed plain vLLM's greedy output at {concurrency} at once"
     for dataset in p.datasets:
         for label, m in box.get(dataset, {}).get("methods", {}).items():
             assert 1.0 <= m["acceptance_length"] <= m["k"] + 1, (dataset, label)

@@ -529,6 +529,8 @@ def compare(
     """
     if repeats < 1:
         raise UsageError(f"--repeats must be positive, got {repeats}")
+    if concurrency < 1:
+        raise UsageError(f"--concurrency must be positive, got {concurrency}")
     labels = [m.label for m in methods]
     if PLAIN in labels or len(set(labels)) != len(labels):
         raise UsageError(f"method labels must be distinct and not '{PLAIN}': {labels}")
@@ -612,9 +614,12 @@ def compare_vllm(
     chat_template: str | None = None,
     max_remeasure: int = MAX_REMEASURE,
     progress: Callable[[str], None] | None = None,
+    concurrency: int = 1,
 ) -> Comparison:
     """``compare`` on vLLM (greedy): plain vLLM and each method served by vLLM, every engine started once and warmed
     up, prompt turns interleaved across the engines, ``repeats`` times (``specframe.vllm.engine.run_interleaved``).
+    ``concurrency`` > 1: each engine gets that many conversations' turns at once, and each request's speed is its own
+    (tokens over its first-to-last-token time), so OTPS is what one of that many concurrent users sees.
     Trained checkpoints are exported (`specframe export`) and served at each method's K; the ``ngram`` plugin is
     served as vLLM's own prompt-lookup method with the plugin's n-gram sizes. vLLM's threads are pinned to the first
     ``threads`` CPUs (all this process may use by default). The result is a ``Comparison`` like the reference
@@ -632,6 +637,8 @@ def compare_vllm(
         )
     if repeats < 1:
         raise UsageError(f"--repeats must be positive, got {repeats}")
+    if concurrency < 1:
+        raise UsageError(f"--concurrency must be positive, got {concurrency}")
     labels = [m.label for m in methods]
     if PLAIN in labels or len(set(labels)) != len(labels):
         raise UsageError(f"method labels must be distinct and not '{PLAIN}': {labels}")
@@ -640,7 +647,7 @@ def compare_vllm(
 
     source = target_source(target)
     every = [Method(PLAIN), *methods]
-    options = EngineOptions(threads_bind=cpu_binding(threads))
+    options = EngineOptions(threads_bind=cpu_binding(threads), max_num_seqs=concurrency)
     conversations = [Conversation(p.id, tuple(p.turns)) for p in prompts]
     records: dict[str, list[Record]] = {m.label: [] for m in every}
     contexts: dict[str, list[int]] = {}
@@ -651,9 +658,10 @@ def compare_vllm(
         def run(indices: Sequence[int]) -> None:
             result = run_interleaved(jobs, conversations, source, plain=PLAIN, repeats=indices, contexts=contexts,
                                      warmup=warmup, max_new_tokens=max_new_tokens, chat_template=chat_template,
-                                     options=options, progress=progress)
+                                     options=options, progress=progress, concurrency=concurrency)
             contexts.update(result.contexts)
-            info.update(vllm_threads_bind=result.threads_bind, vllm_startup_seconds=result.startup_seconds)
+            info.update(vllm_threads_bind=result.threads_bind, vllm_startup_seconds=result.startup_seconds,
+                        concurrency=concurrency)
             for t in result.trials:
                 g = t.generation
                 # nan: the drafter's share of a vLLM round is not observable from outside the engine

@@ -5,8 +5,8 @@ folder holds per-drafter jobs, merging whatever drafters have finished and namin
   expects and has not reached;
 - per evaluation set, the ranking by whole-set acceptance length in vLLM (each method's best K, with the bootstrap
   interval over prompt turns), n-gram among them;
-- per drafter, batch-1 speed in vLLM at each K over plain vLLM and over n-gram (95% intervals over interleaved
-  repeats), from quiet measurements only; the fastest method over all;
+- per drafter, speed in vLLM at batch 1 and at 4 concurrent requests, at each K, over plain vLLM and over n-gram
+  (95% intervals over interleaved repeats), from quiet measurements only; the fastest method at each;
 - the learning curves as (training tokens, validation AL) points on the shared token axis.
 """
 
@@ -90,10 +90,21 @@ def _ranking(whole: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def _speed(documents: list[tuple[str, dict[str, Any]]], done: list[str]) -> list[str]:
-    rows, fastest = [], None
+    """One table per number of requests at once (batch 1 first), quiet measurements only."""
+    by_concurrency: dict[int, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for name, d in documents:
-        if d["kind"] != "bench.speed" or not d["metrics"].get("quiet"):
-            continue
+        if d["kind"] == "bench.speed" and d["metrics"].get("quiet"):
+            by_concurrency[int(d["metrics"].get("concurrency") or 1)].append((name, d))
+    lines: list[str] = []
+    for concurrency in sorted(by_concurrency):
+        lines += _speed_table(by_concurrency[concurrency], concurrency)
+    return lines
+
+
+def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int) -> list[str]:
+    rows, fastest = [], None
+    where = "at batch 1" if concurrency == 1 else f"at {concurrency} concurrent requests"
+    for name, d in documents:
         drafter = d.get("config", {}).get("drafter") or _drafter_folder(name)
         methods = d["metrics"]["methods"]
         ratios = d["metrics"].get("ratios", {})
@@ -110,7 +121,8 @@ def _speed(documents: list[tuple[str, dict[str, Any]]], done: list[str]) -> list
             rows.append(("baseline", ngram, methods[ngram], s, None))
     if not rows:
         return []
-    lines = ["**Speed in vLLM at batch 1** (MT-Bench turns, interleaved repeats; speedup = tokens/s over plain "
+    per = "" if concurrency == 1 else " (each request's own tokens/s)"
+    lines = [f"**Speed in vLLM {where}** (MT-Bench turns, interleaved repeats; speedup = tokens/s{per} over plain "
              "vLLM's, 95% interval over repeats; quiet measurements only)", "",
              "| drafter | method | AL | speedup over plain | over n-gram |", "|---|---|---|---|---|"]
     for drafter, label, m, s, vs in rows:
@@ -122,7 +134,7 @@ def _speed(documents: list[tuple[str, dict[str, Any]]], done: list[str]) -> list
         drafter, label, m, s = fastest
         verdict = "faster than" if (s.get("low") or 0) > 1 else (
             "slower than" if s.get("high") is not None and s["high"] < 1 else "not separable from")
-        lines += [f"- **Fastest drafter in vLLM at batch 1:** {label}, "
+        lines += [f"- **Fastest drafter in vLLM {where}:** {label}, "
                   f"{_band(s.get('mean'), s.get('low'), s.get('high'))}x plain vLLM: {verdict} plain decoding", ""]
     return lines
 

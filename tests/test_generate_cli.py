@@ -152,6 +152,12 @@ def test_clear_errors(assets, tmp_path):
     code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
                      "--warmup", -1)
     assert code == 2 and "--warmup must be 0 or more" in text
+    code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
+                     "--concurrency", 4)
+    assert code == 2 and "--concurrency needs --engine vllm" in text
+    code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
+                     "--engine", "vllm", "--concurrency", 0)
+    assert code == 2 and "--concurrency must be positive" in text
 
 
 @pytest.mark.slow
@@ -193,6 +199,26 @@ def test_bench_acceptance_on_vllm(assets, tmp_path, monkeypatch):
     assert document["config"]["k"] == [2, 3]
     rows = {(r["method"], r["id"], r["turn"]) for r in document["per_prompt"]}
     assert len(rows) == 5 * 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
+def test_bench_acceptance_on_vllm_with_concurrent_requests(assets, tmp_path, monkeypatch):
+    from tests.vllm_fixtures import build_target
+
+    _, _, _, prompts = assets
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target = build_target(tmp_path / "target")
+    out = tmp_path / "vllm.json"
+    code, text = run("bench", "acceptance", "--engine", "vllm", "--drafter", "ngram", "--dataset", prompts,
+                     "--num-prompts", 2, "--max-new-tokens", 12, "--k", 2, "--concurrency", 2, "--threads", 1,
+                     "--output", out, "--json")
+    assert code == 0, text
+    summary = payload(text)
+    assert summary["concurrency"] == 2 and summary["prompt_turns"] == 3
+    assert summary["methods"]["ngram/k2"]["lossless"] is True  # batched together, still plain vLLM's tokens
+    assert read_results(out)["config"]["concurrency"] == 2
 
 
 def test_best_method_is_the_fastest_lossless_drafter():

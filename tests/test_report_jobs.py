@@ -31,8 +31,8 @@ def whole(al: dict[str, tuple[float, float, float]], dataset="mt-bench") -> dict
         for label, (v, lo, hi) in al.items()}}
 
 
-def speed(label: str, mean: float, quiet: bool = True) -> dict:
-    return {"quiet": quiet, "methods": {
+def speed(label: str, mean: float, quiet: bool = True, concurrency: int = 1) -> dict:
+    return {"quiet": quiet, "concurrency": concurrency, "methods": {
         "plain": {"acceptance_length": 1.0},
         "ngram/k3": {"acceptance_length": 1.3, "speedup_interval": {"mean": 1.2, "low": 1.1, "high": 1.3}},
         label: {"acceptance_length": 2.0, "speedup_interval": {"mean": mean, "low": mean - 0.1, "high": mean + 0.1}}},
@@ -48,6 +48,8 @@ def partial(tmp_path):
     write(d / "peagle" / "acceptance-mt-bench.json", "bench.acceptance.whole-set",
           whole({"peagle/k2": (1.8, 1.7, 1.9), "peagle/k3": (2.1, 2.0, 2.2)}), {"dataset": "mt-bench"})
     write(d / "peagle" / "speed-batch1.json", "bench.speed", speed("peagle/k3", 1.5), {"drafter": "peagle"})
+    write(d / "peagle" / "speed-concurrent4.json", "bench.speed", speed("peagle/k3", 1.3, concurrency=4),
+          {"drafter": "peagle"})
     write(d / "peagle" / "job.json", "bench.job", {"drafter": "peagle", "checkpoint_hash": "sha256:" + "1" * 64,
           "train_tokens": 1_024_000, "complete": True}, {"key": "x"})
     # EAGLE-3's job ran, but its speed shared the machine: waiting, and its speed is not reported
@@ -71,6 +73,12 @@ def test_a_partial_run_reports_what_finished_and_names_what_is_missing(partial):
     assert "| peagle | peagle/k3 | 2.00 | 1.50 [1.40, 1.60]x | 1.25 [1.15, 1.36]x |" in section
     assert "9.90" not in section
     assert "**Fastest drafter in vLLM at batch 1:** peagle/k3, 1.50 [1.40, 1.60]x plain vLLM: faster than" in section
+    # 4 concurrent requests: a table of its own after batch 1's, with its own verdict
+    four = section[section.index("**Speed in vLLM at 4 concurrent requests**"):]
+    assert section.index("**Speed in vLLM at batch 1**") < section.index("**Speed in vLLM at 4 concurrent")
+    assert "| peagle | peagle/k3 | 2.00 | 1.30 [1.20, 1.40]x |" in four
+    assert "**Fastest drafter in vLLM at 4 concurrent requests:** peagle/k3, 1.30 [1.20, 1.40]x" in four
+    assert "1.30 [1.20, 1.40]x" not in section[:section.index("**Speed in vLLM at 4 concurrent")]
 
 
 def test_a_finished_job_is_skipped_only_under_its_own_key(tmp_path):

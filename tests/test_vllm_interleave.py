@@ -15,6 +15,7 @@ class FakeEngines:
     else, so a history built from the wrong engine shows in the next turn's prompt."""
 
     calls: list[tuple[str, int, tuple[int, ...]]] = []
+    batches: list[tuple[str, int]] = []
     jobs: list[str] = []
 
     def __init__(self, jobs, options=None):
@@ -28,15 +29,23 @@ class FakeEngines:
         return None
 
     def generate(self, label, ids, max_new_tokens):
-        FakeEngines.calls.append((label, max_new_tokens, tuple(ids)))
-        tokens = tuple(reversed(ids[-3:])) if label != "bad" else (7, 7, 7)
-        return vengine.VllmGeneration(tokens=tokens, rounds=tuple(vengine.Round(0, 0, 1) for _ in tokens),
-                                      decode_seconds=0.01, total_seconds=0.02)
+        (generation,) = self.generate_together(label, [ids], max_new_tokens)
+        return generation
+
+    def generate_together(self, label, prompts, max_new_tokens):
+        FakeEngines.batches.append((label, len(prompts)))
+        out = []
+        for ids in prompts:
+            FakeEngines.calls.append((label, max_new_tokens, tuple(ids)))
+            tokens = tuple(reversed(ids[-3:])) if label != "bad" else (7, 7, 7)
+            out.append(vengine.VllmGeneration(tokens=tokens, rounds=tuple(vengine.Round(0, 0, 1) for _ in tokens),
+                                              decode_seconds=0.01, total_seconds=0.02))
+        return out
 
 
 @pytest.fixture()
 def fake(monkeypatch, tiny, tmp_path):
-    FakeEngines.calls, FakeEngines.jobs = [], []
+    FakeEngines.calls, FakeEngines.batches, FakeEngines.jobs = [], [], []
     monkeypatch.setattr(vengine, "EngineProcesses", FakeEngines)
     folder = tmp_path / "tok"
     tiny.tokenizer.save_pretrained(folder)
@@ -94,6 +103,35 @@ def test_given_contexts_are_asked_as_they_are(fake):
     assert out.contexts == contexts
     assert {ids for _, _, ids in FakeEngines.calls} == {(5, 6, 7), (5, 6, 7, 8, 9), (4,)}
     assert {t.repeat for t in out.trials} == {1}
+
+
+CONCURRENT = [vengine.Conversation(c, ("hello there", "and then")) for c in "abc"] + [
+    vengine.Conversation("d", ("fox",))]
+
+
+def test_concurrent_requests_go_to_each_engine_together_and_later_turns_follow_plain(fake):
+    tiny, folder = fake
+    options = vengine.EngineOptions(max_num_seqs=2)
+    together = vengine.run_interleaved(JOBS, CONCURRENT, str(folder), plain="plain", repeats=[0], warmup=0,
+                                       max_new_tokens=40, options=options, concurrency=2)
+    # groups (a, b) and (c, d): two turns of two requests, then one of two and one of one, per engine
+    assert [n for label, n in FakeEngines.batches if label == "good"] == [2, 2, 2, 1]
+    assert len(together.trials) == 3 * 7
+    FakeEngines.calls, FakeEngines.batches = [], []
+    alone = vengine.run_interleaved(JOBS, CONCURRENT, str(folder), plain="plain", repeats=[0], warmup=0,
+                                    max_new_tokens=40)
+    assert {n for _, n in FakeEngines.batches} == {1}
+    # the same prompts are asked either way: every later turn follows plain's own answer to its conversation
+    assert together.contexts == alone.contexts
+    assert {(t.label, t.conversation, t.turn) for t in together.trials} == {
+        (t.label, t.conversation, t.turn) for t in alone.trials}
+
+
+def test_concurrency_above_the_engines_batch_is_refused(fake):
+    from specframe.errors import SpecframeError
+
+    with pytest.raises(SpecframeError, match="max_num_seqs"):
+        vengine.run_interleaved(JOBS, CONCURRENT, str(fake[1]), plain="plain", repeats=[0], concurrency=2)
 
 
 def test_ngram_engines_start_last_and_never_two_in_one_process():

@@ -38,6 +38,9 @@ def bench() -> None:
 @click.option("--engine", type=click.Choice(["reference", "vllm"]), default="reference", show_default=True,
               help="reference: specframe's decoding engine; vllm: export the checkpoints and serve them (and the ngram "
                    "baseline) with vLLM, greedy, every engine started once and the prompts interleaved across them.")
+@click.option("--concurrency", type=int, default=1, show_default=True,
+              help="--engine vllm: conversations sent to each engine at once (their turns decode in one batch); "
+                   "OTPS is then each request's own, as one of that many concurrent users sees it.")
 @click.option("--warmup", type=int, default=1, show_default=True,
               help="Untimed short decodes of the first prompt by every method before measuring.")
 @click.option("--detail", is_flag=True,
@@ -49,7 +52,7 @@ def bench() -> None:
 @target_loading
 def acceptance(
     checkpoints: tuple[str, ...], drafters: tuple[str, ...], baselines: tuple[str, ...], dataset: str,
-    num_prompts: int, repeats: int, engine: str, warmup: int, detail: bool, target: str | None,
+    num_prompts: int, repeats: int, engine: str, concurrency: int, warmup: int, detail: bool, target: str | None,
     k: tuple[int, ...], verifier: str,
     tree_depth: int | None, tree_top_k: int | None, tree_tokens: int | None, max_new_tokens: int,
     temperature: float | None, top_k: int | None, top_p: float | None, seed: int, threads: int | None,
@@ -77,6 +80,10 @@ def acceptance(
         raise UsageError(f"--warmup must be 0 or more, got {warmup}")
     if repeats < 1:
         raise UsageError(f"--repeats must be positive, got {repeats}")
+    if concurrency < 1:
+        raise UsageError(f"--concurrency must be positive, got {concurrency}")
+    if concurrency > 1 and engine != "vllm":
+        raise UsageError("--concurrency needs --engine vllm (the reference engine decodes one request at a time)")
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be positive, got {max_new_tokens}")
     if threads is not None and engine == "reference":
@@ -102,7 +109,7 @@ def acceptance(
     if engine == "vllm":
         result = core.compare_vllm(target, prompts, methods, repeats=repeats, max_new_tokens=max_new_tokens,
                                    warmup=warmup, threads=threads, chat_template=loading.chat_template,
-                                   progress=progress)
+                                   progress=progress, concurrency=concurrency)
     else:
         result = core.compare(tgt.model, tgt.tokenizer, prompts, methods, verify, repeats=repeats,
                               max_new_tokens=max_new_tokens, seed=seed, progress=progress, warmup=warmup)
@@ -115,8 +122,8 @@ def acceptance(
 
         config = {
             "dataset": dataset, "num_prompts": num_prompts, "prompts": [p.id for p in prompts], "repeats": repeats,
-            "engine": engine, "warmup": warmup, "verifier": verifier, "verifier_options": _options(verify),
-            "k": list(k) or None,
+            "engine": engine, "concurrency": concurrency, "warmup": warmup, "verifier": verifier,
+            "verifier_options": _options(verify), "k": list(k) or None,
             "tree": None if tree is None else {"depth": tree.depth, "top_k": tree.top_k,
                                                "total_tokens": tree.total_tokens},
             "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads, "checkpoints": list(checkpoints),

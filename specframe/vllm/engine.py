@@ -345,6 +345,7 @@ def drafter_job(export_dir: str | os.PathLike, k: int, target: str | os.PathLike
     from specframe.vllm.export import read_manifest, speculative_config
 
     manifest = read_manifest(export_dir)
+    manifest.check_tokens(k)  # a K the drafter cannot be served at (DFlash below block_size - 1), with the reason
     support.check(export_dir, manifest.layout, target)  # before minutes of engine start-up, with the reason
     if target is None:
         if not manifest.speculators:
@@ -456,11 +457,14 @@ def run_interleaved(
     chat_template: str | None = None,
     options: EngineOptions = EngineOptions(),
     progress: Callable[[str], None] | None = None,
+    concurrency: int = 1,
 ) -> Interleaved:
     """Start every engine of ``jobs`` (label -> job) at once (``EngineProcesses``), warm each up on the first prompt
     (``warmup`` short generations), then decode every prompt turn with every engine in turn, for each repeat index
     in ``repeats``; the engine order rotates with the repeat and the prompt, so a machine slowing down mid-run slows
-    every engine alike. Prompts go through ``tokenizer``'s chat template (``chat_template``: a Jinja file replacing
+    every engine alike. ``concurrency`` > 1: the conversations go in groups of that many, and each engine gets a
+    group's turn as that many requests at once (the engines need ``options.max_num_seqs`` >= ``concurrency``); each
+    trial's ``decode_seconds`` is then its own request's, first token to last, as a user of a busy server sees it. Prompts go through ``tokenizer``'s chat template (``chat_template``: a Jinja file replacing
     it); a later turn follows the answer of the ``plain`` engine. ``contexts`` (``Interleaved.contexts`` of an earlier
     run) fixes the prompt ids, so a repeat measured again asks exactly what it asked before. ``progress`` gets a line
     when the engines are up and after every prompt turn."""
@@ -470,6 +474,9 @@ def run_interleaved(
 
     if plain not in jobs:
         raise SpecframeError(f"the plain engine '{plain}' is not among the jobs {sorted(jobs)}")
+    if not 1 <= concurrency <= options.max_num_seqs:
+        raise SpecframeError(f"concurrency must be between 1 and the engines' max_num_seqs ({options.max_num_seqs}), "
+                             f"got {concurrency}")
     tok = AutoTokenizer.from_pretrained(str(tokenizer))
     if chat_template:
         tok.chat_template = Path(chat_template).read_text(encoding="utf-8")
@@ -481,26 +488,33 @@ def run_interleaved(
     with EngineProcesses(jobs, options) as engines:
         say(f"vLLM: {len(jobs)} engines up in {time.perf_counter() - started:.0f} s")
         labels = list(jobs)
+        groups = [conversations[i:i + concurrency] for i in range(0, len(conversations), concurrency)]
         for repeat in repeats:
-            for p_index, conv in enumerate(conversations):
-                for turn, text in enumerate(conv.turns):
-                    key = f"{conv.id}#{turn}"
-                    if key not in known:
-                        known[key] = encode_prompt(tok, [*answers.get(conv.id, []), {"role": "user", "content": text}])
-                    ids = known[key]
-                    if not trials:  # the first prompt warms every engine up before anything is timed
+            for g_index, group in enumerate(groups):
+                for turn in range(max(len(c.turns) for c in group)):
+                    members = [c for c in group if turn < len(c.turns)]
+                    asked = []
+                    for conv in members:
+                        key = f"{conv.id}#{turn}"
+                        if key not in known:
+                            history = answers.get(conv.id, [])
+                            known[key] = encode_prompt(tok, [*history, {"role": "user", "content": conv.turns[turn]}])
+                        asked.append(known[key])
+                    if not trials:  # the first prompts warm every engine up, batched as they are timed
                         for label in labels:
                             for _ in range(warmup):
-                                engines.generate(label, ids, min(max_new_tokens, 16))
-                    shift = (repeat + p_index + turn) % len(labels)
+                                engines.generate_together(label, asked, min(max_new_tokens, 16))
+                    shift = (repeat + g_index + turn) % len(labels)
                     for label in labels[shift:] + labels[:shift]:
-                        generation = engines.generate(label, ids, max_new_tokens)
-                        trials.append(Trial(label, conv.id, turn, repeat, len(ids), generation))
-                        if label == plain and len(answers.get(conv.id, [])) == 2 * turn:
-                            answer = tok.decode(list(generation.tokens), skip_special_tokens=True).strip()
-                            answers[conv.id] = [*answers.get(conv.id, []), {"role": "user", "content": text},
-                                                {"role": "assistant", "content": answer}]
-                    say(f"vLLM: repeat {repeat + 1} prompt {conv.id} turn {turn + 1} done")
+                        generations = engines.generate_together(label, asked, max_new_tokens)
+                        for conv, ids, generation in zip(members, asked, generations):
+                            trials.append(Trial(label, conv.id, turn, repeat, len(ids), generation))
+                            if label == plain and len(answers.get(conv.id, [])) == 2 * turn:
+                                answer = tok.decode(list(generation.tokens), skip_special_tokens=True).strip()
+                                answers[conv.id] = [*answers.get(conv.id, []),
+                                                    {"role": "user", "content": conv.turns[turn]},
+                                                    {"role": "assistant", "content": answer}]
+                    say(f"vLLM: repeat {repeat + 1} prompt {'+'.join(c.id for c in members)} turn {turn + 1} done")
         startup = dict(engines.startup_seconds)
     return Interleaved(tuple(trials), known, startup, options.threads_bind or cpu_binding())
 
@@ -528,7 +542,7 @@ def process_groups(jobs: Mapping[str, Job]) -> list[dict[str, Job]]:
 
 class EngineProcesses:
     """Engines kept alive in child processes, driven from this one: ``generate(label, ids, max_new_tokens)`` runs
-    one prompt on one engine. Every engine that can share a process does (vLLM is imported once); what vLLM cannot
+    one prompt on one engine, ``generate_together`` several at once. Every engine that can share a process does (vLLM is imported once); what vLLM cannot
     start after it (see ``_needs_own_process``) goes last or into a process of its own. Each child's vLLM log goes
     to a temporary file whose tail is shown if it fails."""
 
@@ -573,10 +587,17 @@ class EngineProcesses:
         return message
 
     def generate(self, label: str, ids: Sequence[int], max_new_tokens: int) -> VllmGeneration:
+        (generation,) = self.generate_together(label, [ids], max_new_tokens)
+        return generation
+
+    def generate_together(self, label: str, prompts: Sequence[Sequence[int]], max_new_tokens: int
+                          ) -> list[VllmGeneration]:
+        """``prompts`` handed to one engine at once (``VllmEngine.generate(..., together=True)``): up to the engine's
+        ``max_num_seqs`` decode in one batch, as concurrent requests to a server do."""
         conn = self._owner[label]
-        conn.send((label, [int(t) for t in ids], int(max_new_tokens)))
+        conn.send((label, [[int(t) for t in ids] for ids in prompts], int(max_new_tokens)))
         process, _, log = next(c for c in self._children if c[1] is conn)
-        return VllmGeneration.from_dict(self._receive(conn, log, process))
+        return [VllmGeneration.from_dict(g) for g in self._receive(conn, log, process)]
 
     def close(self) -> None:
         for process, conn, _ in self._children:
@@ -607,7 +628,8 @@ def _read(path: Path) -> str:
 
 def _serve(conn: Any, jobs: dict[str, dict[str, Any]], options: dict[str, Any], log: str) -> None:
     """A child of ``EngineProcesses``: start the engines in order, report their start-up times, then answer
-    ``(label, ids, max_new_tokens)`` requests with a generation until ``None`` arrives."""
+    ``(label, prompts, max_new_tokens)`` requests (the prompts decoded together) with their generations until
+    ``None`` arrives."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)  # vLLM logs to stdout: keep the user's terminal for specframe's own output
     os.dup2(fd, 2)
@@ -619,9 +641,9 @@ def _serve(conn: Any, jobs: dict[str, dict[str, Any]], options: dict[str, Any], 
             startup[label] = time.perf_counter() - started
         conn.send(startup)
         while (request := conn.recv()) is not None:
-            label, ids, max_new = request
-            (generation,) = engines[label].generate([ids], max_new)
-            conn.send(generation.as_dict())
+            label, prompts, max_new = request
+            generations = engines[label].generate(prompts, max_new, together=True)
+            conn.send([g.as_dict() for g in generations])
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it as a SpecframeError
         import traceback
 
