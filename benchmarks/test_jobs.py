@@ -119,22 +119,11 @@ def _acceptance(workspace, target, dataset: str, jobs: dict, path: Path, config:
     return metrics
 
 
-def _ngram_jobs(p, source: str) -> dict:
-    """vLLM's prompt lookup at each K, with the n-gram plugin's sizes (label -> (job, K))."""
-    from specframe import plugins
-    from specframe.vllm.engine import Job
-
-    ngram = plugins.get("drafter", "ngram").Options()
-    return {f"ngram/k{k}": (Job(source, {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max":
-                                         int(ngram.n_max), "prompt_lookup_min": int(ngram.n_min)}), k)
-            for k in p.vllm_ks}
-
-
-def _drafter_jobs(p, drafter: str, export: Path, source: str) -> dict:
-    from specframe.vllm.engine import Job
-    from specframe.vllm.export import speculative_config
-
-    return {f"{drafter}/k{k}": (Job(source, speculative_config(export, k)), k) for k in p.vllm_ks}
+def _with_k(methods: list, source: str, workdir: str) -> dict:
+    """``bench.vllm_jobs`` with each method's K beside its job (label -> (job, K)), as ``acceptance.measure`` takes
+    them; a trained checkpoint is exported once into ``workdir``."""
+    jobs = bench.vllm_jobs(methods, source, Path(workdir))
+    return {m.label: (jobs[m.label], m.k) for m in methods}
 
 
 def test_baselines(benchmark, workspace, target):
@@ -148,12 +137,15 @@ def test_baselines(benchmark, workspace, target):
     box: dict[str, Any] = {}
 
     def run():
+        ngram = [bench.plugin_method("ngram", target.config, k=k, label=f"ngram/k{k}") for k in p.vllm_ks]
+        with tempfile.TemporaryDirectory(prefix="specframe-job-") as tmp:
+            jobs = _with_k(ngram, _source(workspace), tmp)
         for dataset in p.datasets:
             # the drafters the run expects: the report names those not yet done
             config = {"preset": p.name, "dataset": dataset, "methods": "plain+ngram", "ks": list(p.vllm_ks),
                       "drafters": list(p.drafters)}
-            box[dataset] = _acceptance(workspace, target, dataset, _ngram_jobs(p, _source(workspace)),
-                                       out / f"acceptance-{dataset}.json", config, prov)
+            box[dataset] = _acceptance(workspace, target, dataset, jobs, out / f"acceptance-{dataset}.json", config,
+                                       prov)
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     for dataset, metrics in box.items():
@@ -272,11 +264,10 @@ def test_drafter_job(benchmark, workspace, target, drafter):
         files = ["training.json"]
         quiet = True
         if exportable(drafter) and p.vllm and vllm_available():
-            from specframe.cli.export_cmd import export_checkpoint
-
+            served = [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}")
+                      for k in p.vllm_ks]
             with tempfile.TemporaryDirectory(prefix="specframe-job-") as tmp:
-                export_checkpoint(record["run"], Path(tmp) / "export", _source(workspace))
-                jobs = _drafter_jobs(p, drafter, Path(tmp) / "export", _source(workspace))
+                jobs = _with_k(served, _source(workspace), tmp)
                 for dataset in p.datasets:
                     config = {"preset": p.name, "drafter": drafter, "dataset": dataset, "ks": list(p.vllm_ks),
                               "checkpoint_hash": ckpt}

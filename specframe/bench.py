@@ -653,7 +653,7 @@ def compare_vllm(
     contexts: dict[str, list[int]] = {}
     info: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="specframe-bench-") as tmp:
-        jobs = _vllm_jobs(every, source, Path(tmp))
+        jobs = vllm_jobs(every, source, Path(tmp))
 
         def run(indices: Sequence[int]) -> None:
             result = run_interleaved(jobs, conversations, source, plain=PLAIN, repeats=indices, contexts=contexts,
@@ -674,9 +674,10 @@ def compare_vllm(
     return comparison
 
 
-def _vllm_jobs(methods: Sequence[Method], source: str, workdir: Path) -> dict[str, Any]:
-    """One vLLM engine job per method: plain, a trained checkpoint (exported once into ``workdir``, served at the
-    method's K) or the ``ngram`` baseline (vLLM's prompt lookup with the plugin's n-gram sizes)."""
+def vllm_jobs(methods: Sequence[Method], source: str, workdir: Path) -> dict[str, Any]:
+    """One vLLM engine job (``specframe.vllm.engine.Job``) per method label: plain, a trained checkpoint (exported
+    once into ``workdir``, served at the method's K) or the ``ngram`` baseline (vLLM's prompt lookup with the
+    plugin's n-gram sizes)."""
     from specframe.cli.export_cmd import export_checkpoint
     from specframe.vllm.engine import Job
     from specframe.vllm.export import speculative_config
