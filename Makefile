@@ -46,6 +46,8 @@ $(VENV)/.vllm-$(VLLM): $(VENV)/.installed
 # held-out GSM8K questions. About 10 minutes on 2 quiet CPU cores; progress lines go to the log under `make demo > log`.
 DEMO ?= runs/demo
 DEMO_RECIPE ?= recipes/peagle-cpu-demo.toml
+# the committed answer make demo ends with: the large preset's once any of its drafters is done, else the cpu preset's
+ANSWER ?= $(if $(wildcard benchmarks/results/cpu-large/*/job.json),benchmarks/results/cpu-large,benchmarks/results/cpu)
 demo: setup
 	rm -rf $(DEMO)
 	$(BIN)/specframe plugins
@@ -58,7 +60,11 @@ demo: setup
 	  $(BIN)/specframe bench acceptance --engine vllm --checkpoint $(DEMO)/peagle --baseline ngram --dataset gsm8k \
 	      --num-prompts 3 --k 2 --k 3 --repeats 3 --max-new-tokens 96 --output $(DEMO)/vllm.json || exit $$?; \
 	else echo "== vLLM is not installed (make setup VLLM=cpu): the speed comparison in vLLM is skipped"; fi
-	@echo "next: every drafter head-to-head under one budget: make bench PRESET=cpu (about 2.5 hours on 2 cores)"
+	@echo "== the committed answer ($(ANSWER), measured by make bench PRESET=$(notdir $(ANSWER))) ..."
+	@$(BIN)/specframe report $(ANSWER) --summary
+	@echo "== ... beside what this few-minute run measured ($(DEMO))"
+	@$(BIN)/specframe report $(DEMO) --summary
+	@echo "next: every drafter head-to-head under one budget: make bench PRESET=cpu-large (one resumable job per drafter)"
 	@echo "next: another drafter on the same data: $(BIN)/specframe train --drafter eagle3 --output runs/eagle3"
 
 test: setup

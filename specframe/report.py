@@ -131,6 +131,15 @@ def render(directory: Path, output: Path | None = None) -> Path:
     return output
 
 
+def summary(directory: Path) -> list[str]:
+    """The answer ``render`` puts first (per-drafter jobs, then the answers in sentences), for a terminal."""
+    from specframe.report_jobs import jobs_section
+
+    documents = load_results(directory)
+    lines = jobs_section(documents) + answers(documents)
+    return lines or [f"{directory}: no answer yet (no acceptance, speed or training results to rank)"]
+
+
 def builds_trees(drafter: str | None, figures: dict[str, Any] | None = None) -> bool:
     """Whether ``drafter`` builds real trees: recorded in newer results (``builds_trees``), else the installed
     drafter plugin's ``builds_trees`` (False for a drafter that is not installed)."""

@@ -50,7 +50,8 @@ def jobs_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     if waiting:
         lines.append("- **Waiting:** " + ", ".join(f"{n} ({jobs[n]['metrics'].get('waiting')})" for n in waiting))
     if missing:
-        lines.append("- **Not yet run:** " + ", ".join(missing) + " (`make bench PRESET=<preset>` continues)")
+        preset = next((d["config"]["preset"] for _, d in whole if d.get("config", {}).get("preset")), "<preset>")
+        lines.append("- **Not yet run:** " + ", ".join(missing) + f" (`make bench PRESET={preset}` continues)")
     lines.append("")
     lines += _ranking(whole)
     lines += _speed(documents, done)

@@ -44,7 +44,7 @@ def partial(tmp_path):
     d = tmp_path / "cpu-large"
     write(d / "baselines" / "acceptance-mt-bench.json", "bench.acceptance.whole-set",
           whole({"ngram/k2": (1.20, 1.15, 1.25), "ngram/k5": (1.31, 1.25, 1.37)}),
-          {"dataset": "mt-bench", "drafters": ["peagle", "eagle3", "pard"]})
+          {"preset": "cpu-large", "dataset": "mt-bench", "drafters": ["peagle", "eagle3", "pard"]})
     write(d / "peagle" / "acceptance-mt-bench.json", "bench.acceptance.whole-set",
           whole({"peagle/k2": (1.8, 1.7, 1.9), "peagle/k3": (2.1, 2.0, 2.2)}), {"dataset": "mt-bench"})
     write(d / "peagle" / "speed-batch1.json", "bench.speed", speed("peagle/k3", 1.5), {"drafter": "peagle"})
@@ -66,7 +66,7 @@ def test_a_partial_run_reports_what_finished_and_names_what_is_missing(partial):
     section = text[text.index("## The answer (one job per drafter)"):]
     assert "**Done:** peagle (1,024,000 training tokens" in section
     assert "**Waiting:** eagle3 (speed measured beside other load)" in section
-    assert "**Not yet run:** pard" in section
+    assert "**Not yet run:** pard (`make bench PRESET=cpu-large` continues)" in section
     # the ranking: each method at its best K, best first, with its interval
     assert "| 1 | peagle/k3 | 2.10 [2.00, 2.20] |" in section and "| 2 | ngram/k5 | 1.31 [1.25, 1.37] |" in section
     # speed: quiet measurements only; over n-gram is the inverse of the stored n-gram / drafter ratio
@@ -79,6 +79,16 @@ def test_a_partial_run_reports_what_finished_and_names_what_is_missing(partial):
     assert "| peagle | peagle/k3 | 2.00 | 1.30 [1.20, 1.40]x |" in four
     assert "**Fastest drafter in vLLM at 4 concurrent requests:** peagle/k3, 1.30 [1.20, 1.40]x" in four
     assert "1.30 [1.20, 1.40]x" not in section[:section.index("**Speed in vLLM at 4 concurrent")]
+
+
+def test_the_summary_prints_the_answer_and_writes_nothing(partial):
+    res = CliRunner().invoke(main, ["report", str(partial), "--summary"])
+    assert res.exit_code == 0, res.output
+    assert "**Done:** peagle" in res.output and "**Not yet run:** pard" in res.output
+    assert "**Fastest drafter in vLLM at batch 1:** peagle/k3" in res.output
+    assert not (partial / "report.md").exists()
+    res = CliRunner().invoke(main, ["report", str(partial), "--summary", "--json"])
+    assert res.exit_code == 2 and "--summary prints the answer only" in res.output
 
 
 def test_a_finished_job_is_skipped_only_under_its_own_key(tmp_path):
