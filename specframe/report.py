@@ -131,6 +131,10 @@ def render(directory: Path, output: Path | None = None) -> Path:
     return output
 
 
+#: the speedup over plain decoding the comparison aims for (issue 29's goal for the best drafter at batch 1)
+GOAL_SPEEDUP = 1.3
+
+
 def summary(directory: Path) -> list[str]:
     """The answer ``render`` puts first (per-drafter jobs, then the answers in sentences), for a terminal."""
     from specframe.report_jobs import jobs_section
@@ -234,6 +238,7 @@ def answers(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
             "slower than" if v["high"] is not None and v["high"] < 1 else "not separable from")
         lines.append(f"- **Fastest in vLLM:** {name} at K = {k}, {_band(v['mean'], v['low'], v['high'], '.2f')}x "
                      f"plain vLLM's tokens/s (AL {v['al']:.2f}): {verdict} plain decoding")
+    lines += _beat_plain_line(documents)
     versus = _peagle_vs_eagle3(documents)
     if versus:
         lines.append("- **P-EAGLE against EAGLE-3 in vLLM** (ratio of their speedups over plain vLLM, 95% Welch "
@@ -558,10 +563,17 @@ def speedup_by_k(documents: list[tuple[str, dict[str, Any]]],
     dataset = _speed_dataset(documents) if engine == "reference" else None
     for document, key, m in _all_runs(documents):
         if engine == "vllm":
-            match = re.fullmatch(r"vllm/k(\d+)", key) if document.get("kind") == "bench.vllm" else None
+            kind, drafter = document.get("kind"), document.get("config", {}).get("drafter")
+            if kind == "bench.vllm":
+                match = re.fullmatch(r"vllm/k(\d+)", key)
+            elif kind == "bench.speed" and _quiet_batch1(document) and drafter:
+                # a per-drafter job's speed file: its own rows are "<drafter>/k<K>" (n-gram is the baseline)
+                match = re.fullmatch(re.escape(str(drafter)) + r"/k(\d+)", key)
+            else:
+                match = None
             if match is None:
                 continue
-            k, name = int(match.group(1)), str(document.get("config", {}).get("drafter"))
+            k, name = int(match.group(1)), str(drafter)
         else:
             k = m.get("k")
             if not _reference_engine(document) or key == "plain" or not _number(k) or k < 1 or _is_tree(key, m):
@@ -577,10 +589,77 @@ def speedup_by_k(documents: list[tuple[str, dict[str, Any]]],
         repeats = int(iv.get("repeats") or 1)
         if repeats > out[name].get(int(k), {}).get("repeats", 0):
             low, high = iv.get("low"), iv.get("high")
+            r = m.get("round_cost_ratio")
             out[name][int(k)] = {"mean": float(mean), "low": low if _number(low) else None,
                                  "high": high if _number(high) else None, "repeats": repeats,
-                                 "al": al if _number(al) else None}
+                                 "al": al if _number(al) else None, "round_cost_ratio": r if _number(r) else None}
     return {name: points for name, points in out.items() if points}
+
+
+def _quiet_batch1(document: dict[str, Any]) -> bool:
+    metrics = document.get("metrics", {})
+    return bool(metrics.get("quiet")) and int(metrics.get("concurrency") or 1) == 1
+
+
+def tokens_to_beat_plain(documents: list[tuple[str, dict[str, Any]]], goal: float = 1.0) -> dict[str, dict[str, Any]]:
+    """Where no drafter is faster than plain vLLM at batch 1: per drafter with a learning curve, the training tokens
+    its curve says it would need for ``goal`` x plain's speed there. At each K the drafter must gain
+    ``goal x R - AL`` (R, the measured round cost, is the break-even AL: speedup ~ AL / R); at the K needing least,
+    tokens = the curve's last count x 2^(gain / AL gained per doubling), with the slope's 95% interval. An
+    extrapolation that assumes serving AL grows with training tokens as validation AL did (log-linearly) and R
+    stays put. {} when a drafter is already faster than plain or nothing can be estimated."""
+    speed = speedup_by_k(documents, "vllm")
+    if any(v["low"] is not None and v["low"] > 1 for points in speed.values() for v in points.values()):
+        return {}
+    slopes, curves = learning_rates(documents), learning_curves(documents)
+    out = {}
+    for name, points in speed.items():
+        if name not in slopes or name not in curves:
+            continue
+        gains = [(goal * v["round_cost_ratio"] - v["al"], k) for k, v in points.items()
+                 if v["round_cost_ratio"] is not None and v["al"] is not None]
+        if not gains:
+            continue
+        gain, k = min(gains)
+        seen, slope = curves[name][-1][0], slopes[name]
+        entry: dict[str, Any] = {"k": k, "gain": gain, "tokens_seen": seen, "slope": slope["slope"]}
+        if gain <= 0:
+            entry["tokens"] = seen  # there already: more repeats, not more training, would separate it
+        elif slope["slope"] > 0:
+            entry["tokens"] = seen * 2 ** (gain / slope["slope"])
+            entry["high"] = seen * 2 ** (gain / slope["low"]) if slope["low"] > 0 else math.inf
+            entry["low"] = seen * 2 ** (gain / slope["high"])
+        out[name] = entry
+    return out
+
+
+def _count(tokens: float) -> str:
+    if not math.isfinite(tokens):
+        return "unbounded"
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if tokens >= size:
+            return f"{tokens / size:.3g}{unit}"
+    return f"{tokens:.0f}"
+
+
+def _beat_plain_line(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    lines = []
+    for goal, what in ((1.0, "to break even with"), (GOAL_SPEEDUP, f"for {GOAL_SPEEDUP}x")):
+        needs = tokens_to_beat_plain(documents, goal)
+        cells = []
+        for name, e in sorted(needs.items(), key=lambda item: item[1].get("tokens", math.inf)):
+            if "tokens" not in e:
+                cells.append(f"{name} (K = {e['k']}, +{e['gain']:.2f} AL): its curve does not rise, no estimate")
+            elif e["gain"] <= 0:
+                cells.append(f"{name} (K = {e['k']}): there already at {_count(e['tokens_seen'])}")
+            else:
+                cells.append(f"{name} (K = {e['k']}, +{e['gain']:.2f} AL): about {_count(e['tokens'])} "
+                             f"[{_count(e['low'])}, {_count(e['high'])}]")
+        if cells:
+            lines.append(f"- **Training tokens {what} plain vLLM at batch 1** (no drafter is faster yet; the AL each "
+                         "must gain at its best K over its learning curve's AL gained per doubling of tokens, 95% "
+                         "interval; an extrapolation): " + "; ".join(cells))
+    return lines
 
 
 def _vllm_by_k(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:

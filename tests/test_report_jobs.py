@@ -139,3 +139,50 @@ def test_a_drafter_has_one_colour_in_every_figure_and_the_curves_a_log_token_axi
     assert lines["peagle"] == to_hex(COLOURS["peagle"]) and lines["eagle3"] == to_hex(COLOURS["eagle3"])
     assert colour("peagle/k3") == colour("peagle") != colour("eagle3/k3")
     assert colour("somebody-elses") == colour("somebody-elses/k2")  # a third-party drafter: fixed by its name
+
+
+def _slow_run(tmp_path, peagle_speedup=(0.8, 0.7, 0.9)):
+    """A per-drafter run where P-EAGLE's curve gains exactly 0.1 AL per doubling (1,000 -> 4,000 tokens) and its
+    quiet batch-1 speed at K = 3 is AL 1.2 at round cost R = 1.5."""
+    d = tmp_path / "cpu-large"
+    curve = [{"train_tokens": t, "val_expected_al": al} for t, al in ((1000, 1.0), (2000, 1.1), (4000, 1.2))]
+    write(d / "peagle" / "training.json", "bench.training", {"methods": {"peagle": {"learning_curve": curve}}},
+          {"drafter": "peagle"})
+    mean, low, high = peagle_speedup
+
+    def speed_doc(quiet=True, concurrency=1, r=1.5, repeats=3):
+        return {"quiet": quiet, "concurrency": concurrency, "methods": {
+            "plain": {"acceptance_length": 1.0},
+            "peagle/k3": {"acceptance_length": 1.2, "round_cost_ratio": r,
+                          "speedup_interval": {"mean": mean, "low": low, "high": high, "repeats": repeats}}}}
+
+    write(d / "peagle" / "speed-batch1.json", "bench.speed", speed_doc(), {"drafter": "peagle"})
+    # neither a speed beside load nor one at 4 requests at once counts (their R would say otherwise, and with more
+    # repeats they would otherwise be preferred)
+    write(d / "peagle" / "speed-loud.json", "bench.speed", speed_doc(quiet=False, r=9.0, repeats=5),
+          {"drafter": "peagle"})
+    write(d / "peagle" / "speed-concurrent4.json", "bench.speed", speed_doc(concurrency=4, r=0.5, repeats=5),
+          {"drafter": "peagle"})
+    return d
+
+
+def test_the_learning_curve_says_how_many_tokens_beating_plain_would_take(tmp_path):
+    from specframe import report
+
+    documents = report.load_results(_slow_run(tmp_path))
+    even = report.tokens_to_beat_plain(documents)["peagle"]
+    # break-even: AL must reach R = 1.5, +0.3 AL = 3 doublings of the 4,000 tokens seen
+    assert even["k"] == 3 and even["gain"] == pytest.approx(0.3) and even["tokens"] == pytest.approx(32_000)
+    goal = report.tokens_to_beat_plain(documents, 1.3)["peagle"]
+    assert goal["tokens"] == pytest.approx(4000 * 2 ** ((1.3 * 1.5 - 1.2) / 0.1))
+    lines = report.summary(_slow_run(tmp_path))
+    assert any("Training tokens to break even with plain vLLM at batch 1" in line and "about 32K" in line
+               for line in lines)
+
+
+def test_no_extrapolation_once_a_drafter_beats_plain(tmp_path):
+    from specframe import report
+
+    documents = report.load_results(_slow_run(tmp_path, peagle_speedup=(1.2, 1.1, 1.3)))
+    assert report.tokens_to_beat_plain(documents) == {}
+    assert not any("Training tokens" in line for line in report.answers(documents))
