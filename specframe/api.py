@@ -47,7 +47,11 @@ from specframe.vllm import export as vllm_layouts
 #:   engine's causal-completeness check (``specframe.elements.check_partition``), which applies the set's rule.
 #: - "3" (additive): ``Drafter.forwarded_rows``, the row count the memory estimator charges a segment with; its
 #:   default (one row per element) is what every version-2 drafter was estimated with, so those run unchanged.
-API_VERSION = "3"
+#: - "4" (additive): ``api.eagle.target_head(target)`` / ``api.eagle.TargetHead``, the target's head as its forward
+#:   applies it (lm_head bias, logit scale, soft-capping), which ``api.eagle.kl_teacher`` and
+#:   ``api.modeling.chunked_forward_kl`` take as ``target_head``; a bare lm_head weight is still accepted and taken as
+#:   a head that is only the matmul, so a version-3 plugin runs unchanged (with the teacher it had).
+API_VERSION = "4"
 
 __all__ = [
     "API_VERSION",

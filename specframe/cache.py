@@ -109,13 +109,13 @@ def _torch_dtype(name: str) -> Any:
 
 def _top_k(final: Any, head: Any, k: int, rows: int = 256) -> tuple[Any, Any]:
     """(ids int32 [T, k], log-probabilities float32 [T, k]) of the target's k most likely next tokens at each of
-    ``final``'s T positions (softmax over ``final @ head.T``, the whole vocabulary), in blocks of ``rows`` positions
-    so the [T, V] logits are never held at once."""
+    ``final``'s T positions (softmax over the target's logits ``head.logits(final)``, a ``TargetHead``, the whole
+    vocabulary), in blocks of ``rows`` positions so the [T, V] logits are never held at once."""
     import torch
 
     ids, logp = [], []
     for start in range(0, final.shape[0], rows):
-        z = (final[start : start + rows].to(head.device) @ head.T).float()
+        z = head.logits(final[start : start + rows].to(device=head.device, dtype=head.dtype)).float()
         top = torch.log_softmax(z, dim=-1).topk(k, dim=-1)
         ids.append(top.indices.to(torch.int32).cpu())
         logp.append(top.values.cpu())
@@ -163,10 +163,13 @@ def prepare_cache(
     that tokenise (``specframe.data.chat.encode_dataset``; None: one for a small set, more for a large one).
     ``teacher_top_k`` K > 0 also stores the target's top-K next tokens and their log-probabilities per token
     (``Example.teacher_ids`` / ``teacher_logp``), computed from the final hidden state in the target's own precision
-    with its lm_head weights, as the drafters' dense teacher is.
+    with its head as its forward applies it (``specframe.target_head``: bias, logit scale, soft-capping), as the
+    drafters' dense teacher is.
     """
     import torch
     from safetensors.torch import save_file
+
+    from specframe.target_head import target_head
 
     t0 = time.perf_counter()
     out = Path(output)
@@ -179,7 +182,7 @@ def prepare_cache(
         raise SpecframeError(f"--teacher-top-k must be 0 (none) or a positive number of tokens, got {teacher_top_k!r}")
     if teacher_top_k > target.vocab_size:
         raise SpecframeError(f"--teacher-top-k {teacher_top_k} exceeds the target's vocabulary of {target.vocab_size}")
-    head = target.model.get_output_embeddings().weight.detach() if teacher_top_k else None
+    head = target_head(target) if teacher_top_k else None
     # the teacher needs the final state even when the cache does not store it
     capture = attrs.evolve(spec, final_hidden=True) if teacher_top_k else spec
     rep = PrepareReport(teacher_top_k=teacher_top_k)
@@ -208,6 +211,8 @@ def prepare_cache(
     }
     if teacher_top_k:  # absent rather than 0, so caches made before the option still match their manifests
         config["teacher_top_k"] = teacher_top_k
+        if not head.plain:  # likewise absent for a plain head; a cache whose teacher skipped these is not resumed
+            config["teacher_head"] = head.describe()
     n_shards = (len(examples) + shard_size - 1) // shard_size
     finished: list[dict] = []
     man_path = out / MANIFEST

@@ -21,12 +21,14 @@ from torch import nn
 from specframe import modeling
 from specframe.errors import SpecframeError, UsageError
 from specframe.features import default_aux_layers
+from specframe.target_head import TargetHead, as_target_head, target_head
 from specframe.vocab import build_draft_vocab, count_tokens, mask_token_ids
 
 __all__ = [
     "TEACHER_IDS",
     "TEACHER_LOGP",
     "EagleBackbone",
+    "TargetHead",
     "PendingInputs",
     "QueuedInference",
     "all_token_counts",
@@ -39,6 +41,7 @@ __all__ = [
     "mask_token_ids",
     "per_depth",
     "shifted_supervision",
+    "target_head",
 ]
 
 
@@ -138,10 +141,12 @@ def draft_vocabulary(
     return build_draft_vocab(counts, min(size, vocab_size)).ids
 
 
-def full_vocab_top1(t2d: torch.Tensor, target_head: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+def full_vocab_top1(t2d: torch.Tensor, target_head: TargetHead | torch.Tensor
+                    ) -> Callable[[torch.Tensor], torch.Tensor]:
     """Reference for evaluation hits: the target's argmax over its whole vocabulary (what greedy verification
     accepts), as a draft id, or -1 when it lies outside the draft vocabulary (a hit is then impossible)."""
     to_draft = _draft_index(t2d)
+    target_head = as_target_head(target_head)
 
     def top1(target_hidden: torch.Tensor) -> torch.Tensor:
         return to_draft[_head_top1(target_hidden, target_head).to(to_draft.device)]
@@ -154,9 +159,12 @@ def _draft_index(t2d: torch.Tensor) -> torch.Tensor:
     return torch.where(t2d, torch.cumsum(t2d.long(), 0) - 1, -1)
 
 
-def in_draft_vocab(t2d: torch.Tensor, target_head: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+def in_draft_vocab(t2d: torch.Tensor, target_head: TargetHead | torch.Tensor
+                   ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The reference trainers' position mask (EAGLE-3 / P-EAGLE: ``t2d[target argmax]``): True for a row whose
-    target top-1 over the whole vocabulary (``target_head`` [V, H]) lies inside the draft vocabulary."""
+    target top-1 over the whole vocabulary (``target_head``: a ``TargetHead``, or a bare [V, H] weight) lies inside
+    the draft vocabulary."""
+    target_head = as_target_head(target_head)
 
     def keep(target_hidden: torch.Tensor) -> torch.Tensor:
         return t2d[_head_top1(target_hidden, target_head).to(t2d.device)]
@@ -164,9 +172,9 @@ def in_draft_vocab(t2d: torch.Tensor, target_head: torch.Tensor) -> Callable[[to
     return keep
 
 
-def _head_top1(target_hidden: torch.Tensor, target_head: torch.Tensor) -> torch.Tensor:
+def _head_top1(target_hidden: torch.Tensor, target_head: TargetHead) -> torch.Tensor:
     # on the head's device and in its dtype (as the target's own greedy pick): the rows move, never the [V, H] head
-    return (target_hidden.to(target_head) @ target_head.T).argmax(-1)
+    return target_head.logits(target_hidden.to(target_head.weight)).argmax(-1)
 
 
 #: the compact teacher a feature cache may hold (``specframe prepare --teacher-top-k K``): per token the target's top-K
@@ -174,13 +182,16 @@ def _head_top1(target_hidden: torch.Tensor, target_head: torch.Tensor) -> torch.
 TEACHER_IDS, TEACHER_LOGP = "teacher_ids", "teacher_logp"
 
 
-def kl_teacher(features: dict[str, torch.Tensor], t2d: torch.Tensor, target_head: torch.Tensor, *,
+def kl_teacher(features: dict[str, torch.Tensor], t2d: torch.Tensor, target_head: TargetHead | torch.Tensor, *,
                device: torch.device, dtype: torch.dtype, mask: bool, evaluating: bool) -> dict[str, Any]:
     """The teacher arguments of ``modeling.chunked_forward_kl`` (``target_hidden``, ``target_head``,
     ``position_mask``, ``reference_top1``) for a drafter over the draft vocabulary ``t2d`` (bool [V]).
 
     From the feature cache's compact top-k teacher when ``features`` hold one (the target's head never runs), else
-    from ``final_hidden`` through ``target_head`` [V, H]. ``mask``: the reference trainers' position mask (keep a
+    from ``final_hidden`` through ``target_head``: the ``TargetHead`` that ``target_head(target)`` returns (the
+    lm_head with the bias, logit scale and soft-capping the target's forward applies; a bare [V, H] weight is taken
+    as a head that is only the matmul, which is right for a Llama and wrong for a Gemma-2). ``mask``: the reference
+    trainers' position mask (keep a
     position only when the target's top-1 over the whole vocabulary is a draft token); ``evaluating``: a hit must
     match that top-1 (what greedy verification accepts), else the teacher's argmax within the draft vocabulary."""
     if TEACHER_IDS in features:
@@ -193,7 +204,8 @@ def kl_teacher(features: dict[str, torch.Tensor], t2d: torch.Tensor, target_head
                 "reference_top1": (lambda top1: to_draft[top1]) if evaluating else None}
     # the draft rows are sliced where the head is and only they move and are cast: a copy of the whole [V, H] head
     # in the drafter's dtype (2.1 GB in fp32 for 128K x 4096, every segment) is what this avoids
-    draft_rows = target_head.index_select(0, t2d.to(target_head.device).nonzero().squeeze(1))
+    target_head = as_target_head(target_head)
+    draft_rows = target_head.rows(t2d.to(target_head.device).nonzero().squeeze(1))
     return {"target_hidden": features["final_hidden"].to(device=device, dtype=dtype),
             "target_head": draft_rows.to(device=device, dtype=dtype),
             "position_mask": in_draft_vocab(t2d, target_head) if mask else None,
@@ -217,9 +229,12 @@ def depth_weights(k: int, decay: float, explicit: list[float] | None = None) -> 
     return torch.tensor([decay**d for d in range(k)], dtype=torch.float32)
 
 
-# Re-exported so plugins reach the project's mask-token rule and vLLM's default aux layers through ``api.eagle``.
+# Re-exported so plugins reach the project's mask-token rule, vLLM's default aux layers and the target's head (the
+# teacher's logits as the target makes them) through ``api.eagle``.
 mask_token_ids = mask_token_ids
 default_aux_layers = default_aux_layers
+TargetHead = TargetHead
+target_head = target_head
 
 
 class QueuedInference:

@@ -123,25 +123,16 @@ def capture_features(
 
 
 def target_logits(target: Any, final_hidden: Any, vocab_ids: Sequence[int] | Any | None = None) -> Any:
-    """Target logits from the final hidden state with the target's lm_head, in float32, on the head's device (under
-    ``--device-map`` the head may sit on another GPU than ``final_hidden``, which is moved there).
+    """Target logits from the final hidden state as the target's forward makes them (``specframe.target_head``: the
+    lm_head with its bias, logit scale and soft-capping), in float32, on the head's device (under ``--device-map`` the
+    head may sit on another GPU than ``final_hidden``, which is moved there).
 
     ``vocab_ids``: restrict to these target ids (e.g. the draft vocabulary, in draft order), computing only those
     rows of lm_head. Result [..., len(vocab_ids)] or [..., V].
     """
-    import torch
+    from specframe.target_head import TargetHead
 
-    model = target.model if hasattr(target, "model") and hasattr(target, "tokenizer") else target
-    head = model.get_output_embeddings()
-    w = head.weight
-    b = getattr(head, "bias", None)
-    h = final_hidden.to(device=w.device, dtype=w.dtype)
+    head = TargetHead.of(target)
     if vocab_ids is not None:
-        idx = torch.as_tensor(vocab_ids, dtype=torch.long, device=w.device)
-        w = w.index_select(0, idx)
-        b = b.index_select(0, idx) if b is not None else None
-    logits = torch.nn.functional.linear(h, w, b)
-    scale = getattr(model.config, "logit_scale", None)  # e.g. Cohere; Llama has none
-    if scale is not None:
-        logits = logits * scale
-    return logits.float()
+        head = head.rows(vocab_ids)
+    return head.logits(final_hidden.to(device=head.device, dtype=head.dtype)).float()

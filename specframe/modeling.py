@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from specframe.target_head import TargetHead, as_target_head
+
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 #: the engine's phase timer while ``specframe train --profile`` runs (``specframe.engine.profile``), else None: the
@@ -366,7 +368,7 @@ def chunked_forward_kl(
     hidden: torch.Tensor,
     head: torch.Tensor,
     target_hidden: torch.Tensor,
-    target_head: torch.Tensor,
+    target_head: TargetHead | torch.Tensor | None,
     reference_top1: Callable[[torch.Tensor], torch.Tensor] | None = None,
     chunk: int = 256,
     position_mask: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -376,9 +378,11 @@ def chunked_forward_kl(
     """Sum over rows of KL(p_target || q_draft) over the draft vocabulary, in row chunks.
 
     ``hidden`` [N, H] are the drafter's normalised final states and ``head`` [Vd, H] its lm_head; the target
-    distribution is softmax(target_hidden @ target_head.T) with ``target_head`` the target's lm_head rows of the draft
-    vocabulary. ``target_index`` [N] (optional): ``target_hidden`` then holds one row per *position* and row i is
-    taught by ``target_hidden[target_index[i]]``. The teacher (its log-probabilities, ``position_mask`` and
+    distribution is softmax(target_head.logits(target_hidden)) with ``target_head`` the target's head
+    (``specframe.target_head.TargetHead``: lm_head, bias, logit scale, soft-capping) restricted to the draft
+    vocabulary's rows; a bare [Vd, H] weight is taken as a head that is only the matmul. ``target_index`` [N]
+    (optional): ``target_hidden`` then holds one row per *position* and row i is taught by
+    ``target_hidden[target_index[i]]``. The teacher (its log-probabilities, ``position_mask`` and
     ``reference_top1``) is computed once per distinct position, in blocks of ``chunk`` positions, and shared by every
     row that reads it: the target's distribution at a position is the same for every depth that predicts it, and a
     parallel drafter has up to K rows per position. Without ``target_index`` every row has a teacher row of its own.
@@ -409,7 +413,8 @@ class _PositionTeacher:
     positions its log-probabilities over the draft vocabulary, keep mask and reference top-1."""
 
     def __init__(self, target_hidden, target_head, target_index, n, chunk, reference_top1, position_mask) -> None:
-        self.target_hidden, self.target_head = target_hidden, target_head
+        self.target_hidden = target_hidden
+        self.target_head = None if target_head is None else as_target_head(target_head)
         self.reference_top1, self.position_mask = reference_top1, position_mask
         device = target_hidden.device
         if target_index is None:  # one teacher row per row, in order
@@ -436,7 +441,7 @@ class _PositionTeacher:
         th = self.target_hidden[lo:hi] if self.positions is None else self.target_hidden[self.positions[lo:hi]]
         if isinstance(th, TopKTeacher):
             return self._top_k_block(th)
-        t_logp = torch.log_softmax((th @ self.target_head.T).float(), dim=-1)
+        t_logp = torch.log_softmax(self.target_head.logits(th).float(), dim=-1)
         p = t_logp.exp()
         plogp = (p * t_logp).sum(-1)
         keep = self.position_mask(th).to(torch.bool) if self.position_mask is not None else None

@@ -11,6 +11,7 @@ import torch
 
 from specframe import api, modeling, plugins
 from specframe.elements import full_grid
+from specframe.target_head import as_target_head
 from tests.drafter_helpers import DRAFTERS, features, make, tiny_target
 
 
@@ -18,7 +19,7 @@ def per_row_kl(hidden, head, target_hidden, target_head, reference_top1=None, ch
                target_index=None, row_weight=None):
     """The pre-change loss by plain autograd: every row gathers its own teacher row and recomputes its distribution."""
     th = target_hidden if target_index is None else target_hidden[target_index]
-    t_logp = torch.log_softmax((th @ target_head.T).float(), dim=-1)
+    t_logp = torch.log_softmax(as_target_head(target_head).logits(th).float(), dim=-1)  # a TargetHead or a weight
     logq = torch.log_softmax((hidden @ head.T).float(), dim=-1)
     rows = (t_logp.exp() * (t_logp - logq)).sum(-1)
     keep = position_mask(th).to(torch.bool) if position_mask is not None else torch.ones_like(rows, dtype=torch.bool)

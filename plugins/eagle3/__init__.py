@@ -122,7 +122,7 @@ class Eagle3Drafter(api.Drafter):
         self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
         self.model = eagle.EagleBackbone(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers)
         self.model.embed_tokens.weight.requires_grad_(opts.train_embedding)
-        self._target_head: torch.Tensor | None = None
+        self._target_head: eagle.TargetHead | None = None
         self._reset_inference()
 
     def feature_spec(self) -> api.FeatureSpec:
@@ -137,13 +137,15 @@ class Eagle3Drafter(api.Drafter):
         rows of it; keep the target's lm_head for the loss."""
         examples = list(examples)
         emb = target.model.get_input_embeddings().weight.detach()
-        head = target.model.get_output_embeddings().weight.detach()
+        # the teacher: the target's head as its forward applies it (bias, logit scale, soft-capping)
+        target_head = eagle.target_head(target)
+        head = target_head.weight
         draft = eagle.draft_vocabulary(examples, self.draft_vocab_size, self.vocab_size)
         with torch.no_grad():
             self.model.embed_tokens.weight.copy_(emb)
             self.model.set_draft_vocab(draft)
             self.model.lm_head.weight.copy_(head[draft])
-        self._target_head = head
+        self._target_head = target_head
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
         return api.eagle.shifted_supervision(example.loss_mask, example.doc)

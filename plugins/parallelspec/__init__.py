@@ -116,7 +116,7 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
         self.model.mask_embeddings = nn.Parameter(torch.randn(opts.masks, self.shape.hidden) * 0.02)
         self.model.embed_tokens.weight.requires_grad_(opts.train_embedding)
         self.mask_token_ids: list[int] | None = None
-        self._target_head: torch.Tensor | None = None
+        self._target_head: eagle.TargetHead | None = None
         self._reset_inference()
 
     def feature_spec(self) -> api.FeatureSpec:
@@ -134,7 +134,9 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
             target.tokenizer, self.options.masks, data_counts=counts, embedding_rows=self.vocab_size
         )
         emb = target.model.get_input_embeddings().weight.detach()
-        head = target.model.get_output_embeddings().weight.detach()
+        # the teacher: the target's head as its forward applies it (bias, logit scale, soft-capping)
+        target_head = eagle.target_head(target)
+        head = target_head.weight
         draft = eagle.draft_vocabulary(examples, self.draft_vocab_size, self.vocab_size, exclude=self.mask_token_ids)
         model = self.model
         with torch.no_grad():
@@ -144,7 +146,7 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
             model.lm_head.weight.copy_(head[draft])
             if not self.reads_features:
                 self._copy_layers(target.model)
-        self._target_head = head
+        self._target_head = target_head
 
     def _copy_layers(self, target_model: Any) -> None:
         source = target_model.state_dict()

@@ -98,7 +98,7 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         self.model = PEagleModel(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers)
         self.model.set_draft_vocab(torch.arange(self.draft_vocab_size))
         self.mask_token_id: int | None = None
-        self._target_head: torch.Tensor | None = None
+        self._target_head: api.eagle.TargetHead | None = None
         self._reset_inference()
 
     # ------------------------------------------------------------------------------------------------ description
@@ -114,7 +114,9 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         assistant tokens) and the mask token (``api.vocab.mask_token_ids``' rule: a special or reserved token never
         seen in the training data), and keep the target's lm_head for the loss."""
         emb = target.model.get_input_embeddings().weight.detach()
-        head = target.model.get_output_embeddings().weight.detach()
+        # the teacher: the target's head as its forward applies it (bias, logit scale, soft-capping)
+        target_head = api.eagle.target_head(target)
+        head = target_head.weight
         examples = list(examples)
         all_counts = api.vocab.count_tokens(examples, self.vocab_size, masked_only=False)
         self.mask_token_id = api.vocab.mask_token_ids(
@@ -127,7 +129,7 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
             self.model.embed_tokens.weight.copy_(emb.to(self.model.embed_tokens.weight.dtype))
             self.model.set_draft_vocab(draft)
             self.model.lm_head.weight.copy_(head[draft].to(self.model.lm_head.weight.dtype))
-        self._target_head = head
+        self._target_head = target_head
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
         return api.eagle.shifted_supervision(example.loss_mask, example.doc)
