@@ -417,6 +417,56 @@ def test_export_writes_the_speculators_dflash_layout(target, tmp_path):
         export.check_export(tmp_path / "out", target.config)
 
 
+def test_vllm_serves_an_export_only_at_the_full_block(target, tmp_path):
+    """GPU-path review item 3 in vLLM: its DFlash proposer drafts K tokens from a block of K + 1 slots and cannot be
+    told to run the full block, so K < block_size - 1 would serve a network the drafter was never trained as. The
+    drafter declares the K it serves, the export records it, and every path that builds a vLLM speculative config
+    (explicit, folder alone, ``drafter_job``, ``serve``, ``export --k``) refuses fewer with one line giving the reason;
+    the benchmark suites read ``Manifest.refusal`` to skip such a K. A reference-engine ``k_infer`` below the block
+    is fine (``propose`` runs the full block), so the export's own default is then the block."""
+    from specframe.cli.serve_cmd import serve_command
+    from specframe.vllm import export
+    from specframe.vllm.engine import drafter_job
+
+    drafter, _ = make(target, k_infer=2)
+    drafter.module().float()
+    assert list(drafter.vllm_speculative_tokens) == [3]
+    out = tmp_path / "out"
+    manifest = drafter.export_vllm(out, target.tokenizer)
+    assert (manifest["min_speculative_tokens"], manifest["max_speculative_tokens"]) == (3, 3)
+    assert manifest["speculative_tokens"] == 3 and manifest["block_size"] == 4
+    read = export.read_manifest(out)
+    assert read.refusal(3) is None and export.speculative_config(out, 3)["num_speculative_tokens"] == 3
+    reason = read.refusal(2)
+    assert reason == ("vLLM cannot serve this dflash export at 2 draft tokens per step: its dflash proposer drafts K "
+                      "tokens from a block of K + 1 slots, and this drafter was trained on blocks of 4 (bidirectional, "
+                      "so a shorter block is a network it never was); it serves K = 3")
+    for refused in (
+        lambda: export.speculative_config(out, 2),
+        lambda: drafter_job(out, 1),  # the folder alone: vLLM would read only num_speculative_tokens
+        lambda: serve_command(None, out, 2),
+        lambda: export.set_serving(out, speculative_tokens=2),
+    ):
+        with pytest.raises(api.SpecframeError, match=r"cannot serve this dflash export at [12] draft tokens") as e:
+            refused()
+        assert "\n" not in str(e.value)
+    assert export.read_manifest(out).speculative_tokens == 3  # the refused set_serving wrote nothing
+    # set_serving keeps what the drafter declared; a folder that declares nothing (speculators', z-lab's: full blocks)
+    # gets the same bound from its block_size
+    assert export.set_serving(out, verifier="org/target").min_speculative_tokens == 3
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["specframe"]["min_speculative_tokens"] == 3
+    del cfg["specframe"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert export.read_manifest(out).refusal(2) == reason
+    with pytest.raises(api.SpecframeError, match=r"speculative_tokens must be in 3\.\.block_size - 1 \(3\)"):
+        api.vllm_layouts.write_dflash(
+            tmp_path / "short", drafter.module().state_dict(),
+            config=api.vllm_layouts.llama_config(target.config, 2, **drafter.shape.config_fields()),
+            aux_layer_ids=[1, 3], target_hidden_size=drafter.shape.hidden, mask_token_id=drafter.mask_token_id,
+            block_size=4, speculative_tokens=2)
+
+
 @pytest.mark.slow
 def test_export_refuses_repeated_aux_layers(target, tmp_path):
     """A shallow target gives DFlash's default spacing repeated layers (5 draft layers on 4 target layers: all 2); it

@@ -254,7 +254,8 @@ def test_the_exported_verifier_names_the_targets_own_architectures(tmp_path, kin
     drafter.export_vllm(tmp_path / "out", tok)
     verifier = json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"]
     assert verifier == {"name_or_path": str(path.resolve()), "architectures": ["Qwen2ForCausalLM"]}
-    export.set_serving(tmp_path / "out", verifier="org/qwen2", speculative_tokens=2)
+    # DFlash (block 4) is served in vLLM at block_size - 1 only (GPU-path review item 3)
+    export.set_serving(tmp_path / "out", verifier="org/qwen2", speculative_tokens=3 if kind == "dflash" else 2)
     verifier = json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"]
     assert verifier == {"name_or_path": "org/qwen2", "architectures": ["Qwen2ForCausalLM"]}
     assert export.verifier_architectures_of(config.to_dict()) == ["Qwen2ForCausalLM"]

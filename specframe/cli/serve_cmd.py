@@ -47,6 +47,7 @@ def serve_command(
             "--host", host, "--port", str(port), "--dtype", dtype]
     if folder_alone:
         if k is not None:
+            manifest.check_tokens(k)  # e.g. a DFlash export below block_size - 1, with the reason
             argv += ["--speculative-config", json.dumps({"num_speculative_tokens": int(k)})]
     elif drafter is not None:
         tokens = k or manifest.speculative_tokens or DEFAULT_SPECULATIVE_TOKENS

@@ -68,6 +68,8 @@ SPECULATORS = {"eagle3": "Eagle3DraftModel", "peagle": "PEagleDraftModel", "dfla
 DEFAULT_SPECULATIVE_TOKENS = 5
 #: the config.json entry recording which drafter plugin and specframe version wrote an export
 PROVENANCE = "specframe"
+#: the key in that entry under which a block drafter declares the fewest draft tokens vLLM serves it at
+MIN_TOKENS = "min_speculative_tokens"
 # the speculators fields specframe's EAGLE-3 layers cannot compute otherwise than as written (value they must have)
 _FIXED_FLAGS = {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
 # top-level speculators fields that belong to the drafter, not to its transformer layer config
@@ -106,23 +108,49 @@ class Manifest:
     specframe_version: str = __version__
     #: the most draft tokens per step the drafter can serve (ParallelSpec: its masks + 1), None: no limit
     max_speculative_tokens: int | None = None
+    #: the fewest draft tokens per step vLLM serves the drafter at as it was trained, None: no limit. DFlash: vLLM's
+    #: proposer drafts K tokens from a block of K + 1 slots, and a drafter trained on blocks of ``block_size`` is
+    #: another network on a shorter block (bidirectional attention), so K = block_size - 1 unless the drafter that
+    #: wrote the export declared otherwise (``write_dflash``'s ``min_speculative_tokens``)
+    min_speculative_tokens: int | None = None
+    #: the draft block the drafter was trained on (DFlash), None: not a block drafter
+    block_size: int | None = None
 
     @property
     def speculators(self) -> bool:
         """Whether vLLM serves the folder alone (``LLM(model=EXPORT)``)."""
         return self.layout in SPECULATORS
 
+    def refusal(self, num_speculative_tokens: Any) -> str | None:
+        """Why vLLM cannot serve this export drafting ``num_speculative_tokens`` per step (one line), None if it can.
+        The benchmark suites read it to skip such a K with its reason; ``check_tokens`` raises it."""
+        k = num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            return f"num_speculative_tokens must be a positive integer, got {k!r}"
+        if self.max_speculative_tokens is not None and k > self.max_speculative_tokens:
+            why = "its block size - 1" if self.block_size is not None else "its mask tokens + 1"
+            return (f"this {self.layout} export drafts at most {self.max_speculative_tokens} tokens per step ({why}), "
+                    f"not {k}")
+        low = self.min_speculative_tokens
+        if low is not None and k < low:
+            high = self.max_speculative_tokens
+            serves = f"K = {low}" if high == low else f"K = {low}..{high}" if high is not None else f"K >= {low}"
+            return (f"vLLM cannot serve this {self.layout} export at {k} draft tokens per step: its {self.method} "
+                    f"proposer drafts K tokens from a block of K + 1 slots, and this drafter was trained on blocks of "
+                    f"{self.block_size} (bidirectional, so a shorter block is a network it never was); it serves "
+                    f"{serves}")
+        return None
+
+    def check_tokens(self, num_speculative_tokens: Any) -> None:
+        """Refuse (``SpecframeError``, ``refusal``'s line) a number of draft tokens vLLM cannot serve this export at."""
+        reason = self.refusal(num_speculative_tokens)
+        if reason is not None:
+            raise SpecframeError(reason)
+
     def speculative_config(self, directory: str | os.PathLike, num_speculative_tokens: int) -> dict[str, Any]:
         """vLLM's explicit ``speculative_config`` for this export at ``directory`` drafting ``num_speculative_tokens``
-        (the target is then vLLM's ``model``)."""
-        if num_speculative_tokens < 1:
-            raise SpecframeError(f"num_speculative_tokens must be positive, got {num_speculative_tokens}")
-        if self.max_speculative_tokens is not None and num_speculative_tokens > self.max_speculative_tokens:
-            why = "its block size - 1" if self.layout == "dflash" else "its mask tokens + 1"
-            raise SpecframeError(
-                f"this {self.layout} export drafts at most {self.max_speculative_tokens} tokens per step ({why}), "
-                f"not {num_speculative_tokens}"
-            )
+        (the target is then vLLM's ``model``); a number it cannot serve is refused with ``refusal``'s reason."""
+        self.check_tokens(num_speculative_tokens)
         config: dict[str, Any] = {
             "method": self.method,
             "model": str(Path(directory).resolve()),
@@ -188,13 +216,19 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
             tokens = methods[0].get("speculative_tokens")
     masks = cfg.get("parallelspec_num_masks") if layout == "parallelspec" else None
     limit = int(masks) + 1 if isinstance(masks, int) else None
+    floor = block = None
     if layout == "dflash" and isinstance(cfg.get("block_size"), int):
-        limit = int(cfg["block_size"]) - 1  # a block is the anchor token plus block_size - 1 mask slots
+        block = int(cfg["block_size"])
+        limit = block - 1  # a block is the anchor token plus block_size - 1 mask slots
+        # what the drafter that wrote the folder declared; a folder without it (speculators', z-lab's) was trained
+        # on full blocks, as every DFlash trainer does
+        declared = provenance.get(MIN_TOKENS)
+        floor = declared if isinstance(declared, int) and not isinstance(declared, bool) else limit
     return Manifest(
         layout=layout, method=method, parallel_drafting=parallel, drafter=provenance.get("drafter"),
         verifier=verifier, speculative_tokens=tokens,
         specframe_version=provenance.get("version", "unknown"),
-        max_speculative_tokens=limit,
+        max_speculative_tokens=limit, min_speculative_tokens=floor, block_size=block,
     )
 
 
@@ -318,6 +352,8 @@ def set_serving(
     manifest = read_manifest(directory)
     if verifier is None and speculative_tokens is None:
         return manifest
+    if speculative_tokens is not None:
+        manifest.check_tokens(speculative_tokens)
     if not manifest.speculators:
         raise SpecframeError(f"{directory} is a {manifest.layout} export, which names no verifier (not speculators format)")
     cfg = _read_config(directory)
@@ -328,6 +364,8 @@ def set_serving(
         drafter=manifest.drafter,
         verifier_architectures=(cfg.get("speculators_config") or {}).get("verifier", {}).get("architectures"),
     )
+    if isinstance(cfg.get(PROVENANCE), dict):  # what the writing drafter declared there (MIN_TOKENS) stays
+        new[PROVENANCE] = {**cfg[PROVENANCE], **new[PROVENANCE]}
     tmp = directory / "config.json.tmp"
     tmp.write_text(json.dumps(new, indent=1, sort_keys=True))
     os.replace(tmp, directory / "config.json")
@@ -411,18 +449,26 @@ def write_dflash(
     verifier: str | None = None,
     speculative_tokens: int | None = None,
     verifier_architectures: Sequence[str] | None = None,
+    min_speculative_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Write a DFlash drafter (speculators ``dflash``, module docstring): ``weights`` under vLLM's
     ``DFlashQwen3Model`` names, ``config`` the drafter's layer config (``llama_config`` of the target with
     ``num_hidden_layers`` = drafter layers: the sizes are the same, the Qwen3 model type is set here),
     ``aux_layer_ids`` specframe's aux ids (hidden state entering that target layer), ``mask_token_id`` the
     target-vocabulary id of the mask slots and ``block_size`` the anchor plus its mask slots. ``speculative_tokens``
-    defaults to ``block_size - 1``, every mask slot."""
+    defaults to ``block_size - 1``, every mask slot. ``min_speculative_tokens``: the fewest tokens per step vLLM may
+    serve it at, as the drafter declares (vLLM's proposer runs a block of K + 1 slots, so a drafter trained on full
+    blocks serves only K = block_size - 1, the default); recorded in the export and refused below
+    (``Manifest.refusal``)."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 2:
         raise SpecframeError(f"block_size must be an integer of at least 2 (an anchor and a mask), got {block_size!r}")
+    low = block_size - 1 if min_speculative_tokens is None else min_speculative_tokens
+    if isinstance(low, bool) or not isinstance(low, int) or not 1 <= low <= block_size - 1:
+        raise SpecframeError(f"min_speculative_tokens must be in 1..block_size - 1 ({block_size - 1}), got {low!r}")
     tokens = block_size - 1 if speculative_tokens is None else speculative_tokens
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= block_size - 1:
-        raise SpecframeError(f"speculative_tokens must be in 1..block_size - 1 ({block_size - 1}), got {tokens!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not low <= tokens <= block_size - 1:
+        raise SpecframeError(f"speculative_tokens must be in {low}..block_size - 1 ({block_size - 1}) (the drafter "
+                             f"serves no fewer than {low} in vLLM), got {tokens!r}")
     flat = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
     flat.update(
         draft_vocab_size=int(flat["vocab_size"]), target_hidden_size=int(target_hidden_size),
@@ -431,6 +477,7 @@ def write_dflash(
     tensors = _dflash_parts(_tensors(weights), flat, target_num_layers)
     full = _dflash_config(flat, verifier=verifier, speculative_tokens=tokens, drafter=drafter,
                           verifier_architectures=verifier_architectures)
+    full[PROVENANCE][MIN_TOKENS] = low
     return _write(directory, tensors, full, tokenizer)
 
 

@@ -56,7 +56,8 @@ class DFlashOptions:
         "help": "block: one anchor token plus block_size - 1 mask tokens, so block_size - 1 draft tokens per round "
                 "(16 as in z-lab's b16 drafters and SpecForge's default)"})
     k_infer: int | None = attrs.field(default=None, metadata={
-        "help": "tokens drafted per round at inference (null: block_size - 1)"})
+        "help": "tokens drafted per round on the reference engine (null: block_size - 1), the first k_infer of the "
+                "full block's; vLLM serves a DFlash export at block_size - 1 only (its proposer runs K + 1 slots)"})
     aux_layer_ids: list[int] | None = attrs.field(default=None, metadata={
         "help": "target aux layer ids (hidden state entering that layer); null: DFlash's evenly spaced layers"})
     loss_decay_gamma: float | None = attrs.field(default=None, metadata={
@@ -116,6 +117,15 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
     @property
     def depth(self) -> int:
         return self.options.block_size - 1
+
+    @property
+    def vllm_speculative_tokens(self) -> range:
+        """The draft tokens per step vLLM can serve this drafter at: ``block_size - 1`` only. vLLM's DFlash proposer
+        drafts K tokens from a block of K + 1 slots (``num_query_per_req = 1 + num_speculative_tokens``) and cannot
+        be told to run the full block and keep K, as ``propose`` does; the block is bidirectional, so at
+        K < block_size - 1 it would serve a network this drafter was never trained as (GPU-path review item 3). The
+        export records the bound (``write_dflash``'s ``min_speculative_tokens``), and vLLM serving refuses fewer."""
+        return range(self.depth, self.depth + 1)
 
     # ---------------------------------------------------------------------------------------------------- training
     def check_training(self, depth: int, mask_builder: str, partitioner: str) -> None:
@@ -288,13 +298,16 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         layouts = api.vllm_layouts
         weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
         config = layouts.llama_config(self.target_config, self.options.layers, **self.shape.config_fields())
+        serves = self.vllm_speculative_tokens
+        # k_infer is the reference engine's; vLLM's default must be a number it serves this drafter at
+        tokens = self.options.k_infer if self.options.k_infer in serves else serves[-1]
         return layouts.write_dflash(
             directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
             mask_token_id=self.mask_token_id, block_size=self.options.block_size,
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config),
             verifier_architectures=layouts.verifier_architectures_of(self.target_config),
-            speculative_tokens=self.options.k_infer,
+            speculative_tokens=tokens, min_speculative_tokens=serves[0],
         )
 
 
