@@ -110,6 +110,8 @@ class Preset:
         elif "block_size" in fields:  # a block is the anchor plus one mask token per depth
             opts.setdefault("block_size", depth + 1)
         if "k_infer" in fields:
+            # DFlash: the reference engine's default K, the first k_infer drafts of its full block; vLLM serves it
+            # only at block_size - 1 (the suites skip its other K with the reason, test_jobs / test_vllm)
             opts.setdefault("k_infer", min(self.speed_k, depth))
         return opts
 
@@ -171,6 +173,7 @@ PRESETS = {
         speed_k=2, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, eval_every=3, per_drafter_jobs=True,
         acceptance_prompts=3, acceptance_max_new_tokens=16, acceptance_batch=4, acceptance_kv_gib=1, speed_prompts=2,
         speed_max_new_tokens=12, tree_prompts=1, committed=False, speed_concurrency=(1, 2),
+        job_revisions={"dflash": 1},  # 1: drafts from its full block (GPU-path review item 3)
     ),
     "cpu": Preset(
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; about 2.5 hours on 2 cores",
@@ -193,6 +196,9 @@ PRESETS = {
         batch_size=4, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED, pack=True,
         eval_every=50, mask_builder=None, memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=3,
         per_drafter_jobs=True, vllm_ks=(2, 3, 5), speed_k=3, vllm_repeats=3, speed_prompts=10,
+        # dflash 1: drafts from its full block on the reference engine, and vLLM serves it at block_size - 1 only,
+        # which none of vllm_ks is (GPU-path review item 3)
+        job_revisions={"dflash": 1},
     ),
     "gpu": Preset(
         name="gpu", description="SmolLM2 target, about 30x the cpu preset's training tokens, 8 GiB budget, 64K memory search",

@@ -10,7 +10,9 @@ whole answer and its checkpoint need not outlive the job.
 - ``test_drafter_job[drafter]``: in this order, each part reused when its results file has the same key:
   1. training (``harness.Workspace.trained``: resumes from the last checkpoint in the work folder)
      -> ``<results>/<drafter>/training.json`` (learning curve on the shared token axis, throughput, load beside);
-  2. whole-set acceptance in vLLM at each K of ``vllm_ks`` -> ``acceptance-<set>.json``;
+  2. whole-set acceptance in vLLM at each K of ``vllm_ks`` that vLLM serves the drafter at -> ``acceptance-<set>.json``
+     (DFlash only at block_size - 1: vLLM's proposer runs a block of K + 1 slots; each K refused is skipped, its
+     reason in ``job.json``'s ``vllm_refused``, and speed in vLLM at those K too);
   3. for a drafter that builds trees, the EAGLE-2 tree on the reference engine, on a subset -> ``tree-reference.json``;
   4. speed in vLLM at batch 1 and at each further ``speed_concurrency`` (requests at once): plain, n-gram and the
      drafter at each K, interleaved repeats, MT-Bench turns (``bench.compare_vllm``) -> ``speed-batch1.json``,
@@ -119,11 +121,12 @@ def _acceptance(workspace, target, dataset: str, jobs: dict, path: Path, config:
     return metrics
 
 
-def _with_k(methods: list, source: str, workdir: str) -> dict:
+def _with_k(methods: list, source: str, workdir: str, refused: dict[str, str] | None = None) -> dict:
     """``bench.vllm_jobs`` with each method's K beside its job (label -> (job, K)), as ``acceptance.measure`` takes
-    them; a trained checkpoint is exported once into ``workdir``."""
-    jobs = bench.vllm_jobs(methods, source, Path(workdir))
-    return {m.label: (jobs[m.label], m.k) for m in methods}
+    them; a trained checkpoint is exported once into ``workdir``. Given ``refused``, a method vLLM cannot serve (a
+    DFlash drafter below its block) is left out with its reason there."""
+    jobs = bench.vllm_jobs(methods, source, Path(workdir), refused)
+    return {m.label: (jobs[m.label], m.k) for m in methods if m.label in jobs}
 
 
 def test_baselines(benchmark, workspace, target):
@@ -181,17 +184,19 @@ def speed_file(concurrency: int) -> str:
     return "speed-batch1.json" if concurrency == 1 else f"speed-concurrent{concurrency}.json"
 
 
-def _speed(workspace, target, record: dict, drafter: str, path: Path, provenance: dict, concurrency: int) -> dict:
-    """Speed in vLLM at ``concurrency`` requests at once, interleaved (``bench.compare_vllm``), with the load beside
-    it; saved figures are reused only if they were measured quietly."""
+def _speed(workspace, target, record: dict, drafter: str, path: Path, provenance: dict, concurrency: int,
+           ks: list[int]) -> dict:
+    """Speed in vLLM at ``concurrency`` requests at once, interleaved (``bench.compare_vllm``), the drafter at each K
+    of ``ks`` (those vLLM serves it at), with the load beside it; saved figures are reused only if they were measured
+    quietly."""
     from specframe.results import write_results
 
     p = workspace.preset
     prompts = bench.load_prompts("mt-bench", p.speed_prompts)
     methods = [bench.plugin_method("ngram", target.config, k=p.speed_k, label=f"ngram/k{p.speed_k}")]
-    methods += [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}") for k in p.vllm_ks]
+    methods += [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}") for k in ks]
     config = {"preset": p.name, "drafter": drafter, "dataset": "mt-bench", "prompts": [q.id for q in prompts],
-              "ks": list(p.vllm_ks), "repeats": p.vllm_repeats, "max_new_tokens": p.speed_max_new_tokens,
+              "ks": list(ks), "repeats": p.vllm_repeats, "max_new_tokens": p.speed_max_new_tokens,
               "concurrency": concurrency, "verifier": "greedy"}
     key = fingerprint([config, methods[-1].checkpoint_hash, JOB_SCHEMA])
     saved = saved_metrics(path, key)
@@ -263,27 +268,31 @@ def test_drafter_job(benchmark, workspace, target, drafter):
                       provenance=prov)
         files = ["training.json"]
         quiet = True
+        refused: dict[str, str] = {}  # label -> why vLLM cannot serve the drafter at that K (DFlash below its block)
         if exportable(drafter) and p.vllm and vllm_available():
             served = [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}")
                       for k in p.vllm_ks]
             with tempfile.TemporaryDirectory(prefix="specframe-job-") as tmp:
-                jobs = _with_k(served, _source(workspace), tmp)
-                for dataset in p.datasets:
-                    config = {"preset": p.name, "drafter": drafter, "dataset": dataset, "ks": list(p.vllm_ks),
-                              "checkpoint_hash": ckpt}
+                jobs = _with_k(served, _source(workspace), tmp, refused)
+                ks = [k for _, k in jobs.values()]
+                for dataset in p.datasets if jobs else ():
+                    config = {"preset": p.name, "drafter": drafter, "dataset": dataset, "ks": ks,
+                              "checkpoint_hash": ckpt, **({"refused": refused} if refused else {})}
                     box[dataset] = _acceptance(workspace, target, dataset, jobs, out / f"acceptance-{dataset}.json",
                                                config, prov)
                     files.append(f"acceptance-{dataset}.json")
+            for label, reason in refused.items():
+                print(f"\n{label}: not served in vLLM: {reason}")
             if plugins.get("drafter", drafter).builds_trees:
                 box["tree"] = _tree(workspace, target, record, drafter, out / "tree-reference.json", prov)
                 files.append("tree-reference.json")
-            for concurrency in p.speed_concurrency:
+            for concurrency in p.speed_concurrency if ks else ():
                 name = speed_file(concurrency)
-                box[name] = _speed(workspace, target, record, drafter, out / name, prov, concurrency)
+                box[name] = _speed(workspace, target, record, drafter, out / name, prov, concurrency, ks)
                 files.append(name)
                 quiet = quiet and bool(box[name]["quiet"])
         state = {"drafter": drafter, "checkpoint_hash": ckpt, "files": files, "commit": git_commit(),
-                 "train_tokens": record.get("train_tokens"), "complete": quiet,
+                 "train_tokens": record.get("train_tokens"), "complete": quiet, "vllm_refused": refused,
                  "waiting": None if quiet else "speed measured beside other load: the next run measures it again"}
         write_results(out / "job.json", kind="bench.job", metrics=state, per_prompt=[],
                       config={"preset": p.name, "drafter": drafter, "key": key,

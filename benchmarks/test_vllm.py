@@ -28,6 +28,7 @@ def pytest_generate_tests(metafunc):
 
 
 def test_vllm_against_reference(benchmark, workspace, trained, drafter):
+    from specframe.cli.export_cmd import target_source
     from specframe.results import write_results
     from specframe.targets import load_target
     from specframe.vllm import vllm_available
@@ -46,9 +47,16 @@ def test_vllm_against_reference(benchmark, workspace, trained, drafter):
     served_methods = [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}")
                       for k in p.vllm_ks]
     method = served_methods[p.vllm_ks.index(p.speed_k)]
+    # a K vLLM cannot serve the drafter at (DFlash below its block: vLLM's proposer runs K + 1 slots) is skipped with
+    # the reason; without the reference engine's K there is nothing to compare
+    refused = bench.vllm_refusals(served_methods, target_source(workspace.target()))
+    if method.label in refused:
+        pytest.skip(f"{drafter} at K={p.speed_k} is not served in vLLM: {refused[method.label]}")
+    served_methods = [m for m in served_methods if m.label not in refused]
+    ks = [m.k for m in served_methods]
     config = {"preset": p.name, "drafter": drafter, "dataset": "mt-bench", "prompts": [q.id for q in prompts],
-              "k": p.speed_k, "ks": list(p.vllm_ks), "repeats": p.vllm_repeats, "max_new_tokens": p.max_new_tokens,
-              "verifier": "greedy"}
+              "k": p.speed_k, "ks": ks, "repeats": p.vllm_repeats, "max_new_tokens": p.max_new_tokens,
+              "verifier": "greedy", **({"refused": refused} if refused else {})}
     key = fingerprint([config, method.checkpoint_hash])
     path = workspace.results / f"vllm-{drafter}.json"
     box = {}
@@ -76,7 +84,7 @@ def test_vllm_against_reference(benchmark, workspace, trained, drafter):
         write_results(path, kind="bench.vllm", metrics=bench.json_safe(box["metrics"]), per_prompt=box["rows"],
                       provenance=bench.results_provenance(target, [method], command()), config={**config, "key": key})
     m = box["metrics"]["methods"]
-    for k in p.vllm_ks:
+    for k in ks:
         assert m[f"vllm/k{k}"]["lossless"], f"vLLM with {drafter} at K={k} changed plain vLLM's greedy output"
     assert m["reference"]["lossless"]
     al_v, al_r = m["vllm"]["acceptance_length"], m["reference"]["acceptance_length"]
@@ -84,7 +92,9 @@ def test_vllm_against_reference(benchmark, workspace, trained, drafter):
     benchmark.extra_info.update({"results": str(path), "vllm_al": al_v, "reference_al": al_r, "al_gap": gap,
                                  "vllm_speedup": m["vllm"]["speedup_interval"],
                                  "reference_speedup": m["reference"]["speedup_interval"]})
-    for k in p.vllm_ks:
+    for label, reason in refused.items():
+        print(f"\n{label}: not served in vLLM: {reason}")
+    for k in ks:
         row = m[f"vllm/k{k}"]
         print(f"\n{drafter} in vLLM at K={k}: AL {row['acceptance_length']:.3f}, speedup "
               f"{bench.Interval(**{**row['speedup_interval'], 'values': tuple(row['speedup_interval']['values'])})}")

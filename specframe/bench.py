@@ -674,13 +674,16 @@ def compare_vllm(
     return comparison
 
 
-def vllm_jobs(methods: Sequence[Method], source: str, workdir: Path) -> dict[str, Any]:
+def vllm_jobs(
+    methods: Sequence[Method], source: str, workdir: Path, refused: dict[str, str] | None = None
+) -> dict[str, Any]:
     """One vLLM engine job (``specframe.vllm.engine.Job``) per method label: plain, a trained checkpoint (exported
     once into ``workdir``, served at the method's K) or the ``ngram`` baseline (vLLM's prompt lookup with the
-    plugin's n-gram sizes)."""
+    plugin's n-gram sizes). A checkpoint whose export vLLM cannot serve at the method's K (a DFlash drafter below
+    its block, ``Manifest.refusal``) raises that reason, or, given ``refused``, is left out with its reason there."""
     from specframe.cli.export_cmd import export_checkpoint
     from specframe.vllm.engine import Job
-    from specframe.vllm.export import speculative_config
+    from specframe.vllm.export import read_manifest, speculative_config
 
     exports: dict[str, Path] = {}
     jobs = {}
@@ -693,6 +696,10 @@ def vllm_jobs(methods: Sequence[Method], source: str, workdir: Path) -> dict[str
             if m.checkpoint not in exports:
                 exports[m.checkpoint] = workdir / f"export-{len(exports)}"
                 export_checkpoint(m.checkpoint, exports[m.checkpoint], source)
+            reason = read_manifest(exports[m.checkpoint]).refusal(m.k)
+            if reason is not None and refused is not None:
+                refused[m.label] = reason
+                continue
             jobs[m.label] = Job(source, speculative_config(exports[m.checkpoint], m.k))
         elif m.drafter.name == "ngram":
             jobs[m.label] = Job(source, {"method": "ngram", "num_speculative_tokens": int(m.k),
@@ -702,6 +709,17 @@ def vllm_jobs(methods: Sequence[Method], source: str, workdir: Path) -> dict[str
             raise UsageError(f"--engine vllm serves trained checkpoints and the ngram baseline, not the untrained "
                              f"drafter '{m.drafter.name}'")
     return jobs
+
+
+def vllm_refusals(methods: Sequence[Method], source: str) -> dict[str, str]:
+    """The methods vLLM cannot serve (label -> the one-line reason their export gives, ``Manifest.refusal``), e.g. a
+    DFlash checkpoint at K below its block; the benchmark suites skip those with the reason instead of failing."""
+    import tempfile
+
+    refused: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="specframe-refusals-") as tmp:
+        vllm_jobs(methods, source, Path(tmp), refused)
+    return refused
 
 
 # ------------------------------------------------------------------------------------------------------- results

@@ -15,6 +15,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -465,6 +466,44 @@ def test_vllm_serves_an_export_only_at_the_full_block(target, tmp_path):
             config=api.vllm_layouts.llama_config(target.config, 2, **drafter.shape.config_fields()),
             aux_layer_ids=[1, 3], target_hidden_size=drafter.shape.hidden, mask_token_id=drafter.mask_token_id,
             block_size=4, speculative_tokens=2)
+
+
+def _checkpoint(drafter, root, target):
+    """A training run folder holding ``drafter`` (what ``specframe train`` leaves: one checkpoint and ``latest``)."""
+    import attrs
+
+    ckpt = root / "step-00000001"
+    drafter.save(ckpt)
+    (ckpt / "state.json").write_text(json.dumps({"step": 1}))
+    (ckpt / "config.json").write_text(json.dumps({"drafter": drafter.name, "target": target.config._name_or_path,
+                                                  "drafter_options": attrs.asdict(drafter.options)}))
+    (root / "latest").write_text(ckpt.name)
+    return root
+
+
+def test_the_benchmark_suites_skip_a_k_vllm_refuses_with_its_reason(target, tmp_path):
+    """The suites serve K = 2, 3, 5 (cpu-large): at a K vLLM refuses (DFlash below its block), the job skips it and
+    records why (``vllm_refused`` in job.json, ``refused`` in the vLLM suite's config) instead of failing; served
+    alone (``bench acceptance --engine vllm``) the same K is one error line."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from test_jobs import _with_k
+
+    from specframe import bench
+
+    drafter, _ = make(target)
+    drafter.module().float()
+    run = _checkpoint(drafter, tmp_path / "run", target)
+    methods = [bench.checkpoint_method(run, target.config, k=k, label=f"dflash/k{k}") for k in (2, 3)]
+    source = target.config._name_or_path
+    refused = bench.vllm_refusals(methods, source)
+    assert list(refused) == ["dflash/k2"]
+    assert refused["dflash/k2"].startswith("vLLM cannot serve this dflash export at 2 draft tokens per step")
+    again: dict[str, str] = {}
+    jobs = _with_k(methods, source, str(tmp_path / "jobs"), again)
+    assert again == refused and list(jobs) == ["dflash/k3"] and jobs["dflash/k3"][1] == 3
+    assert jobs["dflash/k3"][0].speculative_config["num_speculative_tokens"] == 3
+    with pytest.raises(api.SpecframeError, match="trained on blocks of 4"):
+        bench.vllm_jobs(methods, source, tmp_path / "alone")
 
 
 @pytest.mark.slow
