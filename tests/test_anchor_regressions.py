@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import inspect
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -322,3 +323,97 @@ def test_a_packed_document_never_sees_another_documents_context(target, name, se
         got = document_loss(drafter, packed, grid(drafter, packed), SETUPS[setup], 2)
         assert got[1] == want[1] and got[2] == want[2], (name, setup)
         assert got[0] == pytest.approx(want[0], rel=1e-4, abs=1e-6), (name, setup)
+
+
+# ------------------------------------------------------------------------------------- 3. the last aux layer id
+# tests/test_features_cache.py::test_capture_matches_hidden_state_convention pins the capture against transformers'
+# hidden_states, tests/test_vllm_export.py::test_ids_are_checked write_peagle's refusal of id L, and tests/test_dflash.py
+# the DFlash id mapping vLLM reads. Missing, per drafter: that the ids its export names make vLLM's target collect the
+# very states it trained on, the last layer included, and that id L is refused all the way (options, capture, export).
+
+AUX_DRAFTERS = tuple(n for n in ALL if n != "pard")  # PARD reads no target features
+LAST = 3  # the tiny target's last layer (4 layers: ids 0..3)
+AUX_IDS = {
+    "increasing": {"dflash": [1, LAST]} | {n: [0, 2, LAST] for n in DRAFTERS},
+    "unsorted": {"dflash": [LAST, 1]} | {n: [LAST, 0, 2] for n in DRAFTERS},
+}
+
+
+def vllm_collected(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
+    """What vLLM 0.32's target hands the drafter for ``layer_ids`` (``EagleModelMixin``): each id once, in layer order
+    (``sorted(set(ids))``), id 0 the embedding output and id i >= 1 the residual stream after decoder layer i - 1
+    (``_maybe_add_hidden_state(aux, idx + 1, hidden_states, residual)``), concatenated in that order. Emulated on the
+    transformers model with forward hooks on the layers' outputs, independently of specframe's pre-hooks."""
+    base = target.model.model
+    states: dict[int, torch.Tensor] = {}
+    hooks = [base.embed_tokens.register_forward_hook(lambda m, i, o: states.__setitem__(0, o))]
+    for idx, layer in enumerate(base.layers):
+        hooks.append(layer.register_forward_hook(
+            lambda m, i, o, idx=idx: states.__setitem__(idx + 1, o[0] if isinstance(o, tuple) else o)))
+    try:
+        with torch.no_grad():
+            target.model(ids[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.cat([states[i][0] for i in sorted(set(layer_ids))], -1)
+
+
+@pytest.mark.parametrize("order", sorted(AUX_IDS))
+@pytest.mark.parametrize("name", AUX_DRAFTERS)
+def test_vllm_collects_the_aux_states_the_drafter_trained_on(target, tmp_path, name, order):
+    """The states the engine captures for the drafter's aux ids, through its fc, are what the exported folder's fc
+    makes of what vLLM collects for the ids it names (last layer included); ids vLLM would collect in another order
+    than the drafter trained on are refused at export, with the reason."""
+    from safetensors.torch import load_file
+
+    from specframe.features import capture_features
+
+    ids_option = AUX_IDS[order][name]
+    drafter, (ex,) = build(target, name, conversations(target, 1), packed=False, aux_layer_ids=ids_option)
+    assert list(drafter.feature_spec().aux_layers) == ids_option
+    trained = capture_features(target, ex.input_ids[None], drafter.feature_spec()).aux[0]  # what the engine feeds
+    torch.testing.assert_close(trained, ex.features["aux_hidden"])
+    try:
+        drafter.export_vllm(tmp_path / "export", None)
+    except api.SpecframeError as e:
+        assert order == "unsorted" and "layer order" in str(e), str(e)
+        assert not (tmp_path / "export").exists()
+        return
+    cfg = json.loads((tmp_path / "export" / "config.json").read_text())
+    named = cfg.get("eagle_aux_hidden_state_layer_ids", cfg.get("aux_hidden_state_layer_ids"))
+    assert named is not None and LAST in named
+    served = vllm_collected(target, ex.input_ids, named)
+    fc = load_file(str(tmp_path / "export" / "model.safetensors"))["fc.weight"]
+    with torch.no_grad():
+        torch.testing.assert_close(served @ fc.T, trained @ drafter.module().fc.weight.T)
+    if order == "increasing":
+        torch.testing.assert_close(served, trained)  # the very states, in the order trained
+
+
+@pytest.mark.parametrize("name", AUX_DRAFTERS)
+def test_an_aux_id_equal_to_the_layer_count_is_refused(target, tmp_path, name):
+    """Id L would be the last layer's output, which specframe's capture (the input of a layer) cannot give: the
+    drafter refuses it, the capture refuses it, and an export naming it (edited, or written elsewhere) cannot pass
+    check_export."""
+    from specframe.features import FeatureSpec
+    from specframe.vllm import export
+
+    layers = target.config.num_hidden_layers
+    assert layers == LAST + 1
+    bad = [1, layers] if name == "dflash" else [0, 2, layers]
+    cls = plugins.get("drafter", name)
+    with pytest.raises(api.UsageError, match=rf"\b{layers}\b"):
+        cls(target.config, cls.Options(**{**OPTIONS[name], "aux_layer_ids": bad}))
+    with pytest.raises(api.SpecframeError, match=rf"aux layer id {layers} out of range"):
+        FeatureSpec(aux_layers=tuple(bad)).validate(layers)
+    drafter, _ = build(target, name, conversations(target, 1), packed=False)
+    drafter.export_vllm(tmp_path / "export", None)
+    export.check_export(tmp_path / "export", target.config)
+    path = tmp_path / "export" / "config.json"
+    cfg = json.loads(path.read_text())
+    key = "aux_hidden_state_layer_ids" if name == "dflash" else "eagle_aux_hidden_state_layer_ids"
+    cfg[key] = [*cfg[key][:-1], layers]
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(api.SpecframeError, match=rf"cannot be served by vLLM: .*\b{layers}\b"):
+        export.check_export(tmp_path / "export", target.config)

@@ -34,8 +34,10 @@ layers have per-head ``q_norm`` / ``k_norm``), and at the top ``draft_vocab_size
 ``block_size``. Weights under vLLM's ``DFlashQwen3Model`` names: ``fc.weight`` [H, n_aux * H_target],
 ``hidden_norm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.{q,k}_norm.weight``,
 ``layers.{i}.{input,post_attention}_layernorm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
-``norm.weight``, ``embed_tokens.weight`` [vocab, H] and ``lm_head.weight`` [vocab, H]. vLLM serves it with method
-``dflash`` (its own block drafting, no ``parallel_drafting`` flag) and at most ``block_size - 1`` tokens per step.
+``norm.weight``, and ``embed_tokens.weight`` [vocab, H] and ``lm_head.weight`` [vocab, H] (specframe writes both;
+without them vLLM shares the target's, and the importer reads the target's). vLLM serves it with method
+``dflash`` (its own block drafting, no ``parallel_drafting`` flag) at ``block_size - 1`` tokens per step only: its
+proposer runs a block of K + 1 slots, so fewer would be another network than the one trained (``Manifest.refusal``).
 
 PARD (``{"method": "draft_model", "parallel_drafting": true}``; vLLM 0.32 has no speculators type for it): a plain
 causal LM (``LlamaForCausalLM`` names: ``model.embed_tokens.weight``, ``model.layers.{i}.*``, ``model.norm.weight``,
@@ -523,13 +525,16 @@ def _dflash_parts(tensors: dict[str, torch.Tensor], cfg: Mapping[str, Any], targ
     if bad:
         bound = f"1..{target_num_layers - 1}" if target_num_layers is not None else ">= 1"
         raise SpecframeError(f"aux_hidden_state_layer_ids {bad} are not target layers DFlash can read ({bound})")
+    _check_layer_order(aux, "aux_hidden_state_layer_ids")
     _token_id("mask_token_id", cfg.get("mask_token_id"), vocab)
     if int(cfg.get("draft_vocab_size", vocab)) != vocab:
         raise SpecframeError("a DFlash export drafts over the target's whole vocabulary (draft_vocab_size = vocab_size)")
     _check_shape(tensors, "fc.weight", (h, len(aux) * h_t))
-    for name, shape in (("hidden_norm.weight", (h,)), ("norm.weight", (h,)), ("embed_tokens.weight", (vocab, h)),
-                        ("lm_head.weight", (vocab, h))):
+    for name, shape in (("hidden_norm.weight", (h,)), ("norm.weight", (h,))):
         _check_shape(tensors, name, shape)
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:  # absent: vLLM shares the target's (speculators' DFlash folders carry no embed_tokens)
+            _check_shape(tensors, name, (vocab, h))
     _check_layer_count(tensors, "layers.", layers)
     for i in range(layers):
         p = f"layers.{i}."
@@ -740,6 +745,7 @@ def _eagle3_parts(
             f"aux layer ids {aux} are invalid for a target with {target_num_layers} layers (valid: "
             f"0..{target_num_layers - 1}, the hidden state entering each layer, which is what vLLM's target collects)"
         )
+    _check_layer_order(aux, "aux layer ids")
     h_t = int(target_hidden_size)
 
     _check_shape(tensors, "fc.weight", (hidden, len(aux) * h_t))
@@ -779,6 +785,18 @@ def _eagle3_parts(
     cfg.update(draft_vocab_size=draft_vocab, target_hidden_size=h_t, eagle_aux_hidden_state_layer_ids=aux)
     cfg.setdefault("torch_dtype", "float32")
     return tensors, cfg
+
+
+def _check_layer_order(aux: Sequence[int], name: str) -> None:
+    # vLLM's target collects the aux hidden states once each, in layer order (EagleModelMixin: sorted(set(ids))), and
+    # hands the drafter their concatenation in that order: ids in another order serve the drafter other inputs than
+    # it trained on, silently, and a repeated id leaves it short of one
+    if any(b <= a for a, b in zip(aux, aux[1:])):
+        raise SpecframeError(
+            f"{name} {list(aux)} are not strictly increasing: vLLM collects the target's hidden states once each in "
+            f"layer order ({sorted(set(aux))}) and feeds the drafter their concatenation so, which is not what it "
+            "trained on; train with increasing drafter.aux_layer_ids"
+        )
 
 
 def _check_draft_vocab(tensors: dict[str, torch.Tensor], draft_vocab: int, vocab: int) -> None:
