@@ -396,7 +396,7 @@ def verify(verifier: Verifier, logits: torch.Tensor, draft: Draft, generator: to
 
 @attrs.frozen
 class TrainingExample:
-    """One training sequence as the target sees it (DESIGN.md section 8 indexing).
+    """One training sequence as the target sees it (docs/design.md section 8 indexing).
 
     ``input_ids`` / ``loss_mask`` / ``doc`` are per data token [L]. ``features`` holds what the drafter declared
     (e.g. ``"aux_hidden"`` [L, n_aux * H], ``"final_hidden"`` [L, H]) computed by the target at each position.
@@ -523,7 +523,7 @@ class Drafter(Component, ABC):
         """Commit ``emitted`` (the verifier's emitted tokens) and drop any state the rejected draft left behind.
 
         ``features[name][j]`` is the target's feature at the position that *predicted* ``emitted[j]`` (the token
-        before it), the EAGLE pairing of token x_{t+1} with feature g_t (DESIGN.md section 8). The first call after
+        before it), the EAGLE pairing of token x_{t+1} with feature g_t (docs/design.md section 8). The first call after
         ``start`` commits the token the prefill produced, paired with the last prompt position's features."""
 
     # -- checkpoints

@@ -16,7 +16,7 @@ per repeat), so a machine slowing down mid-run slows every method alike. From th
   ``MAX_REMEASURE`` times; a ratio still flagged after that is left out of the reported speedup and listed in
   ``speed_flags`` (never reported as a result).
 
-Evaluation protocol (DESIGN.md section 8): prompts through the target's chat template; every user turn is a prompt,
+Evaluation protocol (docs/design.md section 8): prompts through the target's chat template; every user turn is a prompt,
 a later turn asked after the target's own (plain-decoded) answer to the earlier ones, so MT-Bench gives two prompts
 per question; the first N prompts by id.
 """

@@ -322,7 +322,7 @@ class PendingInputs:
 
 
 def shifted_supervision(loss_mask: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
-    """Which of an EAGLE-family drafter's L - 1 positions carry a loss (DESIGN.md section 8 indexing).
+    """Which of an EAGLE-family drafter's L - 1 positions carry a loss (docs/design.md section 8 indexing).
 
     Position i reads x_{i+1} with feature g_i and is charged with x_{i+2}: its bit is x_{i+2}'s loss-mask bit, and
     x_i, x_{i+1} and x_{i+2} must lie in one document (a packed sequence's first position of a document reads the

@@ -1,4 +1,4 @@
-"""The (anchor, depth) element model shared by every drafter (DESIGN.md section 3).
+"""The (anchor, depth) element model shared by every drafter (docs/design.md section 3).
 
 Element (a, d) asks the drafter for the token d steps beyond a plain next-token prediction at anchor a; its rotary
 position is a + d. Elements are laid out position-major (index a*K + d in the full grid), and every element also
@@ -172,7 +172,7 @@ def cod_sample(
     doc: torch.Tensor | None = None,
     visibility: str = "chain",
 ) -> ElementSet:
-    """Conditional drop-token sampling (COD, DESIGN.md section 8), position-major.
+    """Conditional drop-token sampling (COD, docs/design.md section 8), position-major.
 
     Depth 0 keeps every position. For 1 <= d < ``max_depth`` the candidates are anchors a whose (a, d-1) was kept,
     with a + d < L, a + d in a's document and ``supervised[a + d]``; ``floor(n_sup * max(ratio**d, min_ratio))`` of

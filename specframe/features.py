@@ -1,6 +1,6 @@
 """Target feature capture: what a drafter declared it needs, computed in one target forward.
 
-Conventions (DESIGN.md section 8, as vLLM counts): aux layer id ``i`` is the hidden state *entering* decoder layer
+Conventions (docs/design.md section 8, as vLLM counts): aux layer id ``i`` is the hidden state *entering* decoder layer
 ``i``; id 0 is the embedding output; ids run 0..L-1. The final hidden state is the last layer's output after the
 final norm, i.e. exactly what ``lm_head`` reads. Full logits are never cached: ``target_logits`` recomputes them
 (optionally only over draft-vocabulary ids) from the final hidden state.

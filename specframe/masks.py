@@ -1,4 +1,4 @@
-"""Choosing a mask builder for a device (DESIGN.md sections 3 and 8)."""
+"""Choosing a mask builder for a device (docs/design.md sections 3 and 8)."""
 
 from __future__ import annotations
 

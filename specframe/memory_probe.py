@@ -1,4 +1,4 @@
-"""Measure the real peak memory of training steps, in a child process (DESIGN.md section 7: measure, never assume).
+"""Measure the real peak memory of training steps, in a child process (docs/design.md section 7: measure, never assume).
 
 ``measure(ProbeSpec(...))`` starts a fresh Python process that builds a random-weight Llama target of the given
 shape in memory, writes one long synthetic conversation, sets up the real ``specframe.engine`` ``Trainer`` (real

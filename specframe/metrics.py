@@ -1,4 +1,4 @@
-"""Speculative-decoding metrics, defined once (DESIGN.md section 8).
+"""Speculative-decoding metrics, defined once (docs/design.md section 8).
 
 - Acceptance length (AL): tokens emitted per target verification forward, bonus/correction token included, the
   prefill forward (and the token it yields) excluded. A round that drafted K tokens emits 1..K+1, so

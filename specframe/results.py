@@ -1,4 +1,4 @@
-"""The results file every benchmark and bench command writes (DESIGN.md section 8).
+"""The results file every benchmark and bench command writes (docs/design.md section 8).
 
 One JSON document: the figures (``metrics``, ``per_prompt``) plus the provenance a reader needs to trust and
 reproduce them: command line, specframe version and git commit, target id and weights hash, drafter checkpoint hash,
@@ -238,7 +238,7 @@ def absolute_paths(value: Any) -> list[str]:
 
 
 def check_results(document: Any, source: str, strict: bool = True) -> None:
-    """Refuse a results document without the fields and provenance DESIGN.md section 8 requires.
+    """Refuse a results document without the fields and provenance docs/design.md section 8 requires.
 
     ``strict=False`` (used when writing) lets a run outside a git checkout record a null commit; ``strict`` (used by
     ``specframe report``) refuses it, since such figures cannot be traced to code.

@@ -62,7 +62,7 @@ def segment_loss(
     builder,
 ) -> torch.Tensor:
     """One segment's loss: cross-entropy of its charged, supervised elements against ``targets[anchor, depth]``,
-    summed and divided by the whole sequence's supervised element count (DESIGN.md section 8)."""
+    summed and divided by the whole sequence's supervised element count (docs/design.md section 8)."""
     forwarded = elements.subset(segment.elements)
     logits = model(input_ids, forwarded, builder.build(forwarded, forwarded))
     wanted = segment.loss_mask & supervised[forwarded.position]

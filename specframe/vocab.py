@@ -129,7 +129,7 @@ def coverage(vocab: DraftVocab, counts: Any) -> float:
 
 
 def mask_token_ids(tokenizer: Any, k: int, *, data_counts: Any = None, embedding_rows: int | None = None) -> list[int]:
-    """``k`` distinct mask-token ids by DESIGN.md section 8's rule. Deterministic.
+    """``k`` distinct mask-token ids by docs/design.md section 8's rule. Deterministic.
 
     Rule: candidates are the tokenizer's special / added tokens (``added_tokens_decoder``), in ascending id order,
     followed by embedding rows beyond the tokenizer (``len(tokenizer)..embedding_rows-1``, reserved ids that exist in

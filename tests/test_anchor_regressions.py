@@ -12,7 +12,7 @@ asserting the correct behaviour on every drafter it concerns.
    acceptance"): every field vLLM reads equals what the trained drafter computes, and export -> import drafts the
    same tokens.
 5. A rank whose batch has no supervised element (SpecForge PR #737, Model-Optimizer PR #2410): 2 gloo ranks finish
-   and give the one-process result (DESIGN.md section 8: the step's loss is the global sum over the global count).
+   and give the one-process result (docs/design.md section 8: the step's loss is the global sum over the global count).
 
 Where an existing test covers part of a bug it is named at the test here, which adds only what it misses.
 """
@@ -244,7 +244,7 @@ def test_packed_elements_and_their_targets_stay_in_their_document(target, name):
 
 @pytest.mark.parametrize("name", DRAFTERS)  # DFlash trains the full grid: every anchor of every document
 def test_cod_gives_every_packed_document_its_share(target, name):
-    """COD samples once per sequence (DESIGN.md section 8), uniformly among the depth's candidates: over many
+    """COD samples once per sequence (docs/design.md section 8), uniformly among the depth's candidates: over many
     draws every packed document keeps the same share of its candidates as the others, the last one too."""
     docs = conversations(target, 3, headless=(1,))
     drafter, (ex,) = build(target, name, docs, packed=True, cod_ratio=0.7, cod_min_ratio=0.2)

@@ -1,5 +1,5 @@
 """P-EAGLE and EAGLE-3 train/serve parity: a drafter trained with the engine's indexing, served by vLLM and by the reference
-engine, must draft and be accepted identically round by round (DESIGN.md section 8: an off-by-one between training
+engine, must draft and be accepted identically round by round (docs/design.md section 8: an off-by-one between training
 shift, export and vLLM's parallel drafting sends vLLM's acceptance to zero while every internal test passes).
 
 vLLM serves the speculators-format export from the folder alone (``LLM(model=EXPORT)``: verifier, method and

@@ -1,4 +1,4 @@
-"""COD sampling and the partition check (DESIGN.md section 8)."""
+"""COD sampling and the partition check (docs/design.md section 8)."""
 
 from __future__ import annotations
 

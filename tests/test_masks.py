@@ -1,4 +1,4 @@
-"""Every mask builder against the dense reference: outputs and gradients (DESIGN.md section 3)."""
+"""Every mask builder against the dense reference: outputs and gradients (docs/design.md section 3)."""
 
 from __future__ import annotations
 

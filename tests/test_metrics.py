@@ -1,4 +1,4 @@
-"""The metric definitions (DESIGN.md section 8) on hand-computed cases and on real engine runs."""
+"""The metric definitions (docs/design.md section 8) on hand-computed cases and on real engine runs."""
 
 from __future__ import annotations
 
@@ -138,8 +138,8 @@ def test_validation_chain_al_is_what_decoding_accepts_on_the_targets_own_continu
         spec = generate(target.model, prompt, greedy, drafter, k=k, max_new_tokens=new, eos_token_id=())
     assert spec.tokens == plain.tokens
     hits = record_hits(torch.full((elems.seq_len, k), -1, dtype=torch.long), elems, segment, sup, terms.hit)
-    # drafter position a reads token a + 1 and its depth d predicts token a + d + 2 (DESIGN.md section 8): the round
-    # whose last committed token sits at index t drafts from anchor t - 1
+    # drafter position a reads token a + 1 and its depth d predicts token a + d + 2 (docs/design.md section 8): the
+    # round whose last committed token sits at index t drafts from anchor t - 1
     last = len(prompt)  # the prefill's token
     rounds = []
     for r in spec.rounds:

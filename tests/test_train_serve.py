@@ -20,7 +20,7 @@ from specframe import api, modeling, plugins
 from specframe.elements import full_grid
 from tests.drafter_helpers import DRAFTERS, depth_of, make, tiny_target
 
-#: drafters whose position i reads x_{i+1} with the target's feature g_i (DESIGN.md section 8); PARD reads x_i
+#: drafters whose position i reads x_{i+1} with the target's feature g_i (docs/design.md section 8); PARD reads x_i
 SHIFTED = {"peagle", "eagle3", "parallelspec"}
 
 

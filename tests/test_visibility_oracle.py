@@ -1,4 +1,4 @@
-"""An independent oracle for the visibility rules (DESIGN.md section 3), written from the design in a second, naive
+"""An independent oracle for the visibility rules (docs/design.md section 3), written from the design in a second, naive
 form, against ``specframe.elements.visible`` and every mask builder's attention.
 
 The chain rule (the default): q may see k iff same document and ((k.depth == 0 and k.anchor <= q.anchor) or

@@ -5,7 +5,7 @@ Network (vLLM ``llama_eagle3`` layout, ``api.eagle.EagleBackbone``): the target'
 layer by default, as released; a draft-vocabulary ``lm_head`` with ``d2t`` / ``t2d``. The token embedding is the
 target's, frozen unless ``train_embedding``.
 
-Training-time test (TTT), the shared rule of DESIGN.md section 3: element (a, d) has rotary position a + d, token
+Training-time test (TTT), the shared rule of docs/design.md section 3: element (a, d) has rotary position a + d, token
 input the true next token at its reference position (x_{a+d+1} in the EAGLE shift) and, for d >= 1, hidden input the
 drafter's own pre-norm output at (a, d-1). Pass d forwards the segment with the engine's attention and charges the
 loss of its depth-d elements. The visibility rule lets no element see a deeper one, so the deeper elements a pass

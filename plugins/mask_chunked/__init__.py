@@ -1,4 +1,4 @@
-"""``chunked``: attention in query chunks with the visibility rule evaluated on the fly (DESIGN.md section 3).
+"""``chunked``: attention in query chunks with the visibility rule evaluated on the fly (docs/design.md section 3).
 
 No mask is stored and no score matrix outlives its chunk: backward recomputes each chunk's scores from q, k, v and the
 saved per-row log-sum-exp (the flash-attention recurrence), so forward plus backward hold O(chunk x keys) at a time.

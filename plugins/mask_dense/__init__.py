@@ -1,7 +1,7 @@
 """``dense``: the reference mask builder.
 
-It materialises the full visibility matrix (DESIGN.md section 3) and hands it to scaled-dot-product attention. Memory
-grows with (elements)^2, so it is for tests, paper parity and short contexts; every faster builder is tested
+It materialises the full visibility matrix (docs/design.md section 3) and hands it to scaled-dot-product attention.
+Memory grows with (elements)^2, so it is for tests, paper parity and short contexts; every faster builder is tested
 against it.
 """
 

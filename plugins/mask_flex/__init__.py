@@ -1,4 +1,4 @@
-"""``flex``: FlexAttention with a block mask built from the (anchor, depth, doc) vectors (DESIGN.md section 3).
+"""``flex``: FlexAttention with a block mask built from the (anchor, depth, doc) vectors (docs/design.md section 3).
 
 ``create_block_mask`` evaluates the element sets' visibility rule (chain or block) block by block, so fully masked blocks (most of the
 context beyond a chunk's anchors, and almost every deeper key) are skipped by the fused kernel, and no element^2 mask

@@ -1,4 +1,4 @@
-"""``precomputed``: P-EAGLE's mask pre-computation (DESIGN.md section 3).
+"""``precomputed``: P-EAGLE's mask pre-computation (docs/design.md section 3).
 
 The visibility mask of the complete (anchor, depth) grid is built once for ``max_len`` positions, in the
 position-major layout (element (a, d) at index a*K + d), and cached; it grows on demand when a longer sequence

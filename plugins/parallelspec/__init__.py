@@ -6,7 +6,7 @@ every training position is followed by its own group of masks, and the attention
 prefix up to its position and the earlier members of its own group, never another group (exactly the shared
 (anchor, depth) visibility rule: element (a, d >= 1) is [MASK]_d of anchor a's group, rotary position a + d); the
 drafter is aligned to the target by distillation. This plugin distils with forward KL from the target's distribution
-at each element's reference position, over a reduced draft vocabulary (EAGLE-3 indexing, DESIGN.md section 8).
+at each element's reference position, over a reduced draft vocabulary (EAGLE-3 indexing, docs/design.md section 8).
 
 Choices where the paper leaves room (each an option):
 

@@ -5,7 +5,7 @@ final norm and lm_head are copied from the target) drafts k tokens in one forwar
 [accepted | bonus | MASK x (k-1)]: one mask token, chosen by the project's rule (``api.eagle.mask_token_ids``: an
 unused special / reserved id that exists in the embedding) and recorded as ``pard_token`` in the checkpoint config.
 
-Training on the shared engine, unshifted on data tokens (DESIGN.md section 8): position i holds token x_i; element
+Training on the shared engine, unshifted on data tokens (docs/design.md section 8): position i holds token x_i; element
 (a, d) has rotary position a + d, token input x_a at depth 0 and MASK at depth >= 1, and predicts x_{a+d+1} (hard
 cross-entropy over the full vocabulary, the PARD objective). It is supervised when x_{a+d+1} is a loss-masked token
 of a's document. COD (r 0.7, r_min 0.2, PARD's defaults) keeps about 3.4 L elements at K = 8. No target features.

@@ -1,4 +1,4 @@
-"""``peagle``: P-EAGLE's sequence partitioning (gradient accumulation within one sequence, DESIGN.md section 3).
+"""``peagle``: P-EAGLE's sequence partitioning (gradient accumulation within one sequence, docs/design.md section 3).
 
 Positions are cut into contiguous ranges. A segment owns (is charged with) the depth-0 elements of its positions and
 every deeper element of an anchor a whose a + 1 lies in its range (clamped to the last position). It forwards its owned elements plus every depth-0 element of earlier

@@ -1,4 +1,4 @@
-"""``peagle``: the P-EAGLE parallel drafter (DESIGN.md sections 3, 4 and 8).
+"""``peagle``: the P-EAGLE parallel drafter (docs/design.md sections 3, 4 and 8).
 
 An EAGLE-3-style drafter that drafts every depth in one forward. Depth-0 elements read a real token and the target's
 fused aux features; every deeper slot reads one learned mask-token embedding row and one learned shared hidden state

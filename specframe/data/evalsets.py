@@ -1,4 +1,4 @@
-"""Evaluation prompt sets by name, for benchmark code (DESIGN.md section 8, evaluation protocol).
+"""Evaluation prompt sets by name, for benchmark code (docs/design.md section 8, evaluation protocol).
 
 - ``mt-bench``: 80 questions, two user turns each (the second is asked after the target's own first answer);
 - ``humaneval``: 164 prompts, each one user message;

@@ -1,4 +1,4 @@
-"""The training engine: one loop for every drafter (DESIGN.md sections 3 and 8).
+"""The training engine: one loop for every drafter (docs/design.md sections 3 and 8).
 
 ``train(TrainConfig)`` picks the drafter, mask builder and partitioner by name from the plugin registry, feeds
 sequences with target features (computed online, target in the loop), builds each sequence's elements (COD when the

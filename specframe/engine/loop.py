@@ -1,6 +1,6 @@
 """The training loop shared by every drafter.
 
-Loss normalisation (DESIGN.md section 8): the loss of an optimizer step is the sum over every supervised element of
+Loss normalisation (docs/design.md section 8): the loss of an optimizer step is the sum over every supervised element of
 the global batch (all sequences, segments and ranks) divided by that global count. The count is known before any
 forward (each element is charged in exactly one segment, and it is supervised iff the drafter's supervision is set
 at its reference position), so it is all-reduced first and every segment back-propagates ``loss_sum / count`` at

@@ -7,7 +7,7 @@ it need an ``if __name__ == "__main__":`` guard, because vLLM may spawn workers 
 between them): the child takes vLLM's memory and threads with it, and vLLM is imported once for all of them. That
 is also how plain and speculative decoding are measured side by side in one run.
 
-What vLLM 0.32 exposes and how it maps onto ``specframe.metrics`` (DESIGN.md section 8):
+What vLLM 0.32 exposes and how it maps onto ``specframe.metrics`` (docs/design.md section 8):
 
 - Aggregate counters (``LLM.get_metrics()``): ``vllm:spec_decode_num_drafts`` (verification steps that carried a
   draft, summed over requests), ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and the vector
@@ -686,7 +686,7 @@ def compare(
     options: EngineOptions = EngineOptions(),
 ) -> Comparison:
     """Plain decoding, then speculative decoding, of ``prompts`` on ``target``, one engine after the other in one child process;
-    speedup = OTPS(speculative) / OTPS(plain) as DESIGN.md section 8 defines it."""
+    speedup = OTPS(speculative) / OTPS(plain) as docs/design.md section 8 defines it."""
     plain, spec = run_jobs(
         [Job(str(target)), Job(str(target), dict(speculative_config))],
         prompts, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, options=options,
