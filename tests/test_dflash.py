@@ -468,6 +468,62 @@ def test_vllm_serves_an_export_only_at_the_full_block(target, tmp_path):
             block_size=4, speculative_tokens=2)
 
 
+def _drafts(drafter, ex, rounds=((1, 3), (3, 2), (2, 1))):
+    """The drafts over a few rounds of start / propose(k) / accept(step) on ``ex``'s tokens and feature rows."""
+    seq, aux = ex.input_ids, ex.features["aux_hidden"].float()
+    n0 = 5
+    drafter.start(seq[:n0], {"aux_hidden": aux[: n0 - 1]})
+    committed, out = n0, []
+    for step, k in rounds:
+        out.append(drafter.propose(k).tokens.tolist())
+        drafter.accept(seq[committed : committed + step], {"aux_hidden": aux[committed - 1 : committed - 1 + step]})
+        committed += step
+    return out
+
+
+def test_an_export_imports_back_with_identical_weights_and_proposals(target, tmp_path):
+    """Issue 30: `generate --checkpoint` on specframe's own DFlash export failed ("dflash aux layer ids [] are
+    invalid": the importer read eagle_aux_hidden_state_layer_ids, the DFlash layout writes aux_hidden_state_layer_ids)
+    and the drafter had no weight import. Export -> import, as generate / bench / export load a folder
+    (``imports.load_drafter``) and as ``train --init-from`` does (``warm_start``): the same shape, mask token, weights
+    and proposals. A folder without embed_tokens / lm_head (speculators writes none: vLLM takes the target's) gets the
+    target's; a shape that differs is named."""
+    from safetensors.torch import load_file, save_file
+
+    from specframe.vllm import imports
+
+    drafter, ex = make(target)
+    drafter.module().float()
+    out = tmp_path / "out"
+    drafter.export_vllm(out, target.tokenizer)
+    back = imports.load_drafter(out, target.config, target.tokenizer)
+    assert (back.name, back.options.layers, back.options.block_size, back.aux_layer_ids) == ("dflash", 2, 4, [1, 3])
+    assert back.mask_token_id == drafter.mask_token_id
+    ours, theirs = drafter.module().state_dict(), back.module().state_dict()
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    back.module().eval()
+    assert _drafts(back, ex) == _drafts(drafter, ex)
+    # train --init-from: into a drafter built from the run's options and prepared on the target
+    cls = plugins.get("drafter", "dflash")
+    fresh = cls(target.config, cls.Options(**SMALL))
+    fresh.prepare(target, [api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc)])
+    imports.warm_start(fresh, out, target.config, target.tokenizer)
+    assert all(torch.equal(fresh.module().state_dict()[k], ours[k]) for k in ours)
+    assert fresh.mask_token_id == drafter.mask_token_id
+    wider = cls(target.config, cls.Options(**{**SMALL, "block_size": 5}))
+    wider.prepare(target, [api.TrainingExample(ex.input_ids, ex.loss_mask, ex.doc)])
+    with pytest.raises(api.SpecframeError, match=r"its block_size is 4, this dflash drafter's is 5 \(set drafter"):
+        imports.warm_start(wider, out, target.config, target.tokenizer)
+    # speculators' layout: no embed_tokens (nor lm_head): the target's, from its files
+    weights = load_file(str(out / "model.safetensors"))
+    del weights["embed_tokens.weight"], weights["lm_head.weight"]
+    save_file(weights, str(out / "model.safetensors"))
+    bare = imports.load_drafter(out, target.config, target.tokenizer)
+    assert torch.equal(bare.model.embed_tokens.weight, imports.target_embedding(target.config))
+    assert torch.equal(bare.model.lm_head.weight, imports.target_lm_head(target.config))
+    assert all(torch.equal(bare.module().state_dict()[k], ours[k]) for k in ours if k != "lm_head.weight")
+
+
 def _checkpoint(drafter, root, target):
     """A training run folder holding ``drafter`` (what ``specframe train`` leaves: one checkpoint and ``latest``)."""
     import attrs

@@ -65,11 +65,16 @@ class Imported:
 
     @property
     def aux_layer_ids(self) -> list[int]:
-        return [int(i) for i in self.config.get("eagle_aux_hidden_state_layer_ids") or []]
+        # the EAGLE layouts' key, and the DFlash layout's (vLLM's update_dflash reads it, as write_dflash writes it)
+        ids = self.config.get("eagle_aux_hidden_state_layer_ids") or self.config.get("aux_hidden_state_layer_ids")
+        return [int(i) for i in ids or []]
 
     @property
     def draft_vocab_size(self) -> int:
-        return int(self.tensors["lm_head.weight"].shape[0])
+        head = self.tensors.get("lm_head.weight")  # a DFlash folder may share the target's head (vLLM does)
+        if head is not None:
+            return int(head.shape[0])
+        return int(self.config.get("draft_vocab_size") or self.config["vocab_size"])
 
     @property
     def mask_token_id(self) -> int | None:
@@ -123,6 +128,7 @@ def read(directory: str | os.PathLike, target_config: Any = None) -> Imported:
         imported = _read(directory, target_config)
         if target_config is not None:
             check_target(imported, target_config)
+            imported = _with_shared_target_weights(imported, target_config)
     except SpecframeError as e:
         raise SpecframeError(f"cannot import {directory}: {e}") from None
     return imported
@@ -295,6 +301,41 @@ def target_embedding(target_config: Any) -> torch.Tensor | None:
     return None
 
 
+def target_lm_head(target_config: Any) -> torch.Tensor | None:
+    """The target's output head from its local safetensors files (its embedding when the two are tied), or None."""
+    head = _target_tensor(target_config, "lm_head.weight")
+    if head is None and getattr(target_config, "tie_word_embeddings", False):
+        head = target_embedding(target_config)
+    return head
+
+
+def _target_tensor(target_config: Any, name: str) -> torch.Tensor | None:
+    from safetensors import safe_open
+
+    source = getattr(target_config, "_name_or_path", None)
+    if not source or not Path(source).is_dir():
+        return None
+    for f in sorted(Path(source).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as handle:
+            if name in handle.keys():
+                return handle.get_tensor(name)
+    return None
+
+
+def _with_shared_target_weights(imported: Imported, target_config: Any) -> Imported:
+    """A DFlash folder without ``embed_tokens`` / ``lm_head`` (speculators writes none: vLLM shares the target's) with
+    the target's, read from its local files; left without them when those are not found (the drafter names it)."""
+    if imported.layout != "dflash":
+        return imported
+    tensors = dict(imported.tensors)
+    for name, read_target in (("embed_tokens.weight", target_embedding), ("lm_head.weight", target_lm_head)):
+        if name not in tensors:
+            value = read_target(target_config)
+            if value is not None:
+                tensors[name] = value
+    return attrs.evolve(imported, tensors=tensors)
+
+
 # -------------------------------------------------------------------------------------------- into a drafter
 
 
@@ -311,6 +352,8 @@ def drafter_options(imported: Imported, cls: type) -> Any:
         values["init_from_target"] = False
     if imported.speculative_tokens is not None:
         values["k_infer"] = int(imported.speculative_tokens)
+    if isinstance(imported.config.get("block_size"), int):  # DFlash: the block it was trained on
+        values["block_size"] = int(imported.config["block_size"])
     return cls.Options(**{k: v for k, v in values.items() if k in names})
 
 

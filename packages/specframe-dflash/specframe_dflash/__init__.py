@@ -282,6 +282,42 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
     def restore_checkpoint(self, info: dict[str, Any]) -> None:
         self.mask_token_id = info["mask_token_id"]
 
+    def import_weights(self, imported: Any) -> None:
+        """Load a speculators ``dflash`` folder (``specframe export``'s, or one speculators wrote) of this drafter's
+        shape, with its mask token: ``generate`` / ``bench --checkpoint FOLDER``, ``export`` and ``train --init-from``
+        call it after the core's reader has checked the folder against the target. A folder without
+        ``embed_tokens`` / ``lm_head`` shares the target's, as vLLM does: the reader fills them from the target's
+        files, else (``--init-from``, a prepared drafter) they are this drafter's own, which are the target's."""
+        where = f"cannot import {imported.directory}"
+        if imported.layout != "dflash":
+            raise api.SpecframeError(f"{where}: it holds a {imported.layout} drafter, not dflash")
+        ours = {"layers": self.options.layers, "aux_layer_ids": list(self.aux_layer_ids),
+                "block_size": self.options.block_size}
+        theirs = {"layers": imported.num_layers, "aux_layer_ids": list(imported.aux_layer_ids),
+                  "block_size": imported.config.get("block_size")}
+        for key, value in ours.items():
+            if theirs[key] != value:
+                raise api.SpecframeError(f"{where}: its {key} is {theirs[key]}, this dflash drafter's is {value} "
+                                         f"(set drafter.{key} to match)")
+        own = self.model.state_dict()
+        tensors = dict(imported.tensors)
+        for shared in ("embed_tokens.weight", "lm_head.weight"):
+            if shared not in tensors and self.mask_token_id is not None:  # prepared: its own are the target's
+                tensors[shared] = own[shared]
+        extra, missing = sorted(set(tensors) - set(own)), sorted(set(own) - set(tensors))
+        if extra:
+            raise api.SpecframeError(f"{where}: tensor {extra[0]!r} has no place in the drafter")
+        if missing:
+            why = (" (the folder shares the target's, which was not found in a local safetensors folder)"
+                   if missing[0] in ("embed_tokens.weight", "lm_head.weight") else "")
+            raise api.SpecframeError(f"{where}: missing tensor {missing[0]!r}{why}")
+        for name, value in own.items():
+            if tuple(tensors[name].shape) != tuple(value.shape):
+                raise api.SpecframeError(f"{where}: tensor {name!r} has shape {list(tensors[name].shape)}, the "
+                                         f"drafter's is {list(value.shape)}")
+        self.model.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own})
+        self.mask_token_id = imported.mask_token_id
+
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
         """The speculators ``dflash`` layout vLLM serves with method ``dflash``: the module's state dict already
         carries vLLM's ``DFlashQwen3Model`` names; the layer sizes are the drafter's (the target's)."""
