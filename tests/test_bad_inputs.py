@@ -142,6 +142,26 @@ def set_config(**values) -> Callable[[Path], None]:
     return edit
 
 
+def set_layer_config(**values) -> Callable[[Path], None]:
+    """An export whose speculators transformer_layer_config (the drafter's layer fields) has ``values``."""
+
+    def edit(folder: Path) -> None:
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["transformer_layer_config"].update(values)
+        (folder / "config.json").write_text(json.dumps(cfg))
+
+    return edit
+
+
+def add_pickle(name: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        import torch
+
+        torch.save({"fc.weight": torch.zeros(2)}, folder / name)
+
+    return edit
+
+
 def distributed_env(monkeypatch, **values) -> None:
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
@@ -338,6 +358,18 @@ CASES = [
          "error: cannot import {tmp}/imp: norm_before_residual is true: specframe's EAGLE-3 layer computes only "
          "norm_before_residual = false", lambda c: [*train(c), "--init-from", "{tmp}/imp"],
          export_copy(set_config(norm_before_residual=True))),
+    Case("init-from-other-rope", "--init-from a speculators folder trained with another RoPE theta",
+         "error: cannot import {tmp}/imp: rope_parameters differ from the target's: rope_theta is 500000.0 in the "
+         "drafter's config and 10000.0 in the target's (drafter: rope_type 'default', rope_theta 500000.0; target: "
+         "rope_type 'default', rope_theta 10000.0); specframe's drafters run the target's RoPE, so a drafter trained "
+         "with other frequencies cannot be imported", lambda c: [*train(c), "--init-from", "{tmp}/imp"],
+         export_copy(set_layer_config(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}))),
+    Case("init-from-pickled-weights", "--init-from a folder carrying pickled weights (SafeAILab's pytorch_model.bin)",
+         "error: cannot import {tmp}/imp: pytorch_model.bin is a pickle file, and specframe reads weights through "
+         "safetensors only (unpickling can run code from the file; nothing was loaded): convert it once, e.g. "
+         "safetensors.torch.save_file(torch.load('pytorch_model.bin', weights_only=True), 'model.safetensors'), and "
+         "move pytorch_model.bin out of the folder", lambda c: [*train(c), "--init-from", "{tmp}/imp"],
+         export_copy(add_pickle("pytorch_model.bin"))),
 ]
 
 

@@ -1,17 +1,28 @@
 """Read drafter checkpoints of the ecosystem's formats into specframe's drafter plugins.
 
 What ``read`` recognises (``config.json`` decides; weights are read through safetensors only, a folder carrying
-pickles such as ``pytorch_model.bin`` is refused before anything is loaded):
+pickles such as ``pytorch_model.bin`` is refused before anything is loaded, with how to convert it: specframe never
+unpickles, and SafeAILab's published EAGLE-3 drafters are ``pytorch_model.bin`` folders):
 
 - ``speculators``: vllm-project/speculators EAGLE-3 / P-EAGLE (``speculators_model_type`` ``eagle3`` / ``peagle``),
   what ``specframe export`` writes. Tensors ``fc``, ``layers.N.*``, ``norm``, ``lm_head``, optional
-  ``embed_tokens``, ``d2t`` / ``t2d``, ``mask_hidden``; the library's ``verifier_*`` copies, when saved, are dropped.
+  ``embed_tokens``, ``d2t`` / ``t2d``, ``mask_hidden``; the library's ``verifier_*`` copies (older speculators
+  releases saved the verifier's ``verifier_lm_head`` / ``verifier_norm`` beside the drafter), when saved, are dropped.
 - ``eagle3-flat``: a flat ``LlamaForCausalLMEagle3`` config (``architectures``), as SafeAILab/EAGLE (EAGLE-3) and
   SpecForge (sgl-project) save their EAGLE-3 drafters: Llama config fields plus ``draft_vocab_size``; the aux layers
   under ``eagle_aux_hidden_state_layer_ids`` or SpecForge's ``eagle_config.eagle_aux_hidden_state_layer_ids``,
   otherwise the original default (2, L//2, L-3) of the target; the decoder layer named ``midlayer.*`` (or
   ``layers.N.*``). A config whose ``mask_token_id`` is set with a ``mask_hidden`` tensor is read as P-EAGLE.
+- ``peagle-flat``: SpecForge's P-EAGLE (``architectures`` ``PEagleDraftModel``), the same flat Llama config and
+  tensors (``layers.N.*``, ``mask_hidden`` [1, 1, 3 H_target]), read as ``eagle3-flat`` is. SpecForge hands the mask
+  token to its trainer and does not save it, so a folder whose config lacks ``mask_token_id`` is refused with that
+  reason (the mask slots' token cannot be guessed); one that records it imports.
 - ``pard``: a causal LM (``LlamaForCausalLM`` names) whose config has ``pard_token``, PARD's released layout.
+
+RoPE is compared in full with the target's (``rope_type``, ``rope_theta`` and every scaling field such as ``factor``,
+``low_freq_factor``, ``original_max_position_embeddings``): specframe's drafters run the target's RoPE, so a drafter
+trained with other frequencies is refused. A missing theta is transformers' (and SpecForge's) default, 10000, not "any
+theta".
 
 ``read`` returns an ``Imported`` (flat config, tensors under specframe's / vLLM's layout names, verifier when named);
 ``check_target`` compares it with the target (hidden size, layer shape, RoPE, vocabulary, aux layer range,
@@ -34,8 +45,15 @@ import torch
 from specframe.errors import SpecframeError
 from specframe.vllm import export as layouts
 
-FORMATS = ("speculators", "eagle3-flat", "pard")
+FORMATS = ("speculators", "eagle3-flat", "peagle-flat", "pard")
 FLAT_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+#: SpecForge's P-EAGLE drafter (``specforge/modeling/draft/peagle.py``), saved as a flat Llama config
+FLAT_PEAGLE_ARCHITECTURE = "PEagleDraftModel"
+#: the RoPE base transformers assumes when a config names none (``RotaryEmbeddingConfigMixin.default_theta``), which
+#: is also what SpecForge's drafters use (``getattr(config, "rope_theta", 10000)``)
+DEFAULT_ROPE_THETA = 10000.0
+# RoPE types whose pretraining length transformers fills in from max_position_embeddings when a config omits it
+_ROPE_WITH_ORIGINAL_LENGTH = ("llama3", "yarn", "longrope")
 # layer fields a drafter built on the target's LayerShape must share with the target, and how they are compared
 _SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
@@ -99,6 +117,8 @@ def format_of(directory: str | os.PathLike) -> str | None:
         return "speculators"
     if FLAT_EAGLE3_ARCHITECTURE in (cfg.get("architectures") or []):
         return "eagle3-flat"
+    if FLAT_PEAGLE_ARCHITECTURE in (cfg.get("architectures") or []):
+        return "peagle-flat"
     if layouts.layout_of(cfg) == "parallelspec":
         return "parallelspec"
     if "pard_token" in cfg:
@@ -143,21 +163,42 @@ def _read(directory: Path, target_config: Any) -> Imported:
             "not a drafter folder specframe imports (config.json with speculators_config, a LlamaForCausalLMEagle3 "
             "architecture or pard_token)"
         )
+    _refuse_pickles(directory)
     check_files(directory)
     if fmt == "speculators":
         manifest, tensors, flat = layouts.check_layout(directory)
+        # older speculators releases saved the verifier's own lm_head / norm beside the drafter: not the drafter's
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("verifier_")}
         return Imported(directory, fmt, manifest.layout, flat, tensors, manifest.verifier, manifest.drafter,
                         manifest.speculative_tokens)
     if fmt in ("pard", "parallelspec"):
         manifest, tensors, flat = layouts.check_layout(directory)
         return Imported(directory, fmt, manifest.layout, flat, tensors, None, manifest.drafter)
-    return _read_flat_eagle3(directory, target_config)
+    return _read_flat_eagle3(directory, target_config, fmt)
 
 
-def _read_flat_eagle3(directory: Path, target_config: Any) -> Imported:
+def _refuse_pickles(directory: Path) -> None:
+    """A folder of pickled weights (``pytorch_model.bin``: SafeAILab's published EAGLE-3 drafters) refused with why and
+    how to convert, before anything in it is read."""
+    from specframe.engine.checkpoint import PICKLE_SUFFIXES
+
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise SpecframeError(
+            f"{pickles[0]} is a pickle file, and specframe reads weights through safetensors only (unpickling can run "
+            "code from the file; nothing was loaded): convert it once, e.g. safetensors.torch.save_file(torch.load("
+            f"'{pickles[0]}', weights_only=True), 'model.safetensors'), and move {pickles[0]} out of the folder")
+
+
+def _read_flat_eagle3(directory: Path, target_config: Any, fmt: str = "eagle3-flat") -> Imported:
     from specframe.features import default_aux_layers
 
     cfg = json.loads((directory / "config.json").read_text())
+    if fmt == "peagle-flat" and cfg.get("mask_token_id") is None:
+        raise SpecframeError(
+            f"a SpecForge P-EAGLE folder ({FLAT_PEAGLE_ARCHITECTURE}) whose config.json records no mask_token_id: "
+            "SpecForge passes the mask token to its trainer and does not save it, and the token its mask slots were "
+            "trained on cannot be guessed; add \"mask_token_id\": <the id it trained with> to config.json")
     tensors = _load_weights(directory)
     tensors = {k: v for k, v in tensors.items() if not k.startswith("verifier_")}
     if "fc.bias" in tensors:
@@ -182,10 +223,10 @@ def _read_flat_eagle3(directory: Path, target_config: Any) -> Imported:
     layers = None if target_config is None else int(target_config.num_hidden_layers)
     tensors, flat = layouts._eagle3_parts(tensors, flat, aux, h_t, layers)
     layout = "eagle3"
-    if "mask_hidden" in tensors:
+    if "mask_hidden" in tensors or fmt == "peagle-flat":
         layout = "peagle"
         layouts._peagle_parts(tensors, flat, cfg.get("mask_token_id"))
-    return Imported(directory, "eagle3-flat", layout, flat, tensors, None, None)
+    return Imported(directory, fmt, layout, flat, tensors, None, None)
 
 
 def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -203,11 +244,44 @@ def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------------------------------------ target checks
 
 
-def _rope(cfg: Mapping[str, Any]) -> tuple[float | None, str]:
+def _rope(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's RoPE as transformers standardises it (``rope_parameters``, else the older ``rope_scaling`` with a
+    top-level ``rope_theta``): ``rope_type``, ``rope_theta`` (10000 when absent) and every scaling field, numbers as
+    floats, so two configs that give the same frequencies compare equal however they spell them."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    theta = cfg.get("rope_theta", params.get("rope_theta") if isinstance(params, dict) else None)
-    kind = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
-    return (None if theta is None else float(theta)), str(kind)
+    params = dict(params) if isinstance(params, Mapping) else {}
+    kind, legacy = params.pop("rope_type", None), params.pop("type", None)  # "type": before transformers 4.45
+    kind = legacy if kind is None else kind
+    theta = params.pop("rope_theta", None)
+    theta = cfg.get("rope_theta") if theta is None else theta
+    out: dict[str, Any] = {"rope_type": str(kind or "default"),
+                           "rope_theta": float(DEFAULT_ROPE_THETA if theta is None else theta)}
+    if out["rope_type"] in _ROPE_WITH_ORIGINAL_LENGTH and params.get("original_max_position_embeddings") is None:
+        params["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings",
+                                                             cfg.get("max_position_embeddings"))
+    for key, value in sorted(params.items()):
+        if value is not None:
+            out[key] = _rope_value(value)
+    return out
+
+
+def _rope_value(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float | list | tuple):
+        return value
+    return [float(v) for v in value] if isinstance(value, list | tuple) else float(value)
+
+
+def _rope_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """One line naming the first RoPE field that differs and both values, or None when they agree."""
+    for key in sorted(set(ours) | set(theirs), key=lambda k: (k not in ("rope_type", "rope_theta"), k)):
+        a, b = ours.get(key), theirs.get(key)
+        if a != b:
+            show = lambda v: "absent" if v is None else repr(v)  # noqa: E731
+            whole = lambda rope: ", ".join(f"{k} {v!r}" for k, v in rope.items())  # noqa: E731
+            return (f"rope_parameters differ from the target's: {key} is {show(a)} in the drafter's config and "
+                    f"{show(b)} in the target's (drafter: {whole(ours)}; target: {whole(theirs)}); specframe's drafters "
+                    "run the target's RoPE, so a drafter trained with other frequencies cannot be imported")
+    return None
 
 
 def check_target(imported: Imported, target_config: Any, tokenizer: Any = None) -> None:
@@ -241,10 +315,9 @@ def check_target(imported: Imported, target_config: Any, tokenizer: Any = None) 
                 f"{key} {value} differs from the target's {expected[key]} (specframe's drafters use the target's "
                 "layer shape)"
             )
-    theta, kind = _rope(cfg)
-    t_theta, t_kind = _rope(target)
-    if (theta is not None and t_theta is not None and theta != t_theta) or kind != t_kind:
-        raise SpecframeError(f"rope_parameters ({kind}, theta {theta}) differ from the target's ({t_kind}, theta {t_theta})")
+    differs = _rope_difference(_rope(cfg), _rope(target))
+    if differs:
+        raise SpecframeError(differs)
     n = int(target["num_hidden_layers"])
     bad = [i for i in imported.aux_layer_ids if not 0 <= i < n]
     if bad:
