@@ -529,8 +529,6 @@ def compare(
     """
     if repeats < 1:
         raise UsageError(f"--repeats must be positive, got {repeats}")
-    if concurrency < 1:
-        raise UsageError(f"--concurrency must be positive, got {concurrency}")
     labels = [m.label for m in methods]
     if PLAIN in labels or len(set(labels)) != len(labels):
         raise UsageError(f"method labels must be distinct and not '{PLAIN}': {labels}")
