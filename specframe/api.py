@@ -176,7 +176,7 @@ class SegmentAttention:
         return cls(builder, builder.build(elements, elements))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.attention(q, k, v)
+        return self.attention(*one_dtype(q, k, v))
 
     @property
     def grouped_kv(self) -> bool:
@@ -184,7 +184,23 @@ class SegmentAttention:
 
     def subset(self, query: ElementSet, key: ElementSet) -> Attention:
         check_builder_visibility(self.builder, query.visibility)
-        return self.builder.build(query, key)
+        return SegmentAttention(self.builder, self.builder.build(query, key))
+
+
+def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v in one floating dtype, as a mask builder receives them through ``SegmentAttention``: autocast's where
+    autocast is on (as torch's own SDPA does), else the promoted one. Under bf16 / fp16 autocast a drafter's q and k
+    leave RMSNorms with fp32 weights in fp32 while v leaves a projection in the autocast dtype, and the builders'
+    fused kernels take one dtype (the chunked builder's CPU flash kernel raised "expected scalar type Float but
+    found BFloat16" on DFlash's bf16 step)."""
+    if q.dtype == k.dtype == v.dtype:
+        return q, k, v
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 def check_builder_visibility(builder: MaskBuilder, rule: str) -> None:

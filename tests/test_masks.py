@@ -245,3 +245,22 @@ def test_default_mask_builder_falls_back_when_flex_is_disabled(monkeypatch):
         monkeypatch.delenv("SPECFRAME_DISABLE_PLUGINS")
         plugins.reset()
     assert default_mask_builder("cuda") == "flex"
+
+
+@pytest.mark.parametrize("name", ["dense", "chunked", "precomputed"])
+def test_a_segment_hands_its_builder_one_dtype_under_autocast(name):
+    """Under bf16 autocast q and k leave fp32-weight RMSNorms in fp32 while v leaves a projection in bf16 (DFlash's
+    block): the builder gets all three in autocast's dtype, from the segment's attention and from its subsets."""
+    from specframe import api
+
+    elements = full_grid(12, 3, visibility="block")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, len(elements), 8, generator=g) for _ in range(3))
+    segment = api.SegmentAttention.build(builder(name), elements)
+    reference = segment(q, k, v)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for attention in (segment, segment.subset(elements, elements)):
+            out = attention(q, k, v.bfloat16())
+            assert out.dtype == torch.bfloat16
+            torch.testing.assert_close(out.float(), reference, atol=3e-2, rtol=3e-2)
+    assert api.one_dtype(q, k, v.double())[0].dtype == torch.float64  # no autocast: the promoted dtype
