@@ -1,20 +1,24 @@
 """`make gpu-check`: the CUDA path end to end on one machine, in minutes (a check, not a benchmark).
 
 On one CUDA GPU (``--device cuda``, the default) it
-1. trains every drafter a few bf16 steps with each GPU mask builder (flex, chunked, dense) on a tiny target;
-2. checks flex's forward and backward against dense: one fp32 step from the same seed with each builder must give the
+1. trains every drafter (DFlash too, where its package is installed) a few bf16 steps with each GPU mask builder
+   (flex, chunked, dense) on a tiny target, and a few fp16 steps with the gradient scaler;
+2. trains three epochs with the next step's features prefetched on a side stream and checks the weights equal a run
+   without prefetch (kept features are read again from the second epoch on);
+3. checks flex's forward and backward against dense: one fp32 step from the same seed with each builder must give the
    same weights (chunked too);
-3. runs 2-rank NCCL jobs under torchrun when two GPUs are visible (DDP, and the drafter sharded with --fsdp), and
-   checks each against one process, and loads the target with ``--device-map auto`` (features equal a one-device
-   load);
-4. decodes with each trained drafter on the reference engine (target on the GPU) and checks the output equals plain
-   decoding token for token;
-5. serves each exportable drafter with vLLM speculative decoding (when vLLM is installed) through
+4. runs 2-rank NCCL jobs under torchrun when two GPUs are visible (DDP, the drafter sharded with --fsdp, DDP on an
+   uneven split), checks each against one process and records FSDP2's step time against DDP's; loads the target
+   with ``--device-map auto`` (features equal a one-device load);
+5. trains with flex over unpacked conversations of varied lengths and checks the compiled graphs stay bounded;
+6. decodes with each trained drafter on the reference engine (target on the GPU) and checks the output equals plain
+   decoding token for token; with two GPUs, EAGLE-2 tree decoding with the target spread over both;
+7. serves each exportable drafter with vLLM speculative decoding (when vLLM is installed) through
    ``specframe bench acceptance --engine vllm`` and checks it is lossless;
-6. measures one long-context training step (the gpu preset's memory probe: P-EAGLE, flex + the peagle partitioner,
+8. measures one long-context training step (the gpu preset's memory probe: P-EAGLE, flex + the peagle partitioner,
    bf16, 16,384 tokens, SmolLM2-shaped synthetic features) with its peak CUDA memory against the estimate.
 
-Every part is timed and recorded (``ok`` / ``failed`` with the error / ``skipped`` with the reason) in one results
+It prints one line per check. Every part is timed and recorded (``ok`` / ``failed`` with the error / ``skipped`` with the reason) in one results
 file; the exit status is non-zero when any part failed. ``--device cpu`` runs the same parts that the CPU supports
 (flex, NCCL and the GPU vLLM are skipped), which is how the test suite keeps this script from rotting.
 """
@@ -36,13 +40,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DRAFTERS = ("peagle", "eagle3", "pard", "parallelspec")
 SMALL = {  # tiny drafters: the check is about the path, not the quality
     "peagle": {"layers": 2, "draft_vocab_size": 128, "k_train": 4},
     "eagle3": {"draft_vocab_size": 128, "ttt_steps": 4},
     "pard": {"layers": 1, "k_train": 4},
     "parallelspec": {"draft_vocab_size": 128, "k_train": 4},
+    # the plugin package (packages/specframe-dflash), checked when it is installed: its frozen head, its
+    # bidirectional block and its own export layout are what the review found untested on a GPU
+    "dflash": {"layers": 1, "block_size": 4, "aux_layer_ids": [1, 3]},
 }
+
+
+def drafters() -> tuple[str, ...]:
+    """The built-in drafters, and DFlash where its package is installed."""
+    from specframe import plugins
+
+    return tuple(name for name in SMALL if name in plugins.load().names("drafter"))
 
 
 class Check:
@@ -53,7 +66,6 @@ class Check:
 
     def part(self, name: str, fn, *args, **kwargs) -> Any:
         started = time.perf_counter()
-        print(f"[gpu-check] {name} ...", flush=True)
         try:
             detail = fn(*args, **kwargs)
         except Skip as why:
@@ -85,13 +97,14 @@ def builders(device: str) -> list[str]:
 
 
 def train_run(assets: tuple[Path, Path], out: Path, drafter: str, *, device: str, dtype: str, builder: str,
-              steps: int, **extra: Any) -> Any:
+              steps: int | None, **extra: Any) -> Any:
     from specframe.engine import TrainConfig, train
 
     target, chat = assets
-    cfg = TrainConfig(drafter=drafter, output=str(out), target=str(target), data=str(chat), seq_len=64,
-                      max_steps=steps, batch_size=2, lr=3e-3, val_examples=1, mask_builder=builder, device=device,
-                      dtype=dtype, drafter_options=dict(SMALL[drafter]), **extra)
+    options = {"seq_len": 64, "batch_size": 2, "lr": 3e-3, "val_examples": 1, **extra}
+    cfg = TrainConfig(drafter=drafter, output=str(out), target=str(target), data=str(chat), max_steps=steps,
+                      mask_builder=builder, device=device, dtype=dtype, drafter_options=dict(SMALL[drafter]),
+                      **options)
     return train(cfg, progress=False)
 
 
@@ -99,7 +112,7 @@ def bf16_training(work: Path, assets, device: str) -> dict[str, Any]:
     import math
 
     out: dict[str, Any] = {}
-    for drafter in DRAFTERS:
+    for drafter in drafters():
         for builder in builders(device):
             started = time.perf_counter()
             run = train_run(assets, work / f"bf16-{drafter}-{builder}", drafter, device=device, dtype="bf16",
@@ -111,6 +124,44 @@ def bf16_training(work: Path, assets, device: str) -> dict[str, Any]:
     return out
 
 
+def fp16_training(work: Path, assets, device: str) -> dict[str, Any]:
+    """fp16 autocast with a gradient scaler (the review's items 2 and 7): every drafter trains to finite losses
+    that fall, with the fastest builder of the device."""
+    import math
+
+    builder = builders(device)[0]
+    out: dict[str, Any] = {}
+    for drafter in drafters():
+        run = train_run(assets, work / f"fp16-{drafter}", drafter, device=device, dtype="fp16", builder=builder,
+                        steps=8)
+        losses = [m["train_loss"] for m in run.metrics if m.get("train_loss") is not None]
+        if not losses or not all(math.isfinite(x) for x in losses):
+            raise AssertionError(f"{drafter}: non-finite fp16 losses {losses}")
+        if not losses[-1] < losses[0]:
+            raise AssertionError(f"{drafter}: fp16 training did not lower the loss: {losses}")
+        out[drafter] = {"first_loss": losses[0], "last_loss": losses[-1], "builder": builder}
+    return out
+
+
+def prefetch_epochs(work: Path, assets, device: str) -> dict[str, Any]:
+    """Three epochs with the next step's features prefetched (a CUDA side stream on a GPU, a thread on the CPU) give
+    the weights of the same run without prefetch: from the second epoch on, kept features are read again, which is
+    where half-written features would show (the review's items 1 and 17)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from specframe.engine.checkpoint import resolve
+
+    weights = {}
+    for prefetch in (False, True):
+        train_run(assets, work / f"prefetch-{prefetch}", "peagle", device=device, dtype="fp32",
+                  builder=builders(device)[-1], steps=None, epochs=3, prefetch=prefetch)
+        weights[prefetch] = load_file(str(resolve(work / f"prefetch-{prefetch}") / "model.safetensors"))
+    for key, value in weights[False].items():
+        torch.testing.assert_close(weights[True][key], value, atol=1e-6, rtol=1e-5, msg=f"prefetch changed {key}")
+    return {"epochs": 3, "tensors": len(weights[False])}
+
+
 def builders_agree(work: Path, assets, device: str) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig
@@ -119,7 +170,7 @@ def builders_agree(work: Path, assets, device: str) -> dict[str, Any]:
 
     target_config = AutoConfig.from_pretrained(str(assets[0]))
     out: dict[str, Any] = {}
-    for drafter in DRAFTERS:
+    for drafter in drafters():
         weights = {}
         for builder in builders(device):
             run = train_run(assets, work / f"agree-{drafter}-{builder}", drafter, device=device, dtype="fp32",
@@ -149,8 +200,11 @@ def two_ranks(work: Path, assets, device: str) -> dict[str, Any]:
     cfg = dict(drafter="peagle", target=str(target), data=str(chat), seq_len=64, max_steps=2, batch_size=2, lr=3e-3,
                val_examples=1, mask_builder="flex", device="cuda", drafter_options=SMALL["peagle"])
     torchrun = Path(sys.executable).with_name("torchrun")
-    # DDP, then the drafter sharded with FSDP2 (--fsdp): both must give the one-process weights
-    for name, extra in (("nccl", {}), ("nccl-fsdp", {"fsdp": True})):
+    uneven = write_chat(work / "uneven.jsonl", n=8)  # 7 training conversations: the ranks get different counts
+    # DDP, then the drafter sharded with FSDP2 (--fsdp), then DDP on an uneven split: each must give the one-process
+    # weights of its data
+    runs = (("nccl", {}), ("nccl-fsdp", {"fsdp": True}), ("nccl-uneven", {"data": str(uneven)}))
+    for name, extra in runs:
         script = work / f"rank-{name}.py"
         script.write_text(textwrap.dedent(f"""
             import sys
@@ -163,16 +217,82 @@ def two_ranks(work: Path, assets, device: str) -> dict[str, Any]:
         if done.returncode != 0:
             raise RuntimeError(f"torchrun ({name}) failed: {done.stderr[-2000:]}")
     from specframe.engine import TrainConfig, train
-
-    one = train(TrainConfig(output=str(work / "nccl-one"), **cfg), progress=False)
-    a = load_file(str(Path(one.checkpoint) / "model.safetensors"))
     from specframe.engine.checkpoint import resolve
 
-    for name in ("nccl", "nccl-fsdp"):
+    one = {"": train(TrainConfig(output=str(work / "nccl-one"), **cfg), progress=False),
+           "uneven": train(TrainConfig(output=str(work / "nccl-one-uneven"), **{**cfg, "data": str(uneven)}),
+                           progress=False)}
+    for name, _ in runs:
+        a = load_file(str(Path(one["uneven" if name.endswith("uneven") else ""].checkpoint) / "model.safetensors"))
         b = load_file(str(resolve(work / name) / "model.safetensors"))
         for key in a:
             torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4, msg=f"{name}: {key}")
-    return {"world_size": 2, "backend": "nccl", "runs": ["ddp", "fsdp"]}
+    # FSDP2 against DDP: the median step time of each (its all-gathers and reduce-scatters against DDP's all-reduce)
+    step = {name: _median_step_seconds(work / name) for name, _ in runs}
+    return {"world_size": 2, "backend": "nccl", "runs": [name for name, _ in runs], "median_step_seconds": step,
+            "fsdp_over_ddp_step_time": step["nccl-fsdp"] / step["nccl"] if step["nccl"] else None}
+
+
+def _median_step_seconds(run: Path) -> float:
+    import statistics
+
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    seconds = [r["step_seconds"] for r in rows if isinstance(r.get("step_seconds"), int | float)]
+    return statistics.median(seconds) if seconds else float("nan")
+
+
+def flex_recompiles(work: Path, assets, device: str) -> dict[str, Any]:
+    """flex attention compiles its kernels: over unpacked conversations of varied lengths the number of compiled
+    graphs must stay bounded, not grow with every new sequence length."""
+    from torch._dynamo.utils import counters
+
+    if not device.startswith("cuda"):
+        raise Skip("flex attention is the GPU mask builder")
+    target, _ = assets
+    varied = work / "varied.jsonl"
+    lines = []
+    for i, n in enumerate((5, 9, 14, 20, 27, 33, 41, 50, 58, 63, 7, 31)):  # assistant lengths in words
+        lines.append(json.dumps({"id": str(i), "messages": [{"role": "user", "content": "add the numbers"},
+                                                             {"role": "assistant", "content": " ".join(["one"] * n)}]}))
+    varied.write_text("\n".join(lines) + "\n")
+    graphs_before = counters["stats"].get("unique_graphs", 0)
+    train_run((target, varied), work / "flex-varied", "peagle", device=device, dtype="bf16", builder="flex",
+              steps=10, pack=False, batch_size=1)
+    graphs = counters["stats"].get("unique_graphs", 0) - graphs_before
+    if graphs >= 10:
+        raise AssertionError(f"flex compiled {graphs} graphs over 10 steps of varied lengths: it recompiles per shape")
+    return {"steps": 10, "compiled_graphs": graphs}
+
+
+def tree_device_map(work: Path, assets, device: str) -> dict[str, Any]:
+    """EAGLE-2 tree verification with the target spread over two GPUs (the review's item 6: the KV path copy ran
+    on one device) equals plain decoding token for token."""
+    import torch
+
+    from specframe import plugins
+    from specframe.engine.checkpoint import load_drafter
+    from specframe.inference.engine import TreeShape, generate
+    from specframe.targets import load_target
+
+    if not device.startswith("cuda"):
+        raise Skip("a target spread over GPUs")
+    if torch.cuda.device_count() < 2:
+        raise Skip(f"{torch.cuda.device_count()} GPU visible; spreading a target needs two")
+    checkpoint = work / "agree-eagle3-dense"
+    if not checkpoint.exists():
+        raise RuntimeError("no trained eagle3 (the builders part failed before it)")
+    target = load_target(assets[0], device_map="balanced")
+    used = sorted({str(d) for d in (getattr(target.model, "hf_device_map", None) or {}).values()})
+    if len(used) < 2:
+        raise AssertionError(f"device_map balanced put the target on {used} only")
+    prompt = torch.tensor(target.tokenizer.encode("the quick brown fox jumps over"))
+    verifier = plugins.get("verifier", "greedy")()
+    plain = generate(target.model, prompt, verifier, max_new_tokens=32, eos_token_id=())
+    tree = generate(target.model, prompt, verifier, load_drafter(checkpoint, target.config),
+                    tree=TreeShape(depth=3, top_k=2, total_tokens=6), max_new_tokens=32, eos_token_id=())
+    if tree.tokens != plain.tokens:
+        raise AssertionError("tree decoding over two GPUs differs from plain decoding")
+    return {"devices_used": used, "tokens": len(tree.tokens), "target_forwards": tree.target_forwards}
 
 
 def device_map_features(work: Path, assets, device: str) -> dict[str, Any]:
@@ -209,7 +329,7 @@ def lossless_decoding(work: Path, assets, device: str) -> dict[str, Any]:
     greedy = plugins.get("verifier", "greedy")()
     plain = generate(target.model, prompt, greedy, max_new_tokens=32, eos_token_id=())
     out = {}
-    for drafter in DRAFTERS:
+    for drafter in drafters():
         checkpoint = work / f"agree-{drafter}-dense"
         if not checkpoint.exists():
             raise RuntimeError(f"no trained {drafter} (the builders part failed before it)")
@@ -230,7 +350,7 @@ def vllm_serving(work: Path, assets, device: str) -> dict[str, Any]:
     if importlib.util.find_spec("vllm") is None:
         raise Skip("vLLM is not installed (make setup VLLM=gpu)")
     out = {}
-    for drafter in ("peagle", "eagle3", "pard", "parallelspec"):
+    for drafter in drafters():
         checkpoint = work / f"agree-{drafter}-dense"
         results = work / f"vllm-{drafter}.json"
         done = subprocess.run(
@@ -296,11 +416,18 @@ def main(argv: list[str] | None = None) -> int:
                              intermediate=128)
         assets = (target, write_chat(work / "chat.jsonl"))
         check.part("bf16 training: every drafter x mask builder", bf16_training, work, assets, args.device)
+        check.part("fp16 training with a gradient scaler: every drafter", fp16_training, work, assets, args.device)
+        check.part("prefetched features over 3 epochs equal no prefetch", prefetch_epochs, work, assets, args.device)
         check.part("mask builders agree (fp32 step, forward + backward)", builders_agree, work, assets, args.device)
-        check.part("2 ranks (NCCL; DDP and FSDP2) equal 1 process", two_ranks, work, assets, args.device)
+        check.part("2 ranks (NCCL; DDP, FSDP2, an uneven split) equal 1 process", two_ranks, work, assets,
+                   args.device)
+        check.part("flex over varied lengths compiles a bounded number of graphs", flex_recompiles, work, assets,
+                   args.device)
         check.part("target spread by --device-map auto equals one device", device_map_features, work, assets,
                    args.device)
         check.part("lossless decoding, target on the device", lossless_decoding, work, assets, args.device)
+        check.part("tree decoding with the target over 2 GPUs equals plain", tree_device_map, work, assets,
+                   args.device)
         check.part("vLLM speculative decoding", vllm_serving, work, assets, args.device)
         if args.long_context:
             check.part(f"long-context step ({args.long_context} tokens)", long_context, work, assets, args.device,

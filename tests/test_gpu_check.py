@@ -32,9 +32,18 @@ def test_cpu_parts_run_and_pass(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     status = {p["part"].split(" (")[0].split(":")[0]: p["status"] for p in result["parts"]}
-    assert status == {"bf16 training": "ok", "mask builders agree": "ok", "2 ranks": "skipped",
+    assert status == {"bf16 training": "ok", "fp16 training with a gradient scaler": "ok",
+                      "prefetched features over 3 epochs equal no prefetch": "ok", "mask builders agree": "ok",
+                      "2 ranks": "skipped", "flex over varied lengths compiles a bounded number of graphs": "skipped",
                       "target spread by --device-map auto equals one device": "skipped",
-                      "lossless decoding, target on the device": "ok", "vLLM speculative decoding": "skipped"}
+                      "lossless decoding, target on the device": "ok",
+                      "tree decoding with the target over 2 GPUs equals plain": "skipped",
+                      "vLLM speculative decoding": "skipped"}
     agree = next(p for p in result["parts"] if p["part"].startswith("mask builders"))["detail"]
-    assert set(agree) == {"peagle", "eagle3", "pard", "parallelspec"}
+    assert set(agree) == {"peagle", "eagle3", "pard", "parallelspec", "dflash"}
+    fp16 = next(p for p in result["parts"] if p["part"].startswith("fp16"))["detail"]
+    assert set(fp16) == set(agree)
+    # one line per check, then the total
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[gpu-check]")]
+    assert len(lines) == len(result["parts"]) + 1
     assert result["failed"] == [] and result["provenance"]["git_commit"]
