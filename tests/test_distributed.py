@@ -262,6 +262,64 @@ def test_fsdp_ranks_start_from_rank_0s_weights(assets, tmp_path):
     assert_close(weights(single.checkpoint), weights(tmp_path / "two"))
 
 
+def watch_fsdp_gathers(trainer_cls) -> None:
+    """Patch ``trainer_cls.train_step`` (in a rank) to check, every step of an ``--fsdp`` run, that the drafter's frozen
+    parameters are plain full tensors (not DTensor shards) and that every FSDP all-gather of the step moved the
+    trainable parameters only: at least their size (plus FSDP's padding of each shard) and less than that plus the
+    frozen ones'."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+    from torch.distributed.tensor import DTensor
+
+    gathers: list[int] = []
+    plain_gather = _fsdp_collectives.DefaultAllGather.__call__
+
+    def counting(self, output_tensor, input_tensor, group, async_op=False):
+        gathers.append(output_tensor.numel())
+        return plain_gather(self, output_tensor, input_tensor, group, async_op)
+
+    _fsdp_collectives.DefaultAllGather.__call__ = counting
+    plain_step = trainer_cls.train_step
+
+    def train_step(self):
+        frozen = [p for p in self.fsdp.parameters() if not p.requires_grad]
+        trainable = [p for p in self.fsdp.parameters() if p.requires_grad]
+        assert frozen and not any(isinstance(p, DTensor) for p in frozen), "frozen parameters were sharded"
+        assert all(isinstance(p, DTensor) for p in trainable)
+        gathers.clear()
+        out = plain_step(self)
+        assert all(p.grad is None for p in frozen)
+        size, still = sum(p.numel() for p in trainable), sum(p.numel() for p in frozen)
+        padding = sum(p.numel() // p.shape[0] * (self.dist.world - 1) for p in trainable)
+        assert gathers and all(size <= g <= size + padding < size + still for g in gathers), (gathers, size, still)
+        return out
+
+    trainer_cls.train_step = train_step
+
+
+@pytest.mark.slow
+def test_fsdp_never_shards_or_gathers_frozen_weights(assets, tmp_path):
+    """GPU-path review item 5: FSDP2's one root unit sharded EAGLE-3's frozen [V, H] target embedding with the rest and
+    all-gathered it in fp32 every forward (DFlash: its embedding and lm_head too), traffic DDP never has. Frozen
+    parameters are now left out of the unit, whole on every rank: each all-gather moves the trainable parameters only,
+    and the run's losses and weights are still DDP's (and one process's)."""
+    import json
+
+    eagle = dict(drafter="eagle3", partitioner="none", partitions=1, mask_builder="dense", max_steps=3,
+                 drafter_options={"draft_vocab_size": 128, "ttt_steps": 3})
+    prelude = "from tests.test_distributed import watch_fsdp_gathers; watch_fsdp_gathers(Trainer)"
+    torchrun(tmp_path, config(assets, tmp_path / "fsdp", fsdp=True, **eagle), port=29545, prelude=prelude,
+             timeout=300)
+    torchrun(tmp_path, config(assets, tmp_path / "ddp", **eagle), port=29546, timeout=300)
+
+    def losses(run):
+        return [json.loads(line)["train_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+                if "train_loss" in json.loads(line)]
+
+    assert len(losses(tmp_path / "fsdp")) == 3
+    assert losses(tmp_path / "fsdp") == pytest.approx(losses(tmp_path / "ddp"), rel=1e-5, abs=1e-6)
+    assert_close(weights(tmp_path / "fsdp"), weights(tmp_path / "ddp"))
+
+
 def test_fsdp_needs_processes_and_no_fp16(assets, tmp_path):
     with pytest.raises(UsageError, match="--fsdp shards the drafter across processes"):
         train(config(assets, tmp_path / "one", fsdp=True), progress=False)

@@ -1,14 +1,17 @@
 """``--fsdp``: the drafter's parameters, gradients and AdamW state sharded across the ranks with torch's FSDP2
 (``torch.distributed.fsdp.fully_shard``), for a drafter whose optimizer state does not fit one device.
 
-The whole drafter is one FSDP unit, sharded at the root (``_DrafterLoss``): a drafter computes its loss by calling
-its submodules in its own order and number (EAGLE-3 runs its layer once per depth, a segment may forward nothing), and
-per-layer units would all-gather once per call, which ranks holding different sequences would not match. So the
-parameters are gathered whole for each forward and its backward (as under DDP) and resharded after; what stays
-sharded is AdamW's two moments (2 of the 4 fp32 copies per trainable parameter: ``specframe.memory`` divides them by
-the world size), the master weights between steps and the gradients accumulated between backwards (each backward
-reduce-scatters). Every rank runs the same number of forwards per step (ranks with fewer segments run zero-loss
-ones), because each forward all-gathers.
+The whole drafter is one FSDP unit, sharded at the root (``_DrafterLoss``), except its frozen parameters (EAGLE-3's
+target embedding, DFlash's embedding and lm_head, anything with ``requires_grad`` False): those are replicated, each
+rank holding the full tensor as under DDP, and never all-gathered, since they never change and hold no gradient or
+optimizer state to shard (a [V, H] embedding gathered in fp32 every forward was most of a step's traffic). One unit,
+because a drafter computes its loss by calling its submodules in its own order and number (EAGLE-3 runs its layer
+once per depth, a segment may forward nothing), and per-layer units would all-gather once per call, which ranks
+holding different sequences would not match. So the trainable parameters are gathered whole for each forward and
+its backward (as under DDP) and resharded after; what stays sharded is AdamW's two moments (2 of the 4 fp32 copies per
+trainable parameter: ``specframe.memory`` divides them by the world size), the master weights between steps and the
+gradients accumulated between backwards (each backward reduce-scatters). Every rank runs the same number of forwards
+per step (ranks with fewer segments run zero-loss ones), because each forward all-gathers.
 
 Checkpoints stay in the one-process format (full weights in safetensors, the optimizer state keyed by parameter
 index), so a run resumes with another world size, with or without ``--fsdp``: saving gathers the full tensors on every
@@ -27,7 +30,8 @@ from torch import nn
 
 
 def shard(root: nn.Module, device: torch.device) -> None:
-    """Shard ``root``'s parameters over every rank (one FSDP unit; see the module doc)."""
+    """Shard ``root``'s trainable parameters over every rank (one FSDP unit; frozen ones stay whole on every rank, see
+    the module doc)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -38,7 +42,8 @@ def shard(root: nn.Module, device: torch.device) -> None:
     with torch.no_grad():
         for t in [*root.parameters(), *root.buffers()]:
             torch.distributed.broadcast(t, src=0)
-    fully_shard(root, mesh=mesh)
+    frozen = {p for p in root.parameters() if not p.requires_grad}
+    fully_shard(root, mesh=mesh, ignored_params=frozen or None)
 
 
 def _is_dtensor(t: Any) -> bool:
