@@ -24,7 +24,7 @@ from specframe import modeling, vocab
 
 # The feature-reading drafters' shared backbone (vLLM EAGLE-3 names), draft vocabulary and depth bookkeeping.
 from specframe import eagle
-from specframe.elements import VISIBILITY_RULES, ElementSet, full_grid, visible
+from specframe.elements import VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility, visible
 from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError, read_json
 from specframe.features import FeatureSpec
 from specframe.hookspecs import hookimpl
@@ -51,7 +51,12 @@ from specframe.vllm import export as vllm_layouts
 #:   applies it (lm_head bias, logit scale, soft-capping), which ``api.eagle.kl_teacher`` and
 #:   ``api.modeling.chunked_forward_kl`` take as ``target_head``; a bare lm_head weight is still accepted and taken as
 #:   a head that is only the matmul, so a version-3 plugin runs unchanged (with the teacher it had).
-API_VERSION = "4"
+#: - "5" (additive): what built-in plugins reached past this module for, here: ``api.rule_matrix`` and
+#:   ``api.shared_visibility`` (a visibility rule as a boolean matrix, the rule two element sets share: for mask
+#:   builders), ``api.one_dtype`` (the one dtype ``SegmentAttention`` hands a builder q, k, v in), and the folder a
+#:   drafter's ``import_weights`` is handed has ``check_target``, ``check_shape`` and ``eagle_state`` methods. Nothing
+#:   a version-4 plugin uses changed.
+API_VERSION = "5"
 
 __all__ = [
     "API_VERSION",
@@ -80,8 +85,11 @@ __all__ = [
     "full_grid",
     "hookimpl",
     "positive_int",
+    "one_dtype",
     "residual_distribution",
+    "rule_matrix",
     "sampling_distribution",
+    "shared_visibility",
     "modeling",
     "eagle",
     "vocab",

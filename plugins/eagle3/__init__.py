@@ -355,15 +355,13 @@ class Eagle3Drafter(api.Drafter):
     def import_weights(self, imported: Any) -> None:
         """Load an EAGLE-3 folder (speculators, SafeAILab or SpecForge layout; ``specframe.vllm.imports``) of this
         drafter's shape; without ``embed_tokens`` the target's embedding is used, as vLLM does."""
-        from specframe.vllm import imports
-
         if imported.layout != "eagle3":
             raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not eagle3")
-        imports.check_target(imported, self.target_config)
-        imports.check_shape(imported, self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
-                            draft_vocab_size=self.draft_vocab_size)
-        state = imports.eagle_state(imported, self.model.state_dict(), self.target_config,
-                                    own_embedding_is_target=self._target_head is not None)
+        imported.check_target(self.target_config)
+        imported.check_shape(self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
+                             draft_vocab_size=self.draft_vocab_size)
+        state = imported.eagle_state(self.model.state_dict(), self.target_config,
+                                     own_embedding_is_target=self._target_head is not None)
         self.model.load_state_dict(state)
 
 

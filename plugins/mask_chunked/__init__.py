@@ -31,7 +31,6 @@ import attrs
 import torch
 
 from specframe import api
-from specframe.elements import rule_matrix, shared_visibility
 
 
 @attrs.define
@@ -77,12 +76,12 @@ class _Plan:
         sl = slice(chunk.start, chunk.stop)
         qa, qd, qdoc = self.q_anchor[sl, None], self.q_depth[sl, None], self.q_doc[sl, None]
         ka, kd, kdoc = (t[chunk.band][None, :] for t in (self.k_anchor, self.k_depth, self.k_doc))
-        return (qdoc == kdoc) & rule_matrix(self.rule, qa, qd, ka, kd)
+        return (qdoc == kdoc) & api.rule_matrix(self.rule, qa, qd, ka, kd)
 
 
 def plan(query: api.ElementSet, key: api.ElementSet, chunk_size: int) -> _Plan:
     """Cut the queries into chunks and find each one's prefix and band (CPU, once per segment)."""
-    rule = shared_visibility(query, key)
+    rule = api.shared_visibility(query, key)
     root = (key.depth == 0).nonzero().squeeze(1)
     root = root[torch.argsort(key.anchor[root], stable=True)]
     deep = (key.depth > 0).nonzero().squeeze(1)

@@ -12,7 +12,6 @@ import attrs
 import torch
 
 from specframe import api
-from specframe.elements import rule_matrix, shared_visibility
 
 
 @attrs.define
@@ -23,10 +22,10 @@ class FlexOptions:
 
 def _mask_mod(query: api.ElementSet, key: api.ElementSet):
     qa, qd, qdoc, ka, kd, kdoc = query.anchor, query.depth, query.doc, key.anchor, key.depth, key.doc
-    rule = shared_visibility(query, key)
+    rule = api.shared_visibility(query, key)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (qdoc[q_idx] == kdoc[kv_idx]) & rule_matrix(rule, qa[q_idx], qd[q_idx], ka[kv_idx], kd[kv_idx])
+        return (qdoc[q_idx] == kdoc[kv_idx]) & api.rule_matrix(rule, qa[q_idx], qd[q_idx], ka[kv_idx], kd[kv_idx])
 
     return mask_mod
 

@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from specframe import api
-from specframe.elements import rule_matrix, shared_visibility
 
 # Growth is rounded up so slightly longer sequences do not each trigger a rebuild.
 _GROW_MULTIPLE = 128
@@ -59,7 +58,7 @@ def grid_mask(max_len: int, max_depth: int, rule: str = "chain") -> torch.Tensor
     for start in range(0, n, _BUILD_ROWS):
         qa = anchor[start : start + _BUILD_ROWS, None]
         qd = depth[start : start + _BUILD_ROWS, None]
-        mask[start : start + _BUILD_ROWS] = rule_matrix(rule, qa, qd, anchor[None, :], depth[None, :])
+        mask[start : start + _BUILD_ROWS] = api.rule_matrix(rule, qa, qd, anchor[None, :], depth[None, :])
     return mask
 
 
@@ -94,7 +93,7 @@ class PrecomputedMaskBuilder(api.MaskBuilder):
             )
         depth = query.max_depth
         width = query.seq_len * depth
-        block = self.cached_mask(query.seq_len, depth, shared_visibility(query, key))[:width, :width]
+        block = self.cached_mask(query.seq_len, depth, api.shared_visibility(query, key))[:width, :width]
         qi = query.anchor * depth + query.depth
         ki = key.anchor * depth + key.depth
         mask = block[qi[:, None], ki[None, :]]

@@ -188,19 +188,17 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
     def import_weights(self, imported: Any) -> None:
         """Load a ParallelSpec export (``write_parallelspec``; ``specframe.vllm.imports``) of this drafter's shape,
         with its mask token ids."""
-        from specframe.vllm import imports
-
         if imported.layout != "parallelspec":
             raise api.SpecframeError(
                 f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not parallelspec"
             )
-        imports.check_target(imported, self.target_config)
-        imports.check_shape(imported, self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
-                            draft_vocab_size=self.draft_vocab_size)
+        imported.check_target(self.target_config)
+        imported.check_shape(self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
+                             draft_vocab_size=self.draft_vocab_size)
         # mask_hidden is only there for vLLM's loader (the plugin model replaces it by the anchor's hidden state)
         tensors = {k: v for k, v in imported.tensors.items() if k != "mask_hidden"}
-        state = imports.eagle_state(attrs.evolve(imported, tensors=tensors), self.model.state_dict(),
-                                    self.target_config, own_embedding_is_target=self._target_head is not None)
+        state = attrs.evolve(imported, tensors=tensors).eagle_state(
+            self.model.state_dict(), self.target_config, own_embedding_is_target=self._target_head is not None)
         self.model.load_state_dict(state)
         self.mask_token_ids = [int(i) for i in imported.config["parallelspec_mask_token_ids"]]
 

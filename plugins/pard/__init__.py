@@ -272,12 +272,10 @@ class PardDrafter(api.Drafter):
     def import_weights(self, imported: Any) -> None:
         """Load a PARD causal LM of the target's tokenizer (config with ``pard_token``; ``specframe.vllm.imports``)
         with this drafter's depth; its ``pard_token`` becomes the mask token."""
-        from specframe.vllm import imports
-
         if imported.layout != "pard":
             raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not pard")
-        imports.check_target(imported, self.target_config)
-        imports.check_shape(imported, self.name, layers=self.options.layers)
+        imported.check_target(self.target_config)
+        imported.check_shape(self.name, layers=self.options.layers)
         state = dict(imported.tensors)
         embed = state.get("model.embed_tokens.weight")
         head = state.get("lm_head.weight")

@@ -261,15 +261,13 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
     def import_weights(self, imported: Any) -> None:
         """Load a P-EAGLE folder (speculators ``peagle``; ``specframe.vllm.imports``) of this drafter's shape, with
         its mask token; without ``embed_tokens`` the target's embedding is used."""
-        from specframe.vllm import imports
-
         if imported.layout != "peagle":
             raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not peagle")
-        imports.check_target(imported, self.target_config)
-        imports.check_shape(imported, self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
-                            draft_vocab_size=self.draft_vocab_size)
-        state = imports.eagle_state(imported, self.model.state_dict(), self.target_config,
-                                    own_embedding_is_target=self._target_head is not None)
+        imported.check_target(self.target_config)
+        imported.check_shape(self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
+                             draft_vocab_size=self.draft_vocab_size)
+        state = imported.eagle_state(self.model.state_dict(), self.target_config,
+                                     own_embedding_is_target=self._target_head is not None)
         self.model.load_state_dict(state)
         self.mask_token_id = imported.mask_token_id
 

@@ -100,6 +100,22 @@ class Imported:
         value = self.config.get(key)
         return None if value is None else int(value)
 
+    # What a drafter's ``import_weights`` needs, as methods, so a plugin reaches them through the object it is
+    # handed and imports nothing past ``specframe.api`` (API 5).
+
+    def check_target(self, target_config: Any, tokenizer: Any = None) -> None:
+        """``check_target``: refuse a folder made for another target (one line naming the field)."""
+        check_target(self, target_config, tokenizer)
+
+    def check_shape(self, drafter: str, **expected: Any) -> None:
+        """``check_shape``: refuse a folder whose layers / aux layer ids / draft vocabulary differ from ``expected``."""
+        check_shape(self, drafter, **expected)
+
+    def eagle_state(self, own: Mapping[str, torch.Tensor], target_config: Any, *,
+                    own_embedding_is_target: bool = False) -> dict[str, torch.Tensor]:
+        """``eagle_state``: the folder's EAGLE tensors as a full state dict for a module whose state dict is ``own``."""
+        return eagle_state(self, own, target_config, own_embedding_is_target=own_embedding_is_target)
+
 
 def format_of(directory: str | os.PathLike) -> str | None:
     """Which importable format ``directory`` holds (None when it is none of them, e.g. a training checkpoint)."""
