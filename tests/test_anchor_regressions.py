@@ -641,3 +641,146 @@ def test_an_exported_drafter_imported_back_drafts_the_same_tokens(unusual, tmp_p
         runs.append((drafts, out.tokens))
     assert len(runs[0][0]) > 3
     assert runs[0] == runs[1], name
+
+
+# -------------------------------------------------------------------------------- 5. a rank with nothing supervised
+# tests/test_distributed.py covers a rank that holds no sequence (test_a_rank_without_a_sequence_still_joins_the_
+# reduction) and a step that supervises nothing on any rank (test_a_step_that_supervises_nothing_does_not_deadlock_ddp),
+# both on P-EAGLE. Missing: a rank that holds a sequence with no supervised element while the other rank's is
+# supervised, the case of the reports (one rank's batch has no valid anchor), on every drafter.
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_sequence_with_nothing_supervised_gives_a_zero_loss_in_the_graph(target, name):
+    """Every segment of a sequence without an answer token charges nothing, and its zero loss still back-propagates
+    (DDP's reduction is armed by that backward; a loss outside the graph would raise, a skipped one would leave the
+    other ranks waiting) into zero gradients."""
+    docs = conversations(target, 1)
+    blank = [api.TrainingExample(d.input_ids, torch.zeros_like(d.loss_mask), d.doc) for d in docs]
+    drafter, (ex,) = build(target, name, blank, packed=False)
+    drafter.module().train()
+    elems = grid(drafter, ex)
+    assert not bool(drafter.supervision(ex).any())
+    builder = plugins.get("mask builder", "dense")()
+    segments = plugins.get("partitioner", "peagle")().partition(elems, 2)
+    check_partition(elems, segments, "peagle")
+    drafter.module().zero_grad(set_to_none=True)
+    for seg in segments:
+        sub = elems.subset(seg.elements)
+        terms = drafter.loss(ex, elems, seg, api.SegmentAttention.build(builder, sub))
+        assert terms.count == 0 and float(terms.loss_sum.detach()) == 0.0 and int(terms.total.sum()) == 0
+        assert terms.loss_sum.requires_grad, f"{name}: a segment without supervision returns a loss outside the graph"
+        (terms.loss_sum * 0.5).backward()
+    grads = [p.grad for p in drafter.module().parameters() if p.requires_grad and p.grad is not None]
+    assert grads and all(not bool(g.any()) for g in grads)
+
+
+def blank_slot_zero(trainer_cls) -> None:
+    """Patch ``trainer_cls.train_step`` so that the sequence in slot 0 of every step (rank 0's under 2 ranks and
+    batch size 2) has no answer token: that rank's batch has no supervised element, the other rank's has."""
+    plain_step = trainer_cls.train_step
+
+    def train_step(self):
+        blank = self.batch_indices(self.step)[0]
+        if self.dist.world > 1 and self.dist.rank == 0:  # its batch is that sequence alone
+            assert [idx for _, idx in self.local_slots(self.step)] == [blank]
+        plain = self.source.example
+
+        def example(i):
+            ex = plain(i)
+            return ex if i != blank else api.TrainingExample(ex.input_ids, torch.zeros_like(ex.loss_mask), ex.doc,
+                                                             ex.features)
+
+        self.source.example = example
+        try:
+            return plain_step(self)
+        finally:
+            del self.source.example
+
+    trainer_cls.train_step = train_step
+
+
+RANKS = """
+import os
+import sys
+with open({pids!r}, "a") as f:  # a deadlocked run is killed by these ids
+    f.write(f"{{os.getpid()}}\\n")
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads(1)
+from torch.nn.parallel import DistributedDataParallel
+from specframe.engine import TrainConfig, train
+from specframe.engine.loop import Trainer
+from tests.test_anchor_regressions import blank_slot_zero
+blank_slot_zero(Trainer)
+blanked = Trainer.train_step
+def step(self):
+    assert isinstance(self.ddp, DistributedDataParallel)  # gradients go through torch's DDP
+    return blanked(self)
+Trainer.train_step = step
+for cfg in {configs!r}:  # one process group, every drafter in turn
+    train(TrainConfig(**cfg), progress=False)
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_whose_batch_has_nothing_supervised_matches_one_process(tmp_path, monkeypatch):
+    """2 gloo ranks, batch size 2: every step rank 0's sequence has no supervised element and rank 1's has. Every
+    drafter finishes (no deadlock, no NaN) with the one-process weights and losses: the step's loss is the global sum
+    over the global count, to which the empty rank adds nothing but its share of the reduction."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    import attrs
+    from transformers import AutoConfig
+
+    from specframe.engine import TrainConfig, train
+    from specframe.engine.checkpoint import load_drafter
+    from tests.train_fixtures import build as build_assets
+
+    root = Path(__file__).resolve().parents[1]
+    target_dir, chat = build_assets(tmp_path / "assets")
+    monkeypatch.setattr(Trainer, "train_step", Trainer.train_step)  # restored after the test
+    blank_slot_zero(Trainer)
+
+    def config(name, out):
+        options = {**OPTIONS[name], **({"draft_vocab_size": 64} if "draft_vocab_size" in OPTIONS[name] else {})}
+        return TrainConfig(drafter=name, output=str(out), target=str(target_dir), data=str(chat), seq_len=48,
+                           max_steps=2, batch_size=2, lr=3e-3, val_examples=1, partitioner="peagle", partitions=2,
+                           drafter_options=options)
+
+    single = {name: train(config(name, tmp_path / f"one-{name}"), progress=False) for name in ALL}
+    for run in single.values():
+        assert all(m["elements"] > 0 for m in run.metrics)  # rank 1's sequence is supervised every step
+    script, pids = tmp_path / "ranks.py", tmp_path / "ranks.pids"
+    configs = [attrs.asdict(config(name, tmp_path / f"two-{name}")) for name in ALL]
+    script.write_text(textwrap.dedent(RANKS.format(root=str(root), pids=str(pids), configs=configs)))
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2",
+                             "--master-port", "29561", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        _, stderr = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        for pid in pids.read_text().split() if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"the 2-rank runs were still going after 900 s (deadlocked?): {stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-3000:]
+    target_config = AutoConfig.from_pretrained(target_dir)
+    for name in ALL:
+        # each drafter's own checkpoint format (PARD's is a transformers folder)
+        one = load_drafter(single[name].checkpoint, target_config).module().state_dict()
+        two = load_drafter(tmp_path / f"two-{name}", target_config).module().state_dict()
+        assert one.keys() == two.keys()
+        for key in one:
+            torch.testing.assert_close(two[key], one[key], atol=1e-5, rtol=1e-4, msg=f"{name}: {key}")
+        logged = [json.loads(line) for line in (tmp_path / f"two-{name}" / "metrics.jsonl").read_text().splitlines()
+                  if line.strip()]
+        losses = [m["train_loss"] for m in logged if "train_loss" in m]
+        assert losses == pytest.approx([m["train_loss"] for m in single[name].metrics], rel=1e-4), name
