@@ -181,6 +181,8 @@ def test_the_first_supervised_element_is_taught_the_first_answer_token(target, n
         reachable = sorted(t for t in answers if t - r >= int(starts[t]))
         depth0 = targets(drafter, ex, elems, elems.depth == 0)
         assert sorted(depth0) == reachable, name
+        # the sequence's first supervised position is the one taught its first answer token (a prompt-led answer)
+        assert int(drafter.supervision(ex).nonzero()[0]) == answer_starts(ex)[0] - r == min(depth0) - r, name
         for first in answer_starts(ex):
             if first - r >= int(starts[first]):
                 assert first in depth0, f"{name}: the first answer token at {first} is dropped"
