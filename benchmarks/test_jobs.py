@@ -12,7 +12,8 @@ whole answer and its checkpoint need not outlive the job.
      -> ``<results>/<drafter>/training.json`` (learning curve on the shared token axis, throughput, load beside);
   2. whole-set acceptance in vLLM at each K of ``vllm_ks`` that vLLM serves the drafter at -> ``acceptance-<set>.json``
      (DFlash only at block_size - 1: vLLM's proposer runs a block of K + 1 slots; each K refused is skipped, its
-     reason in ``job.json``'s ``vllm_refused``, and speed in vLLM at those K too);
+     reason in ``job.json``'s ``vllm_refused``, and speed in vLLM at those K too; such a drafter is measured at its
+     own K instead, so every drafter has vLLM figures);
   3. for a drafter that builds trees, the EAGLE-2 tree on the reference engine, on a subset -> ``tree-reference.json``;
   4. speed in vLLM at batch 1 and at each further ``speed_concurrency`` (requests at once): plain, n-gram and the
      drafter at each K, interleaved repeats, MT-Bench turns (``bench.compare_vllm``) -> ``speed-batch1.json``,
@@ -127,6 +128,18 @@ def _with_k(methods: list, source: str, workdir: str, refused: dict[str, str] | 
     DFlash drafter below its block) is left out with its reason there."""
     jobs = bench.vllm_jobs(methods, source, Path(workdir), refused)
     return {m.label: (jobs[m.label], m.k) for m in methods if m.label in jobs}
+
+
+def _own_k(run: str, source: str, workdir: str) -> int | None:
+    """The fewest draft tokens vLLM serves ``run``'s export at as it was trained (``Manifest.min_speculative_tokens``:
+    DFlash's block_size - 1), None when any K will do."""
+    from specframe.cli.export_cmd import export_checkpoint
+    from specframe.vllm.export import read_manifest
+
+    folder = Path(workdir) / "own-k"
+    if not folder.exists():
+        export_checkpoint(run, folder, source)
+    return read_manifest(folder).min_speculative_tokens
 
 
 def test_baselines(benchmark, workspace, target):
@@ -274,6 +287,12 @@ def test_drafter_job(benchmark, workspace, target, drafter):
                       for k in p.vllm_ks]
             with tempfile.TemporaryDirectory(prefix="specframe-job-") as tmp:
                 jobs = _with_k(served, _source(workspace), tmp, refused)
+                own = _own_k(record["run"], _source(workspace), tmp) if refused else None
+                if own is not None and own not in [k for _, k in jobs.values()]:
+                    # a drafter vLLM serves only at its own K (DFlash: its full block) is measured there too, so
+                    # every drafter has vLLM figures; the others' K are the preset's alone
+                    jobs.update(_with_k([bench.checkpoint_method(record["run"], target.config, k=own,
+                                                                 label=f"{drafter}/k{own}")], _source(workspace), tmp))
                 ks = [k for _, k in jobs.values()]
                 for dataset in p.datasets if jobs else ():
                     config = {"preset": p.name, "drafter": drafter, "dataset": dataset, "ks": ks,

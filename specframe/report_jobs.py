@@ -47,6 +47,12 @@ def jobs_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     lines.append("- **Done:** " + (", ".join(
         f"{n} ({_tokens(jobs[n])} training tokens, checkpoint `{str(jobs[n]['metrics']['checkpoint_hash'])[:19]}`)"
         for n in done) or "none yet"))
+    for n in sorted(jobs):
+        refused = jobs[n]["metrics"].get("vllm_refused") or {}
+        if refused:  # e.g. DFlash below its block: measured at its own K instead
+            # the reasons differ only in K: the first says why and which K is served
+            first = refused[sorted(refused)[0]]
+            lines.append(f"- **Not served by vLLM:** {', '.join(sorted(refused))} ({first})")
     if waiting:
         lines.append("- **Waiting:** " + ", ".join(f"{n} ({jobs[n]['metrics'].get('waiting')})" for n in waiting))
     if missing:

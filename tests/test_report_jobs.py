@@ -51,7 +51,8 @@ def partial(tmp_path):
     write(d / "peagle" / "speed-concurrent4.json", "bench.speed", speed("peagle/k3", 1.3, concurrency=4),
           {"drafter": "peagle"})
     write(d / "peagle" / "job.json", "bench.job", {"drafter": "peagle", "checkpoint_hash": "sha256:" + "1" * 64,
-          "train_tokens": 1_024_000, "complete": True}, {"key": "x"})
+          "train_tokens": 1_024_000, "complete": True,
+          "vllm_refused": {"peagle/k2": "served only at K = 7"}}, {"key": "x"})
     # EAGLE-3's job ran, but its speed shared the machine: waiting, and its speed is not reported
     write(d / "eagle3" / "speed-batch1.json", "bench.speed", speed("eagle3/k3", 9.9, quiet=False), {"drafter": "eagle3"})
     write(d / "eagle3" / "job.json", "bench.job", {"drafter": "eagle3", "checkpoint_hash": "sha256:" + "2" * 64,
@@ -67,6 +68,7 @@ def test_a_partial_run_reports_what_finished_and_names_what_is_missing(partial):
     assert "**Done:** peagle (1,024,000 training tokens" in section
     assert "**Waiting:** eagle3 (speed measured beside other load)" in section
     assert "**Not yet run:** pard (`make bench PRESET=cpu-large` continues)" in section
+    assert "- **Not served by vLLM:** peagle/k2 (served only at K = 7)" in section
     # the ranking: each method at its best K, best first, with its interval
     assert "| 1 | peagle/k3 | 2.10 [2.00, 2.20] |" in section and "| 2 | ngram/k5 | 1.31 [1.25, 1.37] |" in section
     # speed: quiet measurements only; over n-gram is the inverse of the stored n-gram / drafter ratio
