@@ -202,7 +202,7 @@ def test_speculators_config_reads_back_and_matches_what_vllm_extracts(target, tm
     flat = {**export.llama_config(target.config, 2), "draft_vocab_size": 160, "target_hidden_size": 64,
             "eagle_aux_hidden_state_layer_ids": AUX, "mask_token_id": 3}
     cfg = export.speculators_config(flat, "peagle", verifier="/models/t", speculative_tokens=4, drafter="peagle")
-    assert export.flat_config(cfg) == {**flat, "torch_dtype": "float32"}
+    assert export.flat_config(cfg) == {**flat, "dtype": "float32"}
     assert export.layout_of(cfg) == "peagle"
     try:
         from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig

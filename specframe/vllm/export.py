@@ -300,7 +300,7 @@ def speculators_config(
                               verifier_architectures=verifier_architectures)
     layer = {k: v for k, v in flat.items() if k not in _EAGLE_FIELDS and k not in _FIXED_FLAGS}
     layer.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False)
-    layer.setdefault("torch_dtype", "float32")
+    _set_dtype(layer)
     config: dict[str, Any] = {
         "architectures": [SPECULATORS[layout]],
         "speculators_model_type": layout,
@@ -313,10 +313,17 @@ def speculators_config(
         "transformer_layer_config": layer,
         **{k: flat[k] for k in _EAGLE_FIELDS if k in flat},
         **_FIXED_FLAGS,
-        "torch_dtype": layer["torch_dtype"],
+        "dtype": layer["dtype"],
         PROVENANCE: {"drafter": drafter, "version": __version__},
     }
     return config
+
+
+def _set_dtype(cfg: dict[str, Any]) -> None:
+    """Name the weights' dtype ``dtype``, as transformers 5 does: ``torch_dtype`` is its deprecated spelling (it warns
+    on it), which an older export carries and which transformers, vLLM 0.32 and speculators all read as ``dtype``."""
+    legacy = cfg.pop("torch_dtype", None)
+    cfg.setdefault("dtype", legacy or "float32")
 
 
 def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -327,9 +334,13 @@ def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(layer, dict):
         raise SpecframeError("config.json lacks transformer_layer_config (the drafter's layer config)")
     if config.get("speculators_model_type") == "dflash":
+        if config.get("sample_from_anchor"):
+            raise SpecframeError(
+                "sample_from_anchor is true: the drafter also predicts from the anchor slot (block_size draft tokens); "
+                "specframe's DFlash drafts from the mask slots only (sample_from_anchor = false, block_size - 1 tokens)")
         flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
         flat.update({k: config[k] for k in _DFLASH_FIELDS if config.get(k) is not None})
-        return flat
+        return _with_target_hidden_size(flat)
     model_type = layer.get("model_type", "llama")
     if model_type != "llama":
         raise SpecframeError(f"transformer_layer_config.model_type is {model_type!r}; specframe's EAGLE layers are Llama")
@@ -342,6 +353,15 @@ def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
             )
     flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
     flat.update({k: config[k] for k in _EAGLE_FIELDS if config.get(k) is not None})
+    return _with_target_hidden_size(flat)
+
+
+def _with_target_hidden_size(flat: dict[str, Any]) -> dict[str, Any]:
+    # speculators writes target_hidden_size null (its default), meaning "the drafter's own width": vLLM reads an absent
+    # or null one as the draft config's hidden_size (llama_eagle3, qwen3_dflash) and speculators sizes fc from it too;
+    # whether that is the target's width is check_target's business
+    if flat.get("target_hidden_size") is None and flat.get("hidden_size") is not None:
+        flat["target_hidden_size"] = flat["hidden_size"]
     return flat
 
 
@@ -494,7 +514,7 @@ def _dflash_config(
     layer = {k: v for k, v in flat.items() if k not in _DFLASH_FIELDS}
     # Qwen3: vLLM builds DFlash layers from a Qwen3 config (per-head q_norm / k_norm); the sizes are the drafter's own
     layer.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=False)
-    layer.setdefault("torch_dtype", "float32")
+    _set_dtype(layer)
     return {
         "architectures": [SPECULATORS["dflash"]],
         "speculators_model_type": "dflash",
@@ -506,7 +526,7 @@ def _dflash_config(
         },
         "transformer_layer_config": layer,
         **{k: flat[k] for k in _DFLASH_FIELDS if k in flat},
-        "torch_dtype": layer["torch_dtype"],
+        "dtype": layer["dtype"],
         PROVENANCE: {"drafter": drafter, "version": __version__},
     }
 
@@ -568,7 +588,7 @@ def write_pard(
     cfg = dict(config)
     cfg.setdefault("architectures", ["LlamaForCausalLM"])
     cfg.setdefault("model_type", "llama")
-    cfg.setdefault("torch_dtype", "float32")
+    _set_dtype(cfg)
     tensors = _tensors(weights)
     _pard_parts(tensors, cfg, pard_token)
     cfg[PROVENANCE] = {"drafter": drafter, "version": __version__}
@@ -783,7 +803,7 @@ def _eagle3_parts(
     for key in ("architectures", "model_type", "num_aux_hidden_states", "tie_word_embeddings"):
         cfg.pop(key, None)
     cfg.update(draft_vocab_size=draft_vocab, target_hidden_size=h_t, eagle_aux_hidden_state_layer_ids=aux)
-    cfg.setdefault("torch_dtype", "float32")
+    _set_dtype(cfg)
     return tensors, cfg
 
 

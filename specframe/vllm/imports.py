@@ -8,6 +8,8 @@ unpickles, and SafeAILab's published EAGLE-3 drafters are ``pytorch_model.bin`` 
   what ``specframe export`` writes. Tensors ``fc``, ``layers.N.*``, ``norm``, ``lm_head``, optional
   ``embed_tokens``, ``d2t`` / ``t2d``, ``mask_hidden``; the library's ``verifier_*`` copies (older speculators
   releases saved the verifier's ``verifier_lm_head`` / ``verifier_norm`` beside the drafter), when saved, are dropped.
+  ``target_hidden_size`` null (what speculators writes by default) is the drafter's own width, as vLLM reads it; a
+  DFlash folder (``dflash``) without ``embed_tokens`` / ``lm_head`` (speculators saves neither) takes the target's.
 - ``eagle3-flat``: a flat ``LlamaForCausalLMEagle3`` config (``architectures``), as SafeAILab/EAGLE (EAGLE-3) and
   SpecForge (sgl-project) save their EAGLE-3 drafters: Llama config fields plus ``draft_vocab_size``; the aux layers
   under ``eagle_aux_hidden_state_layer_ids`` or SpecForge's ``eagle_config.eagle_aux_hidden_state_layer_ids``,
@@ -18,6 +20,13 @@ unpickles, and SafeAILab's published EAGLE-3 drafters are ``pytorch_model.bin`` 
   token to its trainer and does not save it, so a folder whose config lacks ``mask_token_id`` is refused with that
   reason (the mask slots' token cannot be guessed); one that records it imports.
 - ``pard``: a causal LM (``LlamaForCausalLM`` names) whose config has ``pard_token``, PARD's released layout.
+
+Layer variants specframe's drafter layers do not compute are refused, one line naming the field and both values:
+speculators' EAGLE 3.1 norms (``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``), Qwen3
+EAGLE layers, DFlash's ``sample_from_anchor``, biased projections, another activation or norm epsilon than the
+target's, and a sliding window (``layer_types`` with ``sliding_attention``, speculators' trainer default: vLLM and
+speculators apply it, and specframe's drafters attend to the whole context, so it would be trained and served as
+another network and lost on export).
 
 RoPE is compared in full with the target's (``rope_type``, ``rope_theta`` and every scaling field such as ``factor``,
 ``low_freq_factor``, ``original_max_position_embeddings``): specframe's drafters run the target's RoPE, so a drafter
@@ -185,12 +194,15 @@ def _read(directory: Path, target_config: Any) -> Imported:
         manifest, tensors, flat = layouts.check_layout(directory)
         # older speculators releases saved the verifier's own lm_head / norm beside the drafter: not the drafter's
         tensors = {k: v for k, v in tensors.items() if not k.startswith("verifier_")}
-        return Imported(directory, fmt, manifest.layout, flat, tensors, manifest.verifier, manifest.drafter,
-                        manifest.speculative_tokens)
-    if fmt in ("pard", "parallelspec"):
+        imported = Imported(directory, fmt, manifest.layout, flat, tensors, manifest.verifier, manifest.drafter,
+                            manifest.speculative_tokens)
+    elif fmt in ("pard", "parallelspec"):
         manifest, tensors, flat = layouts.check_layout(directory)
-        return Imported(directory, fmt, manifest.layout, flat, tensors, None, manifest.drafter)
-    return _read_flat_eagle3(directory, target_config, fmt)
+        imported = Imported(directory, fmt, manifest.layout, flat, tensors, None, manifest.drafter)
+    else:
+        imported = _read_flat_eagle3(directory, target_config, fmt)
+    _refuse_layer_variants(directory, fmt)
+    return imported
 
 
 def _refuse_pickles(directory: Path) -> None:
@@ -204,6 +216,47 @@ def _refuse_pickles(directory: Path) -> None:
             f"{pickles[0]} is a pickle file, and specframe reads weights through safetensors only (unpickling can run "
             "code from the file; nothing was loaded): convert it once, e.g. safetensors.torch.save_file(torch.load("
             f"'{pickles[0]}', weights_only=True), 'model.safetensors'), and move {pickles[0]} out of the folder")
+
+
+def _refuse_layer_variants(directory: Path, fmt: str) -> None:
+    """Refuse a drafter whose layer config asks for attention or projections specframe's drafter layers do not
+    compute (a sliding window, biases), naming the field; the layout's own checks (norm variants, Qwen3 layers) ran
+    first."""
+    cfg = json.loads((directory / "config.json").read_text())
+    layer = cfg.get("transformer_layer_config") if fmt == "speculators" else cfg
+    if not isinstance(layer, dict):
+        return  # check_layout names the missing layer config
+    for key in ("attention_bias", "mlp_bias"):
+        if layer.get(key):
+            raise SpecframeError(
+                f"{key} is true: vLLM and speculators build biased {'q/k/v/o' if key == 'attention_bias' else 'MLP'} "
+                "projections from it, and specframe's drafter layers have none (attention_bias = mlp_bias = false)")
+    sliding, window = sliding_window_layers(layer)
+    if sliding:
+        every = " ".join(map(str, range(int(layer.get("num_hidden_layers") or len(sliding)))))
+        raise SpecframeError(
+            f"sliding_window {window}: its layer_types make drafter layers {sliding} sliding_attention, which vLLM and "
+            f"speculators run over the last {window} positions only, and specframe's drafters attend to the whole "
+            "context in training and decoding (a window they would neither apply nor export); import a drafter "
+            f"trained with full attention (speculators train --full-attention-indices {every})")
+
+
+def sliding_window_layers(layer: Mapping[str, Any]) -> tuple[list[int], int | None]:
+    """The drafter layers of a transformers layer config that attend through a sliding window, and its width, as
+    transformers builds the config (what vLLM and speculators read: ``layer_types`` entries ``sliding_attention``
+    with ``sliding_window`` set; Qwen2 / Qwen3 derive ``layer_types`` from ``use_sliding_window`` and
+    ``max_window_layers`` and drop the window without ``use_sliding_window``). ``([], None)`` when there is none."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in layer.items() if k not in ("model_type", "architectures", "auto_map")}
+    try:
+        built = AutoConfig.for_model(str(layer.get("model_type") or "llama"), **fields)
+        types, window = getattr(built, "layer_types", None), getattr(built, "sliding_window", None)
+    except (ValueError, TypeError, KeyError):  # a config transformers does not build: read the fields as written
+        types, window = layer.get("layer_types"), layer.get("sliding_window")
+    if window is None or not isinstance(types, list | tuple):
+        return [], None
+    return [i for i, kind in enumerate(types) if kind == "sliding_attention"], int(window)
 
 
 def _read_flat_eagle3(directory: Path, target_config: Any, fmt: str = "eagle3-flat") -> Imported:
@@ -228,8 +281,9 @@ def _read_flat_eagle3(directory: Path, target_config: Any, fmt: str = "eagle3-fl
                 "eagle_aux_hidden_state_layer_ids is not recorded; the default (2, L//2, L-3) needs the target"
             )
         aux = list(default_aux_layers(int(target_config.num_hidden_layers)))
-    flat = {k: v for k, v in cfg.items() if k in layouts._LLAMA_KEYS or k in ("num_hidden_layers", "torch_dtype")}
-    if "target_hidden_size" in cfg:
+    kept = (*layouts._LLAMA_KEYS, "num_hidden_layers", "torch_dtype", "dtype")
+    flat = {k: v for k, v in cfg.items() if k in kept}
+    if cfg.get("target_hidden_size") is not None:  # null: the drafter's own width, as vLLM reads it
         h_t = int(cfg["target_hidden_size"])
     else:
         fc = tensors.get("fc.weight")
@@ -302,8 +356,9 @@ def _rope_difference(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None
 
 def check_target(imported: Imported, target_config: Any, tokenizer: Any = None) -> None:
     """Refuse (one ``SpecframeError`` naming the field) a folder that cannot draft for ``target_config``: another
-    vocabulary or hidden size, a layer shape or RoPE the drafter (built on the target's layer shape) cannot hold,
-    aux layers the target does not have, or (``tokenizer`` given and the folder carries one) another tokenizer."""
+    vocabulary or hidden size, a layer shape, activation, norm epsilon or RoPE the drafter (built on the target's layer
+    shape) cannot hold, aux layers the target does not have, or (``tokenizer`` given and the folder carries one)
+    another tokenizer."""
     cfg = imported.config
     target = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
     if int(cfg["vocab_size"]) != int(target["vocab_size"]):
@@ -331,6 +386,16 @@ def check_target(imported: Imported, target_config: Any, tokenizer: Any = None) 
                 f"{key} {value} differs from the target's {expected[key]} (specframe's drafters use the target's "
                 "layer shape)"
             )
+    # the drafter's layers run the target's activation and norm epsilon (LayerShape.from_config), so a folder trained
+    # with others would be imported as another network
+    act = target.get("hidden_act") or target.get("hidden_activation") or "silu"
+    if cfg.get("hidden_act") is not None and str(cfg["hidden_act"]) != str(act):
+        raise SpecframeError(f"hidden_act {cfg['hidden_act']!r} differs from the target's {act!r} (specframe's drafters "
+                             "use the target's activation)")
+    eps = target.get("rms_norm_eps")
+    if cfg.get("rms_norm_eps") is not None and eps is not None and float(cfg["rms_norm_eps"]) != float(eps):
+        raise SpecframeError(f"rms_norm_eps {cfg['rms_norm_eps']} differs from the target's {eps} (specframe's drafters "
+                             "use the target's norm epsilon)")
     differs = _rope_difference(_rope(cfg), _rope(target))
     if differs:
         raise SpecframeError(differs)
