@@ -153,6 +153,36 @@ def set_layer_config(**values) -> Callable[[Path], None]:
     return edit
 
 
+def dflash_folder(**values) -> Callable[[dict], None]:
+    """A speculators DFlash folder for the test's target at {tmp}/imp (one layer, zero weights: the refusals below
+    come before any weight is used), its config.json then updated with ``values``."""
+
+    def prepare(ctx):
+        import torch
+        from transformers import AutoConfig
+
+        from specframe.modeling import LayerShape
+        from specframe.vllm import export
+
+        config = AutoConfig.from_pretrained(ctx["target"])
+        s = LayerShape.from_config(config)
+        h, q, kv = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim
+        shapes = {"fc.weight": (h, 2 * h), "hidden_norm.weight": (h,), "norm.weight": (h,),
+                  "layers.0.self_attn.q_proj.weight": (q, h), "layers.0.self_attn.k_proj.weight": (kv, h),
+                  "layers.0.self_attn.v_proj.weight": (kv, h), "layers.0.self_attn.o_proj.weight": (h, q),
+                  "layers.0.self_attn.q_norm.weight": (s.head_dim,), "layers.0.self_attn.k_norm.weight": (s.head_dim,),
+                  "layers.0.input_layernorm.weight": (h,), "layers.0.post_attention_layernorm.weight": (h,),
+                  "layers.0.mlp.gate_proj.weight": (s.intermediate, h), "layers.0.mlp.up_proj.weight": (s.intermediate, h),
+                  "layers.0.mlp.down_proj.weight": (h, s.intermediate)}
+        export.write_dflash(ctx["tmp"] / "imp", {k: torch.zeros(v) for k, v in shapes.items()},
+                            config=export.llama_config(config, 1, **s.config_fields()), aux_layer_ids=[1, 3],
+                            target_hidden_size=h, mask_token_id=3, block_size=4, target_num_layers=4,
+                            verifier=str(ctx["target"]))
+        set_config(**values)(ctx["tmp"] / "imp")
+
+    return prepare
+
+
 def add_pickle(name: str) -> Callable[[Path], None]:
     def edit(folder: Path) -> None:
         import torch
@@ -370,6 +400,33 @@ CASES = [
          "safetensors.torch.save_file(torch.load('pytorch_model.bin', weights_only=True), 'model.safetensors'), and "
          "move pytorch_model.bin out of the folder", lambda c: [*train(c), "--init-from", "{tmp}/imp"],
          export_copy(add_pickle("pytorch_model.bin"))),
+    Case("init-from-sliding-window", "--init-from a speculators folder whose layers attend through a sliding window "
+         "(speculators' default)",
+         "error: cannot import {tmp}/imp: sliding_window 2048: its layer_types make drafter layers [0, 1] "
+         "sliding_attention, which vLLM and speculators run over the last 2048 positions only, and specframe's "
+         "drafters attend to the whole context in training and decoding (a window they would neither apply nor "
+         "export); import a drafter trained with full attention (speculators train --full-attention-indices 0 1)",
+         lambda c: [*train(c), "--init-from", "{tmp}/imp"],
+         export_copy(set_layer_config(sliding_window=2048, layer_types=["sliding_attention"] * 2))),
+    Case("init-from-biased-layers", "--init-from a speculators folder whose layers have attention biases",
+         "error: cannot import {tmp}/imp: attention_bias is true: vLLM and speculators build biased q/k/v/o "
+         "projections from it, and specframe's drafter layers have none (attention_bias = mlp_bias = false)",
+         lambda c: [*train(c), "--init-from", "{tmp}/imp"], export_copy(set_layer_config(attention_bias=True))),
+    Case("init-from-other-activation", "--init-from a speculators folder trained with another activation",
+         "error: cannot import {tmp}/imp: hidden_act 'gelu' differs from the target's 'silu' (specframe's drafters "
+         "use the target's activation)",
+         lambda c: [*train(c), "--init-from", "{tmp}/imp"], export_copy(set_layer_config(hidden_act="gelu"))),
+    Case("init-from-other-norm-eps", "--init-from a speculators folder trained with another RMSNorm epsilon",
+         "error: cannot import {tmp}/imp: rms_norm_eps 0.001 differs from the target's 1e-06 (specframe's drafters "
+         "use the target's norm epsilon)",
+         lambda c: [*train(c), "--init-from", "{tmp}/imp"], export_copy(set_layer_config(rms_norm_eps=0.001))),
+    Case("generate-dflash-from-anchor", "generate --checkpoint a speculators DFlash folder that drafts from its "
+         "anchor slot (sample_from_anchor true)",
+         "error: cannot import {tmp}/imp: sample_from_anchor is true: the drafter also predicts from the anchor slot "
+         "(block_size draft tokens); specframe's DFlash drafts from the mask slots only (sample_from_anchor = false, "
+         "block_size - 1 tokens)",
+         lambda c: ["generate", "--checkpoint", "{tmp}/imp", "--prompt", "hello", "--max-new-tokens", 2],
+         dflash_folder(sample_from_anchor=True)),
 ]
 
 
