@@ -731,8 +731,6 @@ def test_a_rank_whose_batch_has_nothing_supervised_matches_one_process(tmp_path,
     drafter finishes (no deadlock, no NaN) with the one-process weights and losses: the step's loss is the global sum
     over the global count, to which the empty rank adds nothing but its share of the reduction."""
     import os
-    import signal
-    import subprocess
     import sys
     import textwrap
     from pathlib import Path
@@ -761,19 +759,10 @@ def test_a_rank_whose_batch_has_nothing_supervised_matches_one_process(tmp_path,
     script, pids = tmp_path / "ranks.py", tmp_path / "ranks.pids"
     configs = [attrs.asdict(config(name, tmp_path / f"two-{name}")) for name in ALL]
     script.write_text(textwrap.dedent(RANKS.format(root=str(root), pids=str(pids), configs=configs)))
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2",
-                             "--master-port", "29561", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        _, stderr = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        for pid in pids.read_text().split() if pids.exists() else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        _, stderr = proc.communicate()
-        pytest.fail(f"the 2-rank runs were still going after 900 s (deadlocked?): {stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-3000:]
+    from tests.test_distributed import run_ranks
+
+    run_ranks([str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--master-port", "29561",
+               str(script)], pids, 900, {**os.environ, "OMP_NUM_THREADS": "1"})
     target_config = AutoConfig.from_pretrained(target_dir)
     for name in ALL:
         # each drafter's own checkpoint format (PARD's is a transformers folder)

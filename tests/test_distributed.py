@@ -124,6 +124,12 @@ def torchrun(tmp_path, cfg, *, port: int, resume: str | None = None, stop: int |
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--master-port", str(port),
                str(script)] + ([resume] if resume else [])
+    run_ranks(command, pids, timeout, env)
+
+
+def run_ranks(command: list[str], pids: Path, timeout: float, env: dict[str, str]) -> None:
+    """Run a torchrun ``command`` whose ranks write their pids to ``pids``; past ``timeout`` (a deadlock) kill the
+    ranks too, then fail with torchrun's stderr; a non-zero exit fails with it as well."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         _, stderr = proc.communicate(timeout=timeout)
