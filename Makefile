@@ -75,7 +75,7 @@ demo: setup
 	@echo "next: another drafter on the same data: $(BIN)/specframe train --drafter eagle3 --output runs/eagle3"
 
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow" -x

@@ -93,26 +93,19 @@ class Preset:
 
     def train_options(self, drafter: str, depth: int | None = None) -> dict:
         """The drafter's options: its architecture from ``drafters``, plus the preset's shared draft vocabulary,
-        training depth and inference K, set through whichever of those settings the drafter's ``Options`` has (a
-        third-party drafter names them its own way: DFlash's depth is ``block_size - 1`` and it has no draft
-        vocabulary). ``depth``: the training depth when not the preset's (the memory suite's ``memory_depth``)."""
+        training depth and inference K, set the way the drafter declares (``Drafter.comparison_options``, API 6: each
+        names them its own way, EAGLE-3's depth is ``ttt_steps``, DFlash's ``block_size - 1``, and PARD and DFlash
+        have no draft vocabulary); an option ``drafters`` states wins. ``depth``: the training depth when not the
+        preset's (the memory suite's ``memory_depth``). The inference K is the reference engine's ``speed_k`` (at
+        most the depth); vLLM serves DFlash only at ``block_size - 1`` (the suites skip its other K with the reason,
+        test_jobs / test_vllm)."""
         from specframe import plugins
 
         depth = self.depth if depth is None else depth
-        fields = attrs.fields_dict(plugins.get("drafter", drafter).Options)
+        equal = plugins.get("drafter", drafter).comparison_options(depth, self.draft_vocab, min(self.speed_k, depth))
         opts = dict(self.drafters[drafter])
-        if "draft_vocab_size" in fields:  # pard drafts over the full target vocabulary
-            opts.setdefault("draft_vocab_size", self.draft_vocab)
-        if "ttt_steps" in fields:  # eagle3: one test-time-training pass per depth
-            opts.setdefault("ttt_steps", depth)
-        elif "k_train" in fields:
-            opts.setdefault("k_train", depth)
-        elif "block_size" in fields:  # a block is the anchor plus one mask token per depth
-            opts.setdefault("block_size", depth + 1)
-        if "k_infer" in fields:
-            # DFlash: the reference engine's default K, the first k_infer drafts of its full block; vLLM serves it
-            # only at block_size - 1 (the suites skip its other K with the reason, test_jobs / test_vllm)
-            opts.setdefault("k_infer", min(self.speed_k, depth))
+        for key, value in equal.items():  # after the stated ones, in the order they always had (job keys hash it)
+            opts.setdefault(key, value)
         return opts
 
     def with_installed(self) -> Preset:

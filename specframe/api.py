@@ -24,6 +24,9 @@ from specframe import modeling, vocab
 
 # The feature-reading drafters' shared backbone (vLLM EAGLE-3 names), draft vocabulary and depth bookkeeping.
 from specframe import eagle
+from specframe.attention_memory import AttentionShape, full_mask_bytes, query_block_bytes
+from specframe.declarations import (Training, legacy_comparison_options, legacy_greedy, legacy_import_options,
+                                    legacy_training)
 from specframe.elements import VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility, visible
 from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError, read_json
 from specframe.features import FeatureSpec
@@ -56,11 +59,20 @@ from specframe.vllm import export as vllm_layouts
 #:   builders), ``api.one_dtype`` (the one dtype ``SegmentAttention`` hands a builder q, k, v in), and the folder a
 #:   drafter's ``import_weights`` is handed has ``check_target``, ``check_shape`` and ``eagle_state`` methods. Nothing
 #:   a version-4 plugin uses changed.
-API_VERSION = "5"
+#: - "6" (additive): components declare what the core used to read by name. ``Drafter.training(options)`` (a
+#:   ``Training``: default depth and K, COD schedule, activation checkpointing, loss chunk) and
+#:   ``Drafter.comparison_options(depth, draft_vocab_size, k)`` (how an equal-budget comparison sets them);
+#:   ``MaskBuilder.preference``, ``small_calls``, ``query_blocks``, ``grouped_kv`` and
+#:   ``attention_bytes(AttentionShape)`` (with the calibrated ``full_mask_bytes`` / ``query_block_bytes``);
+#:   ``Partitioner.splits_sequences``. A version-5 drafter's declarations default to the option names the built-ins
+#:   used (``k_train``, ``k_infer``, ...), so it keeps its defaults; a version-5 mask builder is costed as a full
+#:   mask (the safe side) and ranks below the built-ins for the default choice.
+API_VERSION = "6"
 
 __all__ = [
     "API_VERSION",
     "Attention",
+    "AttentionShape",
     "Component",
     "Draft",
     "FeatureSpec",
@@ -76,15 +88,18 @@ __all__ = [
     "Segment",
     "SegmentAttention",
     "SpecframeError",
+    "Training",
     "TrainingExample",
     "UsageError",
     "VISIBILITY_RULES",
     "Verification",
     "Verifier",
     "dynamic_tree",
+    "full_mask_bytes",
     "full_grid",
     "hookimpl",
     "positive_int",
+    "query_block_bytes",
     "one_dtype",
     "residual_distribution",
     "rule_matrix",
@@ -160,11 +175,33 @@ class MaskBuilder(Component, ABC):
     #: the visibility rules the builder applies (``VISIBILITY_RULES``); a builder that predates API 2 applies only
     #: the chain rule, so that is the default, and ``SegmentAttention.build`` refuses it a block drafter's elements
     visibilities: ClassVar[frozenset[str]] = frozenset({"chain"})
+    #: API 6: the order a run that names no builder tries the registered ones in (``specframe.masks``): the highest
+    #: that trains on the run's device is chosen (ties: registration order). 0, the default, ranks below every
+    #: built-in, so installing a builder never changes another run's default unless it says it should.
+    preference: ClassVar[int] = 0
+    #: API 6: True when one fused call over the full (queries x keys) mask is the fastest way to run a small
+    #: attention call; a run that names no builder sends calls below ``engine.attention.DENSE_ATTENTION_BYTES`` to
+    #: the most preferred such builder (dense), the rest to its default builder.
+    small_calls: ClassVar[bool] = False
+    #: API 6: True when the builder evaluates the mask in blocks of queries and never holds the whole (queries x
+    #: keys) mask: the memory advice proposes such a builder (the most preferred one) to a run whose builder does.
+    query_blocks: ClassVar[bool] = False
+    #: API 6: True when the builder's attention takes k / v with their own grouped-query head count
+    #: (``Attention.grouped_kv``), so the memory estimate charges k / v at that count rather than repeated.
+    grouped_kv: ClassVar[bool] = False
 
     @abstractmethod
     def build(self, query: ElementSet, key: ElementSet) -> Attention:
         """Return the attention function for queries ``query`` over keys ``key`` (reused by every layer). Queries
         and keys may be any subsets of one sequence's elements, in any order."""
+
+    def attention_bytes(self, shape: AttentionShape) -> int:
+        """API 6: the bytes this builder's attention holds for one training segment of ``shape`` while its backward
+        runs, what ``specframe.memory``'s estimate charges (and its in-run guard checks against the measured peak).
+        Two calibrated models are at hand: ``full_mask_bytes(shape)`` and ``query_block_bytes(shape, block)``.
+        Default: a builder declaring ``query_blocks`` is charged as blocks of 256 queries, any other as a full mask
+        (the safe side: an estimate that is too low proposes a context length that runs out of memory)."""
+        return query_block_bytes(shape, 256) if self.query_blocks else full_mask_bytes(shape)
 
 
 @attrs.frozen
@@ -241,6 +278,11 @@ class Segment:
 
 class Partitioner(Component, ABC):
     """Splits one sequence's element set into segments for gradient accumulation within the sequence."""
+
+    #: API 6: True when the partitioner cuts one sequence's elements into several segments (``--partitions``), so
+    #: a long sequence's step holds one segment's activations at a time: the memory advice proposes it (the first
+    #: registered such partitioner) when a sequence does not fit whole.
+    splits_sequences: ClassVar[bool] = False
 
     @abstractmethod
     def partition(self, elements: ElementSet, num_segments: int) -> list[Segment]:
@@ -381,6 +423,16 @@ class Verifier(Component, ABC):
 
     #: whether the verifier accepts drafts with branching (``Draft.parents`` not a chain)
     supports_tree: ClassVar[bool] = False
+    #: API 6: True when a run with this verifier drafts a tree unless told otherwise (the ``tree`` verifier: the
+    #: EAGLE-2 dynamic tree at ``TreeShape``'s defaults); False: a chain unless a ``--tree-*`` option is given
+    drafts_trees: ClassVar[bool] = False
+
+    @property
+    def greedy(self) -> bool:
+        """API 6: True when this verifier's output is plain greedy decoding's, so speculative output must equal the
+        target's own greedy output token for token (the benchmarks check it). Default, for a verifier written for
+        API 5 or earlier: its ``temperature`` option is 0, or it has none."""
+        return legacy_greedy(self.options)
 
     @abstractmethod
     def verify(self, logits: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verification:
@@ -478,10 +530,30 @@ class Drafter(Component, ABC):
     #: (depth-0 elements up to the anchor). The engine stamps it on the element sets, so every mask builder and
     #: partitioner applies it (``specframe.elements`` states both rules).
     visibility: ClassVar[str] = "chain"
+    #: API 6: the tokens the drafter's head scores (set by a drafter with a draft vocabulary, once the target's
+    #: vocabulary has clamped it); None: the full target vocabulary. The memory estimate charges its logits.
+    draft_vocab_size: int | None = None
 
     def __init__(self, target_config: Any, options: Any = None) -> None:
         super().__init__(options)
         self.target_config = target_config
+
+    # -- declarations (API 6): read by the core from the class and its options, before any weight exists
+    @classmethod
+    def training(cls, options: Any) -> Training:
+        """How this drafter trains and drafts under ``options`` unless the run says otherwise (``Training``).
+        Default, for a plugin written for API 5 or earlier: read from the option names the built-ins used then
+        (``k_train``, ``k_infer``, ``cod_ratio``, ``cod_min_ratio``, ``activation_checkpointing``, ``loss_chunk``)."""
+        return legacy_training(options)
+
+    @classmethod
+    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
+        """The option values that make this drafter train at ``depth``, draft over ``draft_vocab_size`` target
+        tokens (where it has a draft vocabulary) and draft ``k`` tokens per round by default: how an equal-budget
+        comparison sets what it holds equal (``benchmarks/presets.py``), whatever this drafter calls those settings.
+        They are defaults there: an option the comparison states for this drafter wins. Default, for a plugin
+        written for API 5 or earlier: the option names the built-ins used then, where ``Options`` has them."""
+        return legacy_comparison_options(cls.Options, depth, draft_vocab_size, k)
 
     @abstractmethod
     def feature_spec(self) -> FeatureSpec:
@@ -618,6 +690,12 @@ class Drafter(Component, ABC):
         return drafter
 
     # -- serving
+    def vllm_speculative_config(self, k: int) -> dict[str, Any] | None:
+        """API 6: the ``speculative_config`` vLLM serves this drafter with as it is, drafting ``k`` tokens, without
+        exported weights: a weightless method vLLM implements itself (prompt lookup is vLLM's ``ngram``). None, the
+        default: vLLM serves only this drafter's trained checkpoints, written by ``export_vllm``."""
+        return None
+
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
         """Write this (trained) drafter into ``directory`` in a checkpoint layout vLLM loads, with ``tokenizer`` (the
         target's) saved beside it, and return the manifest dict the ``vllm_layouts`` writer returned (``layout``,
@@ -633,6 +711,15 @@ class Drafter(Component, ABC):
             f"drafter '{self.name}' cannot be exported to vLLM: it does not implement Drafter.export_vllm "
             f"(layouts vLLM loads: {', '.join(vllm_layouts.LAYOUTS)})"
         )
+
+    @classmethod
+    def import_options(cls, imported: Any) -> dict[str, Any]:
+        """API 6: the option values that give this drafter the shape of a foreign folder ``imported`` (what
+        ``import_weights`` is then handed: ``num_layers``, ``aux_layer_ids``, ``draft_vocab_size``,
+        ``speculative_tokens``, its ``config``). Default, the option names the built-ins used up to API 5 where
+        ``Options`` has them: ``layers``, ``aux_layer_ids``, ``draft_vocab_size``, ``k_infer`` (the folder's
+        speculative tokens) and ``init_from_target`` false (the folder's weights replace the target's)."""
+        return legacy_import_options(cls.Options, imported)
 
     def import_weights(self, imported: Any) -> None:
         """Load a foreign drafter folder read by ``specframe.vllm.imports.read`` (speculators EAGLE-3 / P-EAGLE,

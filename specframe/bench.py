@@ -162,7 +162,7 @@ def make_verifier(name: str, *, temperature: float | None = None, top_k: int | N
 
 def is_greedy(verifier: api.Verifier) -> bool:
     """Whether the verifier's output is plain greedy decoding's (so speculative output must match it exactly)."""
-    return getattr(verifier.options, "temperature", 0.0) == 0.0
+    return bool(verifier.greedy)  # declared by the verifier (API 6)
 
 
 @attrs.define(eq=False)
@@ -200,8 +200,8 @@ def _shape(drafter: api.Drafter, k: int, tree: TreeShape | None) -> tuple[int, T
 
 
 def default_k(drafter: api.Drafter, fallback: int = 5) -> int:
-    """The drafter's own inference depth (``k_infer`` where it has one)."""
-    return int(getattr(drafter.options, "k_infer", fallback) or fallback)
+    """The drafter's own inference depth where it declares one (``Drafter.training``, API 6), else ``fallback``."""
+    return int(type(drafter).training(drafter.options).k or fallback)
 
 
 def token_budget(checkpoint_dir: Path) -> int | None:
@@ -699,10 +699,8 @@ def vllm_jobs(
                 refused[m.label] = reason
                 continue
             jobs[m.label] = Job(source, speculative_config(exports[m.checkpoint], m.k))
-        elif m.drafter.name == "ngram":
-            jobs[m.label] = Job(source, {"method": "ngram", "num_speculative_tokens": int(m.k),
-                                         "prompt_lookup_max": int(m.drafter.options.n_max),
-                                         "prompt_lookup_min": int(m.drafter.options.n_min)})
+        elif (config := m.drafter.vllm_speculative_config(int(m.k))) is not None:
+            jobs[m.label] = Job(source, config)  # a weightless method vLLM implements itself (API 6)
         else:
             raise UsageError(f"--engine vllm serves trained checkpoints and the ngram baseline, not the untrained "
                              f"drafter '{m.drafter.name}'")

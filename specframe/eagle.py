@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from specframe import modeling
+from specframe.declarations import Training
 from specframe.errors import SpecframeError, UsageError
 from specframe.features import default_aux_layers
 from specframe.target_head import TargetHead, as_target_head, target_head
@@ -123,6 +124,16 @@ class EagleBackbone(nn.Module):
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of pre-norm outputs."""
         return self.lm_head(self.norm(out))
+
+
+def family_training(options: Any, depth: int) -> Training:
+    """``Drafter.training`` (API 6) for the EAGLE family's drafters (P-EAGLE, EAGLE-3, PARD, ParallelSpec), whose
+    options carry the family's shared fields ``k_infer``, ``cod_ratio``, ``cod_min_ratio``,
+    ``activation_checkpointing`` and ``loss_chunk``; ``depth`` is the drafter's default training depth, which each
+    spells its own way (EAGLE-3's is its number of test-time-training passes)."""
+    return Training(depth=depth, k=options.k_infer, cod_ratio=options.cod_ratio, cod_min_ratio=options.cod_min_ratio,
+                    activation_checkpointing=options.activation_checkpointing,
+                    checkpointing_option="activation_checkpointing", loss_chunk=options.loss_chunk)
 
 
 def all_token_counts(examples: Iterable[Any], vocab_size: int) -> torch.Tensor:

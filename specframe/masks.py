@@ -7,25 +7,39 @@ import torch
 from specframe import plugins
 from specframe.errors import SpecframeError
 
-#: fastest first: flex runs fused block-sparse kernels (CUDA only for training); chunked evaluates the mask in query
-#: chunks and recomputes them in backward (O(chunk x L) memory anywhere); precomputed and dense hold a full mask.
-PREFERENCE = ("flex", "chunked", "precomputed", "dense")
-
-
-def default_mask_builder(device: torch.device | str) -> str:
-    """The registry name of the fastest registered mask builder that trains on ``device`` (flex on CUDA, chunked on
-    CPU), because both avoid the (elements)^2 mask and flex fuses the masked attention into one kernel."""
+def _device_kind(device: torch.device | str | None) -> str:
     if device in (None, "", "auto"):
         from specframe.devices import resolve_device
 
         device = resolve_device("auto")
-    kind = torch.device(device).type
+    return torch.device(device).type
+
+
+def ranked_mask_builders(device: torch.device | str | None) -> list[str]:
+    """The registered mask builders that train on ``device``, most preferred first (``MaskBuilder.preference``, API
+    6; ties keep registration order). The built-ins rank flex (fused block-sparse kernels, CUDA only for training)
+    over chunked (query chunks recomputed in backward: O(chunk x L) memory anywhere) over precomputed and dense
+    (a full mask)."""
+    kind = _device_kind(device)
     registry = plugins.load()
-    available = registry.names("mask builder")
-    for name in PREFERENCE:
-        if name in available and kind in registry.get("mask builder", name).devices:
-            return name
-    for name in available:
-        if kind in registry.get("mask builder", name).devices:
-            return name
-    raise SpecframeError(f"no registered mask builder supports device '{kind}'; registered: {', '.join(available) or 'none'}")
+    names = [n for n in registry.names("mask builder") if kind in registry.get("mask builder", n).devices]
+    return sorted(names, key=lambda n: -registry.get("mask builder", n).preference)
+
+
+def default_mask_builder(device: torch.device | str | None) -> str:
+    """The registry name of the most preferred registered mask builder that trains on ``device`` (flex on CUDA,
+    chunked on CPU among the built-ins), because both avoid the (elements)^2 mask and flex fuses the masked
+    attention into one kernel."""
+    ranked = ranked_mask_builders(device)
+    if ranked:
+        return ranked[0]
+    available = plugins.load().names("mask builder")
+    raise SpecframeError(f"no registered mask builder supports device '{_device_kind(device)}'; "
+                         f"registered: {', '.join(available) or 'none'}")
+
+
+def small_call_builder(device: torch.device | str | None) -> str | None:
+    """The most preferred registered builder that declares itself fastest for small calls (``small_calls``: dense
+    among the built-ins), if one trains on ``device``."""
+    registry = plugins.load()
+    return next((n for n in ranked_mask_builders(device) if registry.get("mask builder", n).small_calls), None)

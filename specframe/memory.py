@@ -63,6 +63,7 @@ from typing import Any
 import attrs
 import torch
 
+from specframe.attention_memory import AttentionShape
 from specframe.errors import SpecframeError, UsageError
 from specframe.modeling import ROW_CHUNK  # segments longer than this recompute a layer's position-wise parts in chunks
 
@@ -94,11 +95,8 @@ LOSS_CHUNK_BLOCKS = 6
 CPU_STEP_OVERHEAD_BYTES = 48 * 2**20
 #: AdamW's foreach step briefly holds about one more parameter-sized buffer per trainable parameter
 OPTIMIZER_TRANSIENT = 1.0
-#: dense / precomputed: bytes per mask entry alive at once besides the per-layer copies: the bool mask and its
-#: build temporaries (SDPA also saves a float32 copy of the mask for backward in every layer: 4 bytes per layer)
-DENSE_BYTES_PER_ENTRY = 6.0
-#: chunked attention: score-sized fp32 blocks alive at once in backward (p, dS, dO V^T)
-CHUNK_SCORE_BLOCKS = 3
+# the attention's own bytes are the mask builder's to declare (MaskBuilder.attention_bytes, API 6), from the two
+# calibrated models in specframe.attention_memory (full mask, query blocks)
 
 
 class MemoryBudgetExceeded(SpecframeError):
@@ -201,7 +199,16 @@ def _layers(module: torch.nn.Module) -> tuple[int, Any]:
     return len(layers), layers[0].self_attn.shape if layers else None
 
 
-def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tuple[list[tuple[int, int, int]], int]:
+def _builder(cfg: MemoryConfig) -> Any:
+    """The run's mask builder with its options (defaults included): it states its own attention bytes."""
+    from specframe import plugins
+    from specframe.engine.config import structure_options
+
+    cls = plugins.get("mask builder", cfg.mask_builder)
+    return cls(structure_options(cfg.mask_builder_options, cls.Options, f"mask builder '{cfg.mask_builder}'"))
+
+
+def _segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> tuple[list[tuple[int, int, int]], int]:
     """(forwarded rows, charged, anchors) of every segment, from the real COD sampler and partitioner under the
     drafter's visibility rule; the rows are the drafter's ``forwarded_rows`` of the segment's elements and of the
     distinct anchors of its charged ones (a segment's other elements are context it recomputes)."""
@@ -214,9 +221,8 @@ def _segments(cfg: MemoryConfig, drafter: Any, depth: int, options: Any) -> tupl
         torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.long)
     )
     sup = drafter.supervision(example).to(torch.bool).cpu()
-    ratio = getattr(options, "cod_ratio", None)
-    if ratio is not None and ratio < 1.0:
-        elems = cod_sample(sup, depth, ratio, getattr(options, "cod_min_ratio", 0.0),
+    if training.cod_ratio < 1.0:
+        elems = cod_sample(sup, depth, training.cod_ratio, training.cod_min_ratio,
                            generator=torch.Generator().manual_seed(0))
     else:
         elems = full_grid(sup.shape[0], depth)
@@ -240,7 +246,8 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     if cfg.features not in ("online", "cache", "synthetic"):
         raise UsageError(f"features must be online, cache or synthetic, got {cfg.features!r}")
     drafter, options = _drafter(cfg)
-    depth = cfg.depth or getattr(options, "k_train", None)
+    training = type(drafter).training(options)  # what the drafter declares (API 6), whatever its options are called
+    depth = cfg.depth or training.depth
     if not depth:
         raise UsageError(f"drafter '{cfg.drafter}' has no default training depth: pass --depth")
     module = drafter.module()
@@ -258,7 +265,7 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     h = shape.hidden if shape else h_t
     inter = shape.intermediate if shape else int(getattr(tc, "intermediate_size", 4 * h))
     heads = shape.heads if shape else int(getattr(tc, "num_attention_heads", 1))
-    vd = int(getattr(drafter, "draft_vocab_size", v_t))
+    vd = int(drafter.draft_vocab_size or v_t)  # api.Drafter.draft_vocab_size: None is the full vocabulary
     spec = drafter.feature_spec()
     n_aux = len(tuple(getattr(spec, "aux_layers", None) or ())) if spec is not None else 0
     final = bool(getattr(spec, "final_hidden", False)) if spec is not None else False
@@ -274,15 +281,14 @@ def estimate(cfg: MemoryConfig) -> Estimate:
         "optimizer_state": 2 * trainable * w // cfg.shards,
         "features": feature_floats * 4 * (cfg.sequences if cfg.features != "cache" else 2),
     }
-    segs, n_elements = _segments(cfg, drafter, depth, options)
-    checkpointing = bool(getattr(options, "activation_checkpointing", False))
-    loss_chunk = int(getattr(options, "loss_chunk", 256))
-    builder_opts = cfg.mask_builder_options
-    chunk = int(builder_opts.get("chunk_size", 256))
+    builder = _builder(cfg)
+    segs, n_elements = _segments(cfg, drafter, depth, training)
+    checkpointing = bool(training.activation_checkpointing)
+    loss_chunk = int(training.loss_chunk)
     head_dim = shape.head_dim if shape else h // heads
     kv_heads = shape.kv_heads if shape else heads
-    # the chunked builder takes grouped k / v as they are; the others get them repeated to every query head
-    kv_eff = kv_heads if cfg.mask_builder == "chunked" else heads
+    # a builder declaring grouped_kv takes grouped k / v as they are; the others get them repeated to every query head
+    kv_eff = kv_heads if builder.grouped_kv else heads
     layer_floats = (A_H * h + A_I * inter) * ACT_TRANSIENT
     # what one layer holds while its backward runs when its position-wise parts are recomputed in row chunks:
     # q, k, v, output and log-sum-exp saved by the attention, and about as much again in their gradients, plus
@@ -302,14 +308,9 @@ def estimate(cfg: MemoryConfig) -> Estimate:
 
     best: tuple[int, dict[str, int], tuple[int, int, int]] | None = None
     for forwarded, charged, roots in segs:
-        if cfg.mask_builder in ("dense", "precomputed"):
-            saved_copies = 1 if checkpointing else n_layers
-            attention = (DENSE_BYTES_PER_ENTRY + 4 * saved_copies) * forwarded**2
-            if cfg.mask_builder == "precomputed":  # the cached grid mask of the whole sequence stays alive
-                attention += (cfg.seq_len * depth) ** 2
-        else:  # chunked, flex and anything else that works in query blocks: a chunk's band (its anchors' keys)
-            band = min(forwarded, chunk + depth)
-            attention = CHUNK_SCORE_BLOCKS * heads * min(chunk, forwarded) * band * 4 + 4 * min(chunk, forwarded) * band
+        attention = builder.attention_bytes(AttentionShape(
+            rows=forwarded, depth=depth, seq_len=cfg.seq_len, heads=heads,
+            saved_copies=1 if checkpointing else n_layers))
         saved, backward = per_element(forwarded)
         step = {
             "step_overhead": CPU_STEP_OVERHEAD_BYTES if cpu else 0,
@@ -385,20 +386,23 @@ def advice(cfg: MemoryConfig, limit: int) -> list[str]:
     longest = largest_seq_len(cfg, limit)
     if longest:
         out.append(f"fits with --seq-len {longest} or less")
-    if cfg.mask_builder in ("dense", "precomputed"):
-        alt = attrs.evolve(cfg, mask_builder="chunked")
+    blocks = _query_block_builder(cfg)
+    if blocks is not None:
+        peak = estimate(attrs.evolve(cfg, mask_builder=blocks)).peak_bytes
+        if peak <= limit:
+            out.append(f"fits with --mask-builder {blocks} (about {format_size(peak)})")
+    found = partitions_needed(cfg, limit)
+    if found:
+        partitioner, parts = found
+        builder = f" --mask-builder {blocks}" if blocks is not None else ""
+        out.append(f"fits with --partitioner {partitioner} --partitions {parts}{builder}")
+    drafter, options = _drafter(cfg)
+    training = type(drafter).training(options)
+    if training.checkpointing_option is not None and not training.activation_checkpointing:
+        alt = attrs.evolve(cfg, drafter_options={**cfg.drafter_options, training.checkpointing_option: True})
         peak = estimate(alt).peak_bytes
         if peak <= limit:
-            out.append(f"fits with --mask-builder chunked (about {format_size(peak)})")
-    parts = partitions_needed(cfg, limit)
-    if parts:
-        builder = "" if cfg.mask_builder not in ("dense", "precomputed") else " --mask-builder chunked"
-        out.append(f"fits with --partitioner peagle --partitions {parts}{builder}")
-    if not getattr(_drafter(cfg)[1], "activation_checkpointing", True):
-        alt = attrs.evolve(cfg, drafter_options={**cfg.drafter_options, "activation_checkpointing": True})
-        peak = estimate(alt).peak_bytes
-        if peak <= limit:
-            out.append(f"fits with activation_checkpointing = true in [drafter] (about {format_size(peak)})")
+            out.append(f"fits with {training.checkpointing_option} = true in [drafter] (about {format_size(peak)})")
     return out or ["no --seq-len, partitioning or mask builder tried fits: raise the budget"]
 
 
@@ -414,17 +418,35 @@ def largest_seq_len(cfg: MemoryConfig, limit: int, multiple: int = 64) -> int | 
     return lo * multiple if lo else None
 
 
-def partitions_needed(cfg: MemoryConfig, limit: int, most: int = 256) -> int | None:
-    """The smallest power-of-two S with the ``peagle`` partitioner (and a chunked mask) that fits, if any."""
+def _query_block_builder(cfg: MemoryConfig) -> str | None:
+    """When the run's builder holds a full mask: the most preferred registered builder that works in query blocks
+    (``MaskBuilder.query_blocks``) and trains on the run's device, else None."""
+    from specframe import plugins
+    from specframe.masks import ranked_mask_builders
+
+    registry = plugins.load()
+    if registry.get("mask builder", cfg.mask_builder).query_blocks:
+        return None
+    return next((n for n in ranked_mask_builders(cfg.device) if registry.get("mask builder", n).query_blocks), None)
+
+
+def partitions_needed(cfg: MemoryConfig, limit: int, most: int = 256) -> tuple[str, int] | None:
+    """(partitioner, S): the first registered partitioner that splits sequences (``Partitioner.splits_sequences``)
+    and the smallest power-of-two S with which it fits (with a query-block builder in place of one holding a full
+    mask), if any."""
     from specframe import plugins
 
-    if "peagle" not in plugins.load().names("partitioner"):
+    registry = plugins.load()
+    partitioner = next((n for n in registry.names("partitioner") if registry.get("partitioner", n).splits_sequences),
+                       None)
+    if partitioner is None:
         return None
-    builder = cfg.mask_builder if cfg.mask_builder not in ("dense", "precomputed") else "chunked"
+    builder = _query_block_builder(cfg) or cfg.mask_builder
     s = 2
     while s <= most:
-        if estimate(attrs.evolve(cfg, partitioner="peagle", partitions=s, mask_builder=builder)).peak_bytes <= limit:
-            return s
+        trial = attrs.evolve(cfg, partitioner=partitioner, partitions=s, mask_builder=builder)
+        if estimate(trial).peak_bytes <= limit:
+            return partitioner, s
         s *= 2
     return None
 

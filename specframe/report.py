@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from specframe.errors import SpecframeError, read_json
-from specframe.results import SCHEMA, check_results
+from specframe.results import SCHEMA, check_results, is_baseline
 
 LABEL_KEYS = ("drafter", "mask_builder", "partitioner", "engine", "verifier", "dataset", "k")
 #: the most series one axes shows (more would be unreadable; the tables keep every run)
@@ -239,10 +239,10 @@ def answers(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
         lines.append(f"- **Fastest in vLLM:** {name} at K = {k}, {_band(v['mean'], v['low'], v['high'], '.2f')}x "
                      f"plain vLLM's tokens/s (AL {v['al']:.2f}): {verdict} plain decoding")
     lines += _beat_plain_line(documents)
-    versus = _peagle_vs_eagle3(documents)
+    versus = _first_vs_second(documents)
     if versus:
-        lines.append("- **P-EAGLE against EAGLE-3 in vLLM** (ratio of their speedups over plain vLLM, 95% Welch "
-                     "interval on the log ratios): " + ", ".join(versus))
+        lines.append("- **Fastest drafter against the runner-up in vLLM** (ratio of their speedups over plain vLLM "
+                     "at each K, 95% Welch interval on the log ratios): " + ", ".join(versus))
     return (["## Answers", ""] + lines + [""]) if lines else []
 
 
@@ -255,13 +255,13 @@ def _al_band(v: dict[str, Any]) -> str:
 
 
 def _ranked_acceptance(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
-    """dataset -> [(drafter, its best AL there)] from the highest; the n-gram baseline is not a trained drafter."""
+    """dataset -> [(drafter, its best AL there)] from the highest; a baseline (``is_baseline``) is not a trained
+    drafter."""
     by_set: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for name, sets in acceptance_by_dataset(documents).items():
-        if name == "ngram":
-            continue
         for dataset, v in sets.items():
-            by_set[dataset].append((name, v))
+            if not v["baseline"]:
+                by_set[dataset].append((name, v))
     return {dataset: sorted(rows, key=lambda row: -row[1]["al"]) for dataset, rows in by_set.items()}
 
 
@@ -316,7 +316,9 @@ def al_at_equal_time(documents: list[tuple[str, dict[str, Any]]]) -> tuple[float
     return horizon, values
 
 
-def _peagle_vs_eagle3(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+def _first_vs_second(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """At each K two or more trained drafters were served at in vLLM: the fastest one's speedup over the runner-up's
+    (by mean log speedup over the repeats), with a Welch interval: whether the winner is separable from second place."""
     import re
     import statistics
 
@@ -329,11 +331,14 @@ def _peagle_vs_eagle3(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
         if match and isinstance(reps, list) and reps and all(_number(r) and r > 0 for r in reps):
             values[str(document.get("config", {}).get("drafter"))][int(match.group(1))] = [float(r) for r in reps]
     out = []
-    for k in sorted(set(values.get("peagle", {})) & set(values.get("eagle3", {}))):
-        a = [math.log(r) for r in values["peagle"][k]]
-        b = [math.log(r) for r in values["eagle3"][k]]
-        diff = statistics.fmean(a) - statistics.fmean(b)
-        text = f"K = {k} {math.exp(diff):.2f}x"
+    for k in sorted({k for runs in values.values() for k in runs}):
+        logs = sorted(((statistics.fmean(a), name, a) for name, runs in values.items() if k in runs
+                       for a in [[math.log(r) for r in runs[k]]]), reverse=True)
+        if len(logs) < 2:
+            continue
+        (mean_a, first, a), (mean_b, second, b) = logs[0], logs[1]
+        diff = mean_a - mean_b
+        text = f"K = {k} {first} / {second} {math.exp(diff):.2f}x"
         if len(a) > 1 and len(b) > 1:
             va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
             if va + vb > 0:
@@ -536,7 +541,8 @@ def acceptance_by_dataset(documents: list[tuple[str, dict[str, Any]]]) -> dict[s
         if name in ("plain", "None") or al <= best[name].get(dataset, {}).get("al", 0.0):
             continue
         low, high = _prompt_interval(document, key)
-        best[name][dataset] = {"al": float(al), "low": low, "high": high, "setting": key.rsplit("/", 1)[-1]}
+        best[name][dataset] = {"al": float(al), "low": low, "high": high, "setting": key.rsplit("/", 1)[-1],
+                               "baseline": is_baseline(m)}
     return dict(best)
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from specframe.results import is_baseline
+
 
 def _band(value: float | None, low: float | None, high: float | None, fmt: str = ".2f") -> str:
     if value is None:
@@ -115,7 +117,7 @@ def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int) 
         drafter = d.get("config", {}).get("drafter") or _drafter_folder(name)
         methods = d["metrics"]["methods"]
         ratios = d["metrics"].get("ratios", {})
-        ngram = next((label for label in methods if label.startswith("ngram/")), None)
+        ngram = next((label for label, m in methods.items() if is_baseline(m)), None)  # the baseline
         for label, m in methods.items():
             if label == "plain" or label == ngram:
                 continue

@@ -263,3 +263,9 @@ def read_results(path: Path) -> dict[str, Any]:
     document = read_json(path, "a results file")
     check_results(document, source=str(path))
     return document
+
+
+def is_baseline(figures: dict[str, Any]) -> bool:
+    """Whether a measured method is a baseline rather than a trained drafter, as its results record it: a drafter
+    run without a checkpoint (prompt-lookup n-gram, which has no weights), never by the drafter's name."""
+    return bool(figures.get("drafter")) and not figures.get("checkpoint")

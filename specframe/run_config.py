@@ -8,7 +8,7 @@ field added to ``TrainConfig`` is a config key at once. The plugin option tables
 override the file; the file overrides ``TrainConfig``'s defaults.
 
 ``resolve`` fills what the plugin classes decide without loading the target: the training depth (the drafter's
-``k_train``), the mask builder for the device, and every plugin option's default. What only the target or the data
+``Drafter.training``), the mask builder for the device, and every plugin option's default. What only the target or the data
 can decide stays ``null`` (``warmup_steps``: 10% of the steps; a drafter's ``aux_layer_ids``: from the target's layer
 count; ``draft_vocab_size`` is clamped to the target's vocabulary when the run starts).
 """
@@ -243,7 +243,8 @@ def resolve(cfg: TrainConfig, where: str | None = None) -> TrainConfig:
     def options(table: dict[str, Any], cls: type, what: str) -> Any:
         return structure(table, cls.Options, f"{prefix}{what} options", "known options")
 
-    drafter_options = options(cfg.drafter_options, plugins.get("drafter", cfg.drafter), f"drafter '{cfg.drafter}'")
+    drafter_cls = plugins.get("drafter", cfg.drafter)
+    drafter_options = options(cfg.drafter_options, drafter_cls, f"drafter '{cfg.drafter}'")
     mask_builder = cfg.mask_builder
     if mask_builder is None and cfg.device != "auto":  # with device auto the builder depends on the machine
         from specframe.masks import default_mask_builder
@@ -255,7 +256,7 @@ def resolve(cfg: TrainConfig, where: str | None = None) -> TrainConfig:
                                   f"mask builder '{mask_builder}'")
     part_options = options(cfg.partitioner_options, plugins.get("partitioner", cfg.partitioner),
                            f"partitioner '{cfg.partitioner}'")
-    depth = cfg.depth or getattr(drafter_options, "k_train", None)
+    depth = cfg.depth or drafter_cls.training(drafter_options).depth  # its declared default (API 6)
     return attrs.evolve(
         cfg, depth=depth, mask_builder=mask_builder,
         drafter_options=_CONVERTER.unstructure(drafter_options),

@@ -138,9 +138,10 @@ def test_refusal_names_the_need_and_what_fits():
     with pytest.raises(SpecframeError) as err:
         mem.check_budget(cfg, limit)
     longest = mem.largest_seq_len(cfg, limit)
-    parts = mem.partitions_needed(cfg, limit)
+    found = mem.partitions_needed(cfg, limit)
     assert longest is not None and 16 <= longest < 4096
-    assert parts is not None
+    assert found is not None and found[0] == "peagle"
+    parts = found[1]
     advice = mem.advice(cfg, limit)
     assert advice[0] == f"fits with --seq-len {longest} or less"
     assert f"fits with --partitioner peagle --partitions {parts} --mask-builder chunked" in advice

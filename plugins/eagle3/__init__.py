@@ -106,6 +106,14 @@ class Eagle3Drafter(api.Drafter):
     parallel = False
     builds_trees = True  # propose_tree grows an EAGLE-2 dynamic tree
 
+    @classmethod
+    def training(cls, options: Eagle3Options) -> api.Training:
+        return api.eagle.family_training(options, options.ttt_steps)  # one element depth per TTT pass
+
+    @classmethod
+    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
+        return {"draft_vocab_size": draft_vocab_size, "ttt_steps": depth, "k_infer": k}
+
     def __init__(self, target_config: Any, options: Eagle3Options | None = None) -> None:
         super().__init__(target_config, options)
         opts = self.options

@@ -267,9 +267,16 @@ class ChunkedMaskBuilder(api.MaskBuilder):
     name = "chunked"
     Options = ChunkedOptions
     visibilities = frozenset(api.VISIBILITY_RULES)
+    # the default wherever flex does not train (CPU): bounded memory at any length, one code path on every device
+    preference = 30
+    query_blocks = True
+    grouped_kv = True
 
     def build(self, query: api.ElementSet, key: api.ElementSet) -> ChunkedAttention:
         return ChunkedAttention(plan(query, key, self.options.chunk_size))
+
+    def attention_bytes(self, shape: api.AttentionShape) -> int:
+        return api.query_block_bytes(shape, self.options.chunk_size)
 
 
 @api.hookimpl

@@ -67,6 +67,8 @@ class PrecomputedMaskBuilder(api.MaskBuilder):
     Options = PrecomputedOptions
 
     visibilities = frozenset(api.VISIBILITY_RULES)
+    # a full mask like dense's, built once: preferred to dense when a run must hold a full mask anyway
+    preference = 20
 
     def __init__(self, options: PrecomputedOptions | None = None) -> None:
         super().__init__(options)
@@ -74,6 +76,10 @@ class PrecomputedMaskBuilder(api.MaskBuilder):
         self._len = 0
         self._depth = 0
         self._rule = "chain"
+
+    def attention_bytes(self, shape: api.AttentionShape) -> int:
+        # the per-call mask, plus the cached grid mask of the whole sequence, alive for the whole run
+        return api.full_mask_bytes(shape) + (shape.seq_len * shape.depth) ** 2
 
     def cached_mask(self, seq_len: int, max_depth: int, rule: str = "chain") -> torch.Tensor:
         """The cached grid mask covering at least ``seq_len`` positions at depth ``max_depth`` under ``rule`` (built

@@ -56,6 +56,11 @@ class NgramDrafter(api.Drafter):
     def supervision(self, example):
         raise api.SpecframeError("drafter 'ngram' (prompt lookup) has no weights and cannot be trained")
 
+    def vllm_speculative_config(self, k: int) -> dict:
+        # vLLM's own prompt lookup with the same suffix lengths (its proposer matches the longest suffix first, too)
+        return {"method": "ngram", "num_speculative_tokens": int(k), "prompt_lookup_max": int(self.options.n_max),
+                "prompt_lookup_min": int(self.options.n_min)}
+
     def loss(self, example, elements, segment, attention):
         raise api.SpecframeError("drafter 'ngram' (prompt lookup) has no weights and cannot be trained")
 

@@ -97,6 +97,22 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
     Options = ParallelSpecOptions
     parallel = True
 
+    @classmethod
+    def training(cls, options: ParallelSpecOptions) -> api.Training:
+        return api.eagle.family_training(options, options.k_train)
+
+    @classmethod
+    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
+        return {"draft_vocab_size": draft_vocab_size, "k_train": depth, "k_infer": k}
+
+    @classmethod
+    def import_options(cls, imported: Any) -> dict[str, Any]:
+        values = super().import_options(imported)
+        masks = imported.config.get("parallelspec_num_masks")
+        if isinstance(masks, int):  # a ParallelSpec layout: its learned masks fix the depth and K it was trained for
+            values = {"backbone": "eagle", "num_masks": masks, "k_train": masks + 1, "k_infer": masks + 1, **values}
+        return values
+
     def __init__(self, target_config: Any, options: ParallelSpecOptions | None = None) -> None:
         super().__init__(target_config, options)
         opts = self.options

@@ -107,6 +107,14 @@ class PardDrafter(api.Drafter):
     Options = PardOptions
     parallel = True
 
+    @classmethod
+    def training(cls, options: PardOptions) -> api.Training:
+        return api.eagle.family_training(options, options.k_train)
+
+    @classmethod
+    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
+        return {"k_train": depth, "k_infer": k}  # PARD drafts over the full target vocabulary
+
     def __init__(self, target_config: Any, options: PardOptions | None = None) -> None:
         super().__init__(target_config, options)
         self.shape = modeling.LayerShape.from_config(target_config)

@@ -86,6 +86,14 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
     Options = PEagleOptions
     parallel = True
 
+    @classmethod
+    def training(cls, options: PEagleOptions) -> api.Training:
+        return api.eagle.family_training(options, options.k_train)
+
+    @classmethod
+    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
+        return {"draft_vocab_size": draft_vocab_size, "k_train": depth, "k_infer": k}
+
     def __init__(self, target_config: Any, options: PEagleOptions | None = None) -> None:
         super().__init__(target_config, options)
         opts = self.options

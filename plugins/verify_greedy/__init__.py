@@ -15,6 +15,7 @@ from specframe import api
 class GreedyVerifier(api.Verifier):
     name = "greedy"
     supports_tree = True
+    greedy = True
 
     def verify(self, logits: torch.Tensor, draft: api.Draft, generator: torch.Generator | None = None):
         parents = draft.parent_index().tolist()

@@ -30,6 +30,10 @@ class SamplingVerifier(api.Verifier):
     Options = SamplingOptions
     supports_tree = False
 
+    @property
+    def greedy(self) -> bool:
+        return self.options.temperature == 0.0  # p is one-hot at the argmax: greedy decoding's output
+
     def target(self, logits: torch.Tensor) -> torch.Tensor:
         o = self.options
         # On the CPU, where the generator lives: one row of V floats per slot is cheap to move.

@@ -31,6 +31,11 @@ class TreeVerifier(api.Verifier):
     name = "tree"
     Options = TreeOptions
     supports_tree = True
+    drafts_trees = True  # this verifier exists for trees: a run with it drafts one unless --tree-* says otherwise
+
+    @property
+    def greedy(self) -> bool:
+        return self.options.temperature == 0.0
 
     def target(self, logits: torch.Tensor) -> torch.Tensor:
         o = self.options

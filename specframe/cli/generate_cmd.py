@@ -50,7 +50,10 @@ def decoding_options(fn=None, *, bench: bool = False):
 def tree_shape(verifier: str, depth: int | None, top_k: int | None, tokens: int | None):
     from specframe.inference.engine import TreeShape
 
-    if verifier != "tree" and depth is None and top_k is None and tokens is None:
+    from specframe import plugins
+
+    drafts_trees = plugins.get("verifier", verifier).drafts_trees  # declared (API 6), never read from its name
+    if not drafts_trees and depth is None and top_k is None and tokens is None:
         return None
     defaults = TreeShape()
     return TreeShape(

@@ -196,7 +196,9 @@ class Trainer:
         drafter_cls = plugins.get("drafter", cfg.drafter)
         options = structure_options(cfg.drafter_options, drafter_cls.Options, f"drafter '{cfg.drafter}'")
         self.drafter: api.Drafter = drafter_cls(target.config, options)
-        self.depth = cfg.depth or getattr(options, "k_train", None)
+        # what the drafter declares (API 6): its default depth and COD schedule, whatever its options call them
+        self.training = drafter_cls.training(options)
+        self.depth = cfg.depth or self.training.depth
         if not self.depth:
             raise UsageError(f"drafter '{cfg.drafter}' has no default training depth: pass --depth")
         builder_name = cfg.mask_builder
@@ -208,13 +210,17 @@ class Trainer:
         if self.device.type not in builder_cls.devices:
             raise UsageError(f"mask builder '{builder_name}' does not train on {self.device.type}")
         self.builder = builder_cls(structure_options(cfg.mask_builder_options, builder_cls.Options, "mask builder"))
-        # no builder named: small attention calls take the dense path (engine.attention), large ones the default
+        # no builder named: small attention calls take the builder declared fastest for them (engine.attention),
+        # large ones the default
         self.attention_builder: Any = self.builder
-        if cfg.mask_builder is None and builder_name != "dense" and self.device.type == "cpu":
+        if cfg.mask_builder is None and not builder_cls.small_calls and self.device.type == "cpu":
             from specframe.engine.attention import SizedMaskBuilder
+            from specframe.masks import small_call_builder
 
-            self.attention_builder = SizedMaskBuilder(plugins.get("mask builder", "dense")(), self.builder,
-                                                      int(target.config.num_attention_heads))
+            small = small_call_builder(self.device)
+            if small is not None:
+                self.attention_builder = SizedMaskBuilder(plugins.get("mask builder", small)(), self.builder,
+                                                          int(target.config.num_attention_heads))
         part_cls = plugins.get("partitioner", cfg.partitioner)
         self.partitioner = part_cls(structure_options(cfg.partitioner_options, part_cls.Options, "partitioner"))
         self.drafter.check_training(self.depth, builder_name, cfg.partitioner)
@@ -335,12 +341,11 @@ class Trainer:
         # the drafter's positions are the last n data positions (EAGLE's shift drops the first); in a packed
         # sequence a position that straddles two documents gets one of its own
         doc = position_docs(example.doc, n)
-        ratio = getattr(self.drafter.options, "cod_ratio", None)
-        if ratio is not None and ratio < 1.0 and generator is not None:
+        ratio = self.training.cod_ratio
+        if ratio < 1.0 and generator is not None:
             from specframe.elements import cod_sample
 
-            min_ratio = getattr(self.drafter.options, "cod_min_ratio", 0.0)
-            elems = cod_sample(sup, self.depth, ratio, min_ratio, generator=generator, doc=doc)
+            elems = cod_sample(sup, self.depth, ratio, self.training.cod_min_ratio, generator=generator, doc=doc)
         else:
             elems = full_grid(n, self.depth, doc)
         # the drafter's declared visibility rule (api 2) travels with its elements to the partitioner and builder

@@ -494,21 +494,9 @@ def _with_shared_target_weights(imported: Imported, target_config: Any) -> Impor
 
 
 def drafter_options(imported: Imported, cls: type) -> Any:
-    """The drafter plugin options that give ``cls`` the folder's shape (layers, aux layers, draft vocabulary)."""
-    names = {f.name for f in attrs.fields(cls.Options)}
-    values: dict[str, Any] = {"layers": imported.num_layers}
-    if imported.layout != "pard":
-        values.update(aux_layer_ids=imported.aux_layer_ids, draft_vocab_size=imported.draft_vocab_size)
-    if imported.layout == "parallelspec":
-        masks = int(imported.config["parallelspec_num_masks"])
-        values.update(backbone="eagle", num_masks=masks, k_train=masks + 1, k_infer=masks + 1)
-    if "init_from_target" in names:
-        values["init_from_target"] = False
-    if imported.speculative_tokens is not None:
-        values["k_infer"] = int(imported.speculative_tokens)
-    if isinstance(imported.config.get("block_size"), int):  # DFlash: the block it was trained on
-        values["block_size"] = int(imported.config["block_size"])
-    return cls.Options(**{k: v for k, v in values.items() if k in names})
+    """The drafter plugin options that give ``cls`` the folder's shape (layers, aux layers, draft vocabulary, ...):
+    what the drafter declares for it (``Drafter.import_options``, API 6)."""
+    return cls.Options(**cls.import_options(imported))
 
 
 def load_drafter(directory: str | os.PathLike, target_config: Any, tokenizer: Any = None) -> Any:

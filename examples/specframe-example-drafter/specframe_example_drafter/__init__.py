@@ -39,6 +39,16 @@ class SkipgramDrafter(api.Drafter):
     Options = SkipgramOptions
     parallel = True
 
+    # What the core reads instead of option names (API 6): the depth tables are the default training depth and K,
+    # and an equal-depth comparison sets max_depth (the full grid, no COD; no draft vocabulary to set).
+    @classmethod
+    def training(cls, options: SkipgramOptions) -> api.Training:
+        return api.Training(depth=options.max_depth, k=options.max_depth)
+
+    @classmethod
+    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict:
+        return {"max_depth": depth}
+
     def __init__(self, target_config, options=None) -> None:
         super().__init__(target_config, options)
         self.model = SkipgramModel(target_config.vocab_size, self.options.dim, self.options.max_depth)

@@ -89,6 +89,23 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
     parallel = True
     visibility = "block"
 
+    @classmethod
+    def training(cls, options: DFlashOptions) -> api.Training:
+        # every mask slot of a block is a depth; the whole block trains (no COD), and the layers keep activations
+        return api.Training(depth=options.block_size - 1, k=options.k_infer, loss_chunk=options.loss_chunk)
+
+    @classmethod
+    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
+        # a block is the anchor plus one mask token per depth; DFlash drafts over the full target vocabulary
+        return {"block_size": depth + 1, "k_infer": min(k, depth)}
+
+    @classmethod
+    def import_options(cls, imported: Any) -> dict[str, Any]:
+        values = super().import_options(imported)
+        if isinstance(imported.config.get("block_size"), int):  # the block it was trained on
+            values["block_size"] = int(imported.config["block_size"])
+        return values
+
     def __init__(self, target_config: Any, options: DFlashOptions | None = None) -> None:
         super().__init__(target_config, options)
         opts = self.options
