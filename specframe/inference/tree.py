@@ -5,19 +5,17 @@ A draft tree is stored flat, in topological order (every parent before its child
 should try them.
 
 This module is imported by ``specframe.api`` (drafter plugins reach ``dynamic_tree`` from there), so it depends on
-torch and attrs only; it builds ``api.Draft`` objects through a late import.
+torch, attrs and the leaf ``specframe.drafts`` (``api.Draft``) only, never on the API itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
-if TYPE_CHECKING:
-    from specframe.api import Draft
+from specframe.drafts import Draft
 
 
 def node_depths(parents: torch.Tensor) -> torch.Tensor:
@@ -96,7 +94,6 @@ def dynamic_tree(root_logprobs: torch.Tensor, expand: Expand, *, depth: int, top
     of depth ``tree.depth[node] + 1`` for every node. Drafting is deterministic (top-k), so the draft's ``probs`` is
     None and sampling verifiers treat each proposal as a one-hot draft.
     """
-    from specframe.api import Draft
 
     if depth < 1 or top_k < 1 or total_tokens < 1:
         raise ValueError(f"depth, top_k and total_tokens must be positive, got {depth}, {top_k}, {total_tokens}")

@@ -649,7 +649,7 @@ def check_layout(directory: str | os.PathLike, target_config: Any = None) -> tup
     prefix) names the problem otherwise. Reads weights through safetensors only."""
     from safetensors.torch import load_file
 
-    from specframe.engine.checkpoint import check_safetensors
+    from specframe.files import check_safetensors
 
     directory = Path(directory)
     manifest = read_manifest(directory)
@@ -697,7 +697,7 @@ def check_export(directory: str | os.PathLike, target_config: Any = None) -> Man
 
     vLLM meets a damaged or mismatched drafter folder with a long traceback from deep inside model loading, often
     after minutes of start-up; this runs the writers' own shape and id checks on what is on disk instead."""
-    from specframe.engine.checkpoint import check_safetensors
+    from specframe.files import check_safetensors
 
     if (Path(directory) / WEIGHTS).is_file():
         check_safetensors(Path(directory) / WEIGHTS)  # its message names the file already

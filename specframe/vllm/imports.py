@@ -180,7 +180,7 @@ def read(directory: str | os.PathLike, target_config: Any = None) -> Imported:
 
 
 def _read(directory: Path, target_config: Any) -> Imported:
-    from specframe.engine.checkpoint import check_files
+    from specframe.files import check_files
 
     fmt = format_of(directory)
     if fmt is None:
@@ -208,7 +208,7 @@ def _read(directory: Path, target_config: Any) -> Imported:
 def _refuse_pickles(directory: Path) -> None:
     """A folder of pickled weights (``pytorch_model.bin``: SafeAILab's published EAGLE-3 drafters) refused with why and
     how to convert, before anything in it is read."""
-    from specframe.engine.checkpoint import PICKLE_SUFFIXES
+    from specframe.files import PICKLE_SUFFIXES
 
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
