@@ -76,3 +76,235 @@ def accumulated_gradients(model, input_ids, targets, supervised, elements, segme
     for segment in segments:
         segment_loss(model, input_ids, targets, supervised, elements, segment, builder).backward()
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+# ---------------------------------------------------------------------------------------- the drafter contract
+# A pytest plugin (the ``pytest11`` entry point ``specframe``, loaded in every pytest session where specframe is
+# installed): the fixture ``specframe_tiny_target`` and ``DrafterContract``, the checks every drafter must pass.
+# A plugin author subclasses it in a test module of their package, as tests/test_contract.py does for the
+# built-ins:
+#
+#     from specframe.testing import DrafterContract
+#
+#     class TestSkipgram(DrafterContract):
+#         drafter = "skipgram"            # a registered name, or the class itself (no install needed)
+#         options = {"dim": 16}           # small options for a fast run (the comparison's depth is set for you)
+
+import math  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, ClassVar  # noqa: E402
+
+import pytest  # noqa: E402
+
+from specframe import api  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def specframe_tiny_target(tmp_path_factory):
+    """A tiny random Llama target (320 tokens, 4 layers, width 32, grouped-query attention), its lm_head sharpened so
+    its next-token distribution is peaked (a random target is near uniform: a distillation loss would start near
+    zero and a draft would be accepted by chance)."""
+    from specframe.targets import load_target, tiny_target
+
+    folder = tmp_path_factory.mktemp("specframe-tiny-target") / "target"
+    tiny_target(folder, vocab=320, layers=4, hidden=32, heads=4, kv_heads=2, seed=0)
+    target = load_target(folder)
+    with torch.no_grad():
+        target.model.get_output_embeddings().weight.mul_(30.0)
+    return target
+
+
+def target_features(target: Any, ids: torch.Tensor, drafter: api.Drafter) -> dict[str, torch.Tensor]:
+    """The features ``drafter.feature_spec()`` asks for, from ``target`` over ``ids`` (as the engine computes them)."""
+    spec = drafter.feature_spec()
+    aux = tuple(getattr(spec, "aux_layers", None) or ())
+    with torch.no_grad():
+        out = target.model(ids[None], output_hidden_states=True)
+    feats = {"final_hidden": out.hidden_states[-1][0]}
+    if aux:
+        feats["aux_hidden"] = torch.cat([out.hidden_states[i][0] for i in aux], -1)
+    return feats
+
+
+def training_example(target: Any, drafter: api.Drafter, length: int = 18, docs: int = 2,
+                     seed: int = 0) -> api.TrainingExample:
+    """One seeded example of ``length`` tokens (``docs`` packed documents, the first 3 tokens unsupervised) with the
+    drafter's target features; ``drafter.prepare`` is called on it first, as the trainer does."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(7, int(target.config.vocab_size), (length,), generator=g)  # past special / reserved ids
+    mask = torch.ones(length, dtype=torch.bool)
+    mask[:3] = False
+    doc = torch.arange(length) * docs // length if docs > 1 else torch.zeros(length, dtype=torch.long)
+    drafter.prepare(target, [api.TrainingExample(ids, mask, doc)])
+    return api.TrainingExample(ids, mask, doc, target_features(target, ids, drafter))
+
+
+def element_set(drafter: api.Drafter, example: api.TrainingExample, depth: int, seed: int = 0):
+    """(elements, supervision) as the engine builds them: the drafter's declared COD schedule, or the full grid,
+    stamped with its visibility rule."""
+    from specframe.elements import cod_sample, full_grid, position_docs
+
+    sup = drafter.supervision(example).to(torch.bool)
+    doc = position_docs(example.doc, sup.shape[0])
+    declared = type(drafter).training(drafter.options)
+    if declared.cod_ratio < 1.0:
+        g = torch.Generator().manual_seed(seed)
+        elems = cod_sample(sup, depth, declared.cod_ratio, declared.cod_min_ratio, generator=g, doc=doc)
+    else:
+        elems = full_grid(sup.shape[0], depth, doc)
+    return elems.with_visibility(drafter.visibility), sup
+
+
+def accumulate_loss(drafter: api.Drafter, example: api.TrainingExample, elems: Any, sup: torch.Tensor,
+                    builder: str = "dense", partitioner: str = "none", parts: int = 1) -> float:
+    """Back-propagate one sequence as the engine does (segments in turn, normalised by the sequence's charged count,
+    attention through ``api.SegmentAttention``); returns the normalised loss."""
+    from specframe import plugins
+
+    b = plugins.get("mask builder", builder)()
+    p = plugins.get("partitioner", partitioner)()
+    count = float(sup[elems.position].sum())
+    total = 0.0
+    for seg in p.partition(elems, parts):
+        if len(seg.elements) == 0:
+            continue
+        sub = elems.subset(seg.elements)
+        terms = drafter.loss(example, elems, seg, api.SegmentAttention.build(b, sub))
+        (terms.loss_sum / count).backward()
+        total += float(terms.loss_sum.detach())
+    return total / count
+
+
+def gradients(drafter: api.Drafter) -> dict[str, torch.Tensor]:
+    return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+            for n, p in drafter.module().named_parameters() if p.requires_grad}
+
+
+class DrafterContract:
+    """What every drafter must do on the shared engine, as pytest tests (collected from a subclass named Test*).
+    ``drafter``: the registered name or the class; ``options``: small option values; ``depth`` / ``k``: the depth
+    it trains at and the tokens it drafts, set through its own ``comparison_options`` (API 6); ``draft_vocab``: the
+    draft vocabulary the comparison hands it; ``overfit_steps`` / ``overfit_ratio``: one example's loss must fall
+    below ``overfit_ratio`` of its first value within the steps."""
+
+    drafter: ClassVar[Any] = None
+    options: ClassVar[dict[str, Any]] = {}
+    depth: ClassVar[int] = 3
+    k: ClassVar[int] = 3
+    draft_vocab: ClassVar[int] = 128
+    overfit_steps: ClassVar[int] = 40
+    overfit_ratio: ClassVar[float] = 0.7
+
+    # -- helpers
+    @classmethod
+    def drafter_class(cls) -> type:
+        from specframe import plugins
+
+        return plugins.get("drafter", cls.drafter) if isinstance(cls.drafter, str) else cls.drafter
+
+    def option_values(self) -> dict[str, Any]:
+        drafter_cls = self.drafter_class()
+        equal = drafter_cls.comparison_options(self.depth, self.draft_vocab, self.k)
+        return {**equal, **self.options}
+
+    def build(self, target: Any, seed: int = 0) -> api.Drafter:
+        from specframe.engine.config import structure_options
+
+        torch.manual_seed(seed)
+        drafter_cls = self.drafter_class()
+        options = structure_options(self.option_values(), drafter_cls.Options, f"drafter '{drafter_cls.name}'")
+        return drafter_cls(target.config, options)
+
+    # -- the contract
+    def test_declares_the_comparisons_depth_and_k(self):
+        """``comparison_options`` must make ``training`` declare the depth and K it was handed: else the equal-budget
+        comparison trains this drafter at another depth than the rest."""
+        from specframe.engine.config import structure_options
+
+        drafter_cls = self.drafter_class()
+        options = structure_options(drafter_cls.comparison_options(self.depth, self.draft_vocab, self.k),
+                                    drafter_cls.Options, "comparison options")
+        declared = drafter_cls.training(options)
+        assert isinstance(declared, api.Training)
+        assert declared.depth == self.depth, f"comparison_options(depth={self.depth}) trains at {declared.depth}"
+        assert declared.k in (None, self.k), f"comparison_options(k={self.k}) drafts {declared.k}"
+
+    def test_every_builder_and_partitioner_gives_the_dense_gradients(self, specframe_tiny_target):
+        """Every registered CPU mask builder and partitioner gives the dense single pass's loss and gradients, and
+        the loss reaches some parameter."""
+        from specframe import plugins
+        from specframe.masks import ranked_mask_builders
+
+        registry = plugins.load()
+        drafter = self.build(specframe_tiny_target)
+        example = training_example(specframe_tiny_target, drafter)
+        elems, sup = element_set(drafter, example, self.depth)
+        ref_loss = accumulate_loss(drafter, example, elems, sup)
+        ref = gradients(drafter)
+        assert any(float(v.abs().sum()) > 0 for v in ref.values()), "the loss reaches no trainable parameter"
+        splits = [n for n in registry.names("partitioner") if registry.get("partitioner", n).splits_sequences]
+        for builder in ranked_mask_builders("cpu"):
+            if drafter.visibility not in registry.get("mask builder", builder).visibilities:
+                continue
+            for partitioner, parts in [("none", 1)] + [(n, 3) for n in splits]:
+                drafter.module().zero_grad(set_to_none=True)
+                loss = accumulate_loss(drafter, example, elems, sup, builder, partitioner, parts)
+                where = f"{builder} / {partitioner} x{parts}"
+                assert math.isclose(loss, ref_loss, rel_tol=1e-4, abs_tol=1e-6), f"{where}: {loss} != {ref_loss}"
+                for key, value in gradients(drafter).items():
+                    torch.testing.assert_close(value, ref[key], rtol=1e-4, atol=1e-6, msg=f"{where}: {key}")
+
+    def test_overfits_one_example(self, specframe_tiny_target):
+        drafter = self.build(specframe_tiny_target)
+        example = training_example(specframe_tiny_target, drafter)
+        elems, sup = element_set(drafter, example, self.depth)
+        params = [p for p in drafter.module().parameters() if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=1e-2)
+        drafter.module().train()
+        losses = []
+        for _ in range(self.overfit_steps):
+            opt.zero_grad()
+            losses.append(accumulate_loss(drafter, example, elems, sup))
+            opt.step()
+        assert all(math.isfinite(v) for v in losses)
+        assert losses[-1] < self.overfit_ratio * losses[0], f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+
+    def test_greedy_speculative_decoding_equals_plain_decoding(self, specframe_tiny_target):
+        """Lossless: chains of K drafts (and trees, for a drafter that builds them) emit exactly plain greedy
+        decoding's tokens through the reference engine."""
+        from specframe import plugins
+        from specframe.inference.engine import TreeShape, generate
+
+        drafter = self.build(specframe_tiny_target)
+        training_example(specframe_tiny_target, drafter)  # prepare it (draft vocabulary, mask token) as training does
+        drafter.module().eval()
+        model = specframe_tiny_target.model
+        prompt = torch.randint(7, int(model.config.vocab_size), (12,), generator=torch.Generator().manual_seed(1))
+        greedy, tree_verifier = plugins.get("verifier", "greedy")(), plugins.get("verifier", "tree")()
+        plain = generate(model, prompt, greedy, max_new_tokens=16, eos_token_id=())
+        chain = generate(model, prompt, greedy, drafter, k=self.k, max_new_tokens=16, eos_token_id=())
+        assert chain.tokens == plain.tokens
+        assert max(r.nodes for r in chain.rounds) <= self.k
+        if drafter.builds_trees:
+            tree = generate(model, prompt, tree_verifier, drafter, tree=TreeShape(self.k, 2, 6), max_new_tokens=16,
+                            eos_token_id=())
+            assert tree.tokens == plain.tokens
+
+    def test_a_saved_drafter_loads_back_and_drafts_the_same(self, specframe_tiny_target, tmp_path: Path):
+        drafter = self.build(specframe_tiny_target)
+        example = training_example(specframe_tiny_target, drafter)
+        with torch.no_grad():  # move off the initialisation, so a load that keeps fresh weights is caught
+            for p in drafter.module().parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        drafter.save(tmp_path / "drafter")
+        loaded = type(drafter).from_checkpoint(tmp_path / "drafter", specframe_tiny_target.config)
+        for key, value in drafter.module().state_dict().items():
+            torch.testing.assert_close(loaded.module().state_dict()[key], value, rtol=0, atol=0, msg=key)
+        prompt = example.input_ids[:10]
+        feats = target_features(specframe_tiny_target, prompt, drafter)
+        drafts = []
+        for d in (drafter, loaded):
+            d.module().eval()
+            d.start(prompt, feats)
+            drafts.append(d.propose(self.k).tokens.tolist())
+        assert drafts[0] == drafts[1]

@@ -64,18 +64,17 @@ def make(name: str, target, length: int = 20, seed: int = 0, docs: int = 1, **op
 
 
 def depth_of(drafter: api.Drafter) -> int:
-    opts = drafter.options
-    return int(getattr(opts, "k_train"))
+    return int(type(drafter).training(drafter.options).depth)  # its declared default (API 6)
 
 
 def elements(drafter: api.Drafter, example: api.TrainingExample, depth: int, seed: int = 0):
-    """The engine's element rule: COD when the drafter's ``cod_ratio`` < 1, else the full grid."""
+    """The engine's element rule: COD when the drafter declares a ratio < 1, else the full grid."""
     sup = drafter.supervision(example)
     doc = position_docs(example.doc, sup.shape[0])
-    ratio = getattr(drafter.options, "cod_ratio", 1.0)
-    if ratio < 1.0:
+    declared = type(drafter).training(drafter.options)
+    if declared.cod_ratio < 1.0:
         g = torch.Generator().manual_seed(seed)
-        return cod_sample(sup, depth, ratio, drafter.options.cod_min_ratio, generator=g, doc=doc), sup
+        return cod_sample(sup, depth, declared.cod_ratio, declared.cod_min_ratio, generator=g, doc=doc), sup
     return full_grid(sup.shape[0], depth, doc), sup
 
 

@@ -296,27 +296,7 @@ def test_default_propose_tree_is_the_chain():
     assert api.Drafter.propose_tree(drafter, 3, 4, 10).tokens.tolist() == chain.tokens.tolist()
 
 
-@pytest.fixture(scope="module")
-def learned_target(tmp_path_factory):
-    from tests.drafter_helpers import tiny_target as drafter_target
-
-    return drafter_target(tmp_path_factory.mktemp("decoding"))
-
-
-@pytest.mark.parametrize("name", ["peagle", "eagle3", "pard", "parallelspec"])
-def test_every_learned_drafter_is_lossless_through_the_engine(learned_target, name):
-    """The built-in drafters (untrained here) against the engine's start / propose / propose_tree / accept contract."""
-    from tests.drafter_helpers import make as make_learned
-
-    drafter, _ = make_learned(name, learned_target)
-    model = learned_target.model
-    prompt = torch.randint(7, model.config.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
-    plain = generate(model, prompt, verifier("greedy"), max_new_tokens=20, eos_token_id=())
-    chain = generate(model, prompt, verifier("greedy"), drafter, k=3, max_new_tokens=20, eos_token_id=())
-    tree = generate(model, prompt, verifier("tree"), drafter, tree=TreeShape(3, 2, 6), max_new_tokens=20,
-                    eos_token_id=())
-    assert chain.tokens == plain.tokens and tree.tokens == plain.tokens
-    assert max(r.nodes for r in chain.rounds) == 3
+# every learned drafter decoding losslessly through the engine: the drafter contract, tests/test_contract.py
 
 
 def test_the_tree_kv_path_copy_indexes_each_cache_on_its_own_device(monkeypatch):
