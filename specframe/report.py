@@ -575,6 +575,11 @@ def speedup_by_k(documents: list[tuple[str, dict[str, Any]]],
             elif kind == "bench.speed" and _quiet_batch1(document) and drafter:
                 # a per-drafter job's speed file: its own rows are "<drafter>/k<K>" (n-gram is the baseline)
                 match = re.fullmatch(re.escape(str(drafter)) + r"/k(\d+)", key)
+            elif (kind == "bench.acceptance" and not _reference_engine(document) and not is_baseline(m)
+                  and int(document.get("metrics", {}).get("concurrency") or 1) == 1 and m.get("drafter")):
+                # `specframe bench acceptance --engine vllm` (make demo's run): "<drafter>/k<K>" rows at batch 1
+                match = re.fullmatch(r".+/k(\d+)", key)
+                drafter = m["drafter"]
             else:
                 match = None
             if match is None:

@@ -351,3 +351,27 @@ def test_training_throughput_measured_beside_other_work_is_flagged(tmp_path):
     assert CliRunner().invoke(main, ["report", str(old)]).exit_code == 0
     text = (old / "report.md").read_text()
     assert "other load" not in text and "shared the machine" not in text
+
+
+def test_the_demos_vllm_run_answers_which_drafter_is_fastest(tmp_path):
+    """``bench acceptance --engine vllm`` (make demo's speed run) feeds the answers' vLLM line: its trained drafter's
+    rows at batch 1 count, the baseline's (a drafter run without a checkpoint) never win, whatever their speed."""
+    from specframe import report
+
+    def row(drafter, k, mean, checkpoint):
+        return {"acceptance_length": 1.4, "k": k, "drafter": drafter, "checkpoint": checkpoint,
+                "speedup_interval": {"mean": mean, "low": mean - 0.02, "high": mean + 0.02, "repeats": 3}}
+
+    methods = {"plain": {"acceptance_length": 1.0, "drafter": None, "checkpoint": None},
+               "peagle/k2": row("peagle", 2, 1.06, "runs/demo/peagle/step-00000060"),
+               "peagle/k3": row("peagle", 3, 1.01, "runs/demo/peagle/step-00000060"),
+               "ngram/k2": row("ngram", 2, 1.33, None)}
+    write(tmp_path, "vllm.json", "bench.acceptance", {"methods": methods, "concurrency": 1, "engine": "vllm"},
+          {"dataset": "gsm8k", "engine": "vllm", "concurrency": 1})
+    text = "\n".join(report.answers(report.load_results(tmp_path)))
+    assert "- **Fastest in vLLM:** peagle at K = 2, 1.06 [1.04, 1.08]x" in text
+    assert "ngram" not in text
+    # at 4 requests at once it is not a batch-1 answer
+    write(tmp_path, "vllm.json", "bench.acceptance", {"methods": methods, "concurrency": 4, "engine": "vllm"},
+          {"dataset": "gsm8k", "engine": "vllm", "concurrency": 4})
+    assert "Fastest in vLLM" not in "\n".join(report.answers(report.load_results(tmp_path)))
