@@ -8,7 +8,7 @@ checkpoint is exported (`specframe export`), vLLM serves plain and speculative d
 warmed up, the MT-Bench prompt turns interleaved between them; AL and per-position acceptance come from vLLM's
 per-request spec-decode counters, speedup is OTPS(speculative) / OTPS(plain) per repeat. Reference side: ``specframe.bench.compare`` on the same prompts at the same K. EAGLE-3 and P-EAGLE are
 exported in the speculators format, PARD as a causal LM, ParallelSpec (eagle backbone) for specframe's vLLM general
-plugin model (each draft slot its own mask embedding; see README); every one is served beside the target with an
+plugin model (each draft slot its own mask embedding; docs/guide/serving-vllm.md, "ParallelSpec"); every one is served beside the target with an
 explicit speculative config.
 """
 

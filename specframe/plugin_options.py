@@ -1,6 +1,6 @@
 """A plugin's options as a user sees them: name, type, default and one line of help (``specframe plugins --options``).
 
-Convention (CONTRIBUTING.md, "Options and their help"): every field of a component's attrs ``Options`` class carries
+Convention (docs/plugins/tutorial.md, "Options and their help"; CONTRIBUTING.md points there): every field of a component's attrs ``Options`` class carries
 its help as ``attrs.field(..., metadata={"help": "one line"})``. The help is read from the class at run time, so it
 is the same for built-in and third-party plugins and needs no source code.
 """
