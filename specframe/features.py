@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 
 from specframe.errors import SpecframeError
+# the head and the decoder trunk as the target's forward runs them (one way: target_head imports nothing of this)
+from specframe.target_head import TargetHead, _base_model
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -60,15 +62,6 @@ class Features:
 
     aux: Any = None
     final: Any = None
-
-
-def _base_model(model: Any) -> Any:
-    base = getattr(model, "base_model", None)
-    if base is None or base is model:
-        base = getattr(model, "model", None)
-    if base is None or not hasattr(base, "layers"):
-        raise SpecframeError(f"{type(model).__name__}: cannot find the decoder layers (expected .model.layers)")
-    return base
 
 
 def capture_features(
@@ -130,8 +123,6 @@ def target_logits(target: Any, final_hidden: Any, vocab_ids: Sequence[int] | Any
     ``vocab_ids``: restrict to these target ids (e.g. the draft vocabulary, in draft order), computing only those
     rows of lm_head. Result [..., len(vocab_ids)] or [..., V].
     """
-    from specframe.target_head import TargetHead
-
     head = TargetHead.of(target)
     if vocab_ids is not None:
         head = head.rows(vocab_ids)

@@ -103,14 +103,21 @@ def as_target_head(head: TargetHead | torch.Tensor) -> TargetHead:
     return head if isinstance(head, TargetHead) else TargetHead(weight=head)
 
 
+def _base_model(model: Any) -> Any:
+    base = getattr(model, "base_model", None)
+    if base is None or base is model:
+        base = getattr(model, "model", None)
+    if base is None or not hasattr(base, "layers"):
+        raise SpecframeError(f"{type(model).__name__}: cannot find the decoder layers (expected .model.layers)")
+    return base
+
+
 def target_head(target: Any) -> TargetHead:
     """``TargetHead.of(target)``, checked once against the target's own forward on a few tokens: the logits the head
     gives from the final hidden state (what ``capture_features`` stores) must be the model's. A model that transforms
     its logits in a way this module does not apply is refused, since every teacher built on the head would be wrong."""
     model = _model(target)
     head = TargetHead.of(model)
-    from specframe.features import _base_model
-
     entry = model.get_input_embeddings().weight
     if entry.device.type == "meta":  # a skeleton (no weights): nothing to run, nothing a teacher could read either
         return head

@@ -10,7 +10,8 @@ import pytest
 from specframe.data.chat import EncodeStats, encode_conversation, encode_dataset
 from specframe.data.evalsets import eval_prompts
 from specframe.data.regenerate import read_done, regenerate
-from specframe.data.sources import load_chat_file, load_data, load_gsm8k, load_sharegpt
+from specframe.data.sources import load_chat_file, load_gsm8k, load_sharegpt
+from specframe.data.specs import load_data
 from specframe.errors import SpecframeError
 from specframe.targets import load_target, tiny_target
 from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401

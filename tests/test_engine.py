@@ -181,7 +181,7 @@ def test_expected_acceptance_length():
 
 def test_cache_and_online_features_train_alike(assets, tmp_path):
     from specframe.cache import prepare_cache
-    from specframe.data.sources import load_data
+    from specframe.data.specs import load_data
     from specframe.features import FeatureSpec
     from specframe.targets import load_target
 

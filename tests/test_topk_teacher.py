@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from specframe import modeling
 from specframe.api import eagle
 from specframe.cache import FeatureCache, prepare_cache
-from specframe.data.sources import load_data
+from specframe.data.specs import load_data
 from specframe.engine import TrainConfig, train
 from specframe.engine import checkpoint as ckpt
 from specframe.errors import SpecframeError

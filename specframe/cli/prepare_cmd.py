@@ -61,7 +61,7 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from specframe.cache import prepare_cache
-    from specframe.data.sources import load_data
+    from specframe.data.specs import load_data
     from specframe.errors import UsageError
     from specframe.features import FeatureSpec, default_aux_layers
 

@@ -76,7 +76,7 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
     from rich.progress import Progress
 
     from specframe.data.regenerate import regenerate as run_regenerate
-    from specframe.data.sources import load_data
+    from specframe.data.specs import load_data
 
     from specframe.errors import UsageError
 

@@ -176,7 +176,7 @@ class OnlineSource(_Sequences):
     def __init__(self, spec: str, target: Any, feature_spec: Any, seq_len: int, limit: int | None,
                  pack: bool = True, workers: int | None = None) -> None:
         from specframe.data.chat import EncodeStats, encode_dataset
-        from specframe.data.sources import load_data
+        from specframe.data.specs import load_data
 
         self.target = target
         self.feature_spec = feature_spec
