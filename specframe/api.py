@@ -24,6 +24,10 @@ from specframe import modeling, vocab
 
 # The feature-reading drafters' shared backbone (vLLM EAGLE-3 names), draft vocabulary and depth bookkeeping.
 from specframe import eagle
+
+# The block-drafting backbone (context from the target's aux states, a block of anchor + mask slots) that DFlash and
+# DSpark share (API 7).
+from specframe import block
 from specframe.elements import VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility, visible
 from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError, read_json
 from specframe.features import FeatureSpec
@@ -56,7 +60,12 @@ from specframe.vllm import export as vllm_layouts
 #:   builders), ``api.one_dtype`` (the one dtype ``SegmentAttention`` hands a builder q, k, v in), and the folder a
 #:   drafter's ``import_weights`` is handed has ``check_target``, ``check_shape`` and ``eagle_state`` methods. Nothing
 #:   a version-4 plugin uses changed.
-API_VERSION = "5"
+#: - "6": made on main concurrently with "7" (its entry is merged there).
+#: - "7" (additive): ``api.block``, the block-drafting backbone DFlash had in its package (``BlockModel`` with vLLM's
+#:   ``DFlashQwen3Model`` names, ``block_hidden`` for training under the block rule through the segment's mask
+#:   builder, ``BlockContext`` for inference, ``position_docs``), so DFlash and DSpark share it. Nothing a
+#:   version-6 plugin uses changed.
+API_VERSION = "7"
 
 __all__ = [
     "API_VERSION",
@@ -92,6 +101,7 @@ __all__ = [
     "shared_visibility",
     "modeling",
     "eagle",
+    "block",
     "vocab",
     "unit_interval",
     "verify",
