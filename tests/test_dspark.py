@@ -282,23 +282,41 @@ def free_running(drafter, ex, a, k):
     return out
 
 
+def slot_distributions(drafter, ex, a, drafted):
+    """The oracle's q at each slot of block a given the drafted prefix (the anchor, then ``drafted``)."""
+    hidden = block_forward(drafter, ex, a)
+    prefix = torch.tensor([int(ex.input_ids[a + 1])] + list(drafted))
+    k = len(drafted)
+    logits = drafter.model.lm_head(hidden[:k]) + markov_biases(drafter, hidden, prefix[:k])
+    return torch.softmax(logits.double(), -1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("head", ["vanilla", "rnn"])
-def test_propose_drafts_the_per_block_forward_left_to_right(target, head):
+def test_propose_drafts_the_per_block_forward_left_to_right(target, head, temperature):
     """start / accept / propose (context cached across rounds) against the oracle's block forward and sequential
-    argmax: an off-by-one between the indexings (context up to t vs t + 1, the anchor, positions) or a bias from the
-    wrong previous token breaks the equality."""
-    drafter, ex = make(target, length=20, markov_head_type=head)
+    stage: an off-by-one between the indexings (context up to t vs t + 1, the anchor, positions), a bias from the
+    wrong previous token or a dropped recurrent state breaks the equality. Greedy: the drafts are the oracle's
+    slot-by-slot argmax; sampled: each slot's q is the oracle's given the drafted prefix (continuous, so a bias
+    too small to move an argmax still shows)."""
+    drafter, ex = make(target, length=20, markov_head_type=head, draft_temperature=temperature)
     drafter.module().eval()
     seq, aux = ex.input_ids, ex.features["aux_hidden"]
     n0 = 5
     drafter.start(seq[:n0], {"aux_hidden": aux[: n0 - 1]})
     drafter.accept(seq[n0 : n0 + 1], {"aux_hidden": aux[n0 - 1 : n0]})
     committed = n0 + 1
+    g = torch.Generator().manual_seed(5)
     for step, k in ((1, 4), (3, 2), (2, 3), (1, 1)):
         with torch.no_grad():
-            draft = drafter.propose(k).tokens.tolist()
-            want = free_running(drafter, ex, committed - 2, k)
-        assert draft == want, (committed, k)
+            draft = drafter.propose(k, g)
+            a = committed - 2
+            if temperature == 0:
+                assert draft.probs is None
+                assert draft.tokens.tolist() == free_running(drafter, ex, a, k), (committed, k)
+            else:
+                q = slot_distributions(drafter, ex, a, draft.tokens.tolist())
+                assert torch.allclose(draft.probs.double(), q, atol=1e-6), (committed, k)
         assert drafter.last_confidence.shape == (k,)
         drafter.accept(seq[committed : committed + step], {"aux_hidden": aux[committed - 1 : committed - 1 + step]})
         committed += step
@@ -357,3 +375,44 @@ def test_trains_on_the_shared_engine(tmp_path, builder, partitioner, parts):
     reloaded = load_drafter(out, load_target(target_dir).config)
     assert reloaded.mask_token_id is not None and reloaded.visibility == "block"
     assert set(reloaded.module().state_dict()) >= {"markov_head.markov_w1.weight", "confidence_head.proj.bias"}
+
+
+def _sampling_drafter():
+    """A DSpark drafter (sampled drafts, random heads, so q is far from p) on test_sampling_distribution's tiny
+    target, whose exact joint law of the first tokens is known."""
+    from tests.test_sampling_distribution import target_model
+
+    model = target_model()
+    torch.manual_seed(2)
+    cls = plugins.get("drafter", "dspark")
+    drafter = cls(model.config, cls.Options(layers=1, block_size=3, aux_layer_ids=[1], markov_rank=4,
+                                            draft_temperature=1.0))
+    with torch.no_grad():
+        drafter.model.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
+        drafter.model.lm_head.weight.copy_(model.get_output_embeddings().weight)
+        for p in drafter.model.markov_head.parameters():
+            p.normal_(0.0, 1.0)
+    drafter.mask_token_id = 0
+    drafter.module().eval()
+    return model, drafter
+
+
+@pytest.mark.slow
+def test_speculative_sampling_with_sampled_dspark_drafts_matches_the_target_law():
+    """The engine's speculative sampling with DSpark's sampled drafts (q = Draft.probs) emits the target's exact joint
+    law of the first tokens (chi-square, as tests/test_sampling_distribution.py for the reference drafter), and the
+    same run through the classic broken verifier (resampling from p after a rejection) is rejected."""
+    from specframe.inference import generate
+    from tests.test_sampling_distribution import (N_TOKENS, PROMPT, THRESHOLD, BrokenSampling, chi_square_pvalue,
+                                                  exact_joint)
+
+    model, drafter = _sampling_drafter()
+
+    def samples(verifier, n):
+        g = torch.Generator().manual_seed(11)
+        return [tuple(generate(model, torch.tensor(PROMPT), verifier, drafter, k=2, max_new_tokens=N_TOKENS,
+                               eos_token_id=(), generator=g).tokens) for _ in range(n)]
+
+    exact = exact_joint()
+    assert chi_square_pvalue(samples(plugins.get("verifier", "sampling")(), 3000), exact) > THRESHOLD
+    assert chi_square_pvalue(samples(BrokenSampling(), 1500), exact) < 1e-6
