@@ -416,3 +416,105 @@ def test_speculative_sampling_with_sampled_dspark_drafts_matches_the_target_law(
     exact = exact_joint()
     assert chi_square_pvalue(samples(plugins.get("verifier", "sampling")(), 3000), exact) > THRESHOLD
     assert chi_square_pvalue(samples(BrokenSampling(), 1500), exact) < 1e-6
+
+
+# ------------------------------------------------------------------------------------------------------------ vLLM
+
+
+def test_export_writes_the_speculators_dspark_layout(target, tmp_path):
+    """The export is what vLLM 0.32's own ``update_dspark`` turns into a Qwen3DSparkModel config (anchor as the
+    first prediction, target layers = aux ids - 1, the heads' settings), every weight under vLLM's
+    ``Qwen3DSparkModel`` names; check_export validates it and names a damage; vLLM serves it at K = block_size only."""
+    from safetensors.torch import load_file, save_file
+
+    from specframe.vllm import export
+
+    drafter, _ = make(target)
+    drafter.module().float()
+    out = tmp_path / "out"
+    manifest = drafter.export_vllm(out, target.tokenizer)
+    assert manifest["layout"] == "dspark" and manifest["method"] == "dspark" and not manifest["parallel_drafting"]
+    assert (manifest["min_speculative_tokens"], manifest["max_speculative_tokens"]) == (4, 4)
+    assert manifest["speculative_tokens"] == 4 and manifest["block_size"] == 4
+    assert export.check_export(out, target.config).layout == "dspark"
+    assert export.speculative_config(out, 4) == {"method": "dspark", "model": str(out.resolve()),
+                                                 "num_speculative_tokens": 4}
+    assert export.read_manifest(out).refusal(3) == (
+        "vLLM cannot serve this dspark export at 3 draft tokens per step: its dspark proposer drafts K tokens from a "
+        "block of K slots (the anchor predicts too), and this drafter was trained on blocks of 4 (bidirectional, so a "
+        "shorter block is a network it never was); it serves K = 4")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["speculators_model_type"] == "dspark"
+    weights = load_file(str(out / "model.safetensors"))
+    assert set(weights) == set(drafter.module().state_dict())
+    assert {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight",
+            "confidence_head.proj.bias", "fc.weight", "hidden_norm.weight", "layers.1.self_attn.q_norm.weight"} <= set(
+        weights)
+    assert weights["confidence_head.proj.weight"].shape == (1, drafter.shape.hidden + 8)
+    try:
+        from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+    except ImportError:  # pragma: no cover - vLLM absent
+        pytest.skip("vLLM is not installed: the config is checked by vLLM's own speculators reader")
+    hf = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(cfg)))
+    assert hf["architectures"] == ["Qwen3DSparkModel"] and hf["model_type"] == "qwen3"
+    assert hf["sample_from_anchor"] is True and hf["dspark_bonus_anchor"] is False
+    assert hf["target_layer_ids"] == [i - 1 for i in drafter.aux_layer_ids]
+    assert hf["eagle_aux_hidden_state_layer_ids"] == drafter.aux_layer_ids
+    assert (hf["mask_token_id"], hf["block_size"], hf["markov_rank"], hf["markov_head_type"]) == (
+        drafter.mask_token_id, 4, 8, "vanilla")
+    assert hf["enable_confidence_head"] is True and hf["confidence_head_with_markov"] is True
+    assert hf["use_aux_hidden_state"] is True and hf["draft_vocab_size"] == drafter.vocab_size
+    assert hf["num_hidden_layers"] == 2
+    del weights["markov_head.markov_w2.weight"]
+    save_file(weights, str(out / "model.safetensors"))
+    with pytest.raises(api.SpecframeError, match="missing weight 'markov_head.markov_w2.weight'"):
+        export.check_export(out, target.config)
+
+
+def test_an_rnn_head_is_not_exported_for_vllm(target, tmp_path):
+    drafter, _ = make(target, markov_head_type="rnn")
+    with pytest.raises(api.SpecframeError, match="vLLM serves the vanilla Markov head only .* this drafter's head is "
+                                                 "'rnn'"):
+        drafter.export_vllm(tmp_path / "out", target.tokenizer)
+    assert not (tmp_path / "out").exists()
+
+
+def test_vllm_without_triton_refuses_dspark_with_the_reason(monkeypatch):
+    """vLLM 0.32 runs DSpark only in its V2 model runner, which it picks only with Triton: without it (the CPU build)
+    the refusal names that; with Triton there is no such reason, unless the V2 runner is turned off. (One engine start
+    on this CPU with an export and the SmolLM2 target: vLLM resolved the folder as Qwen3DSparkModel, fell back to the
+    V1 runner for want of Triton and failed its config validation with "Model Runner V1 does not support: dspark
+    speculative decoding" after 128 s.)"""
+    pytest.importorskip("vllm")
+    import vllm.triton_utils
+
+    from specframe.vllm import support
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", False)
+    assert support.dspark_runner_problem() == (
+        "vLLM serves method dspark only in its V2 model runner (DSparkSpeculator), and it has no Triton (the CPU "
+        "build), so it would start its V1 runner, which refuses dspark speculative decoding")
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
+    assert support.dspark_runner_problem() is None
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert "VLLM_USE_V2_MODEL_RUNNER turns that runner off" in support.dspark_runner_problem()
+
+
+@pytest.mark.slow  # imports vLLM's model registry (a minute on this CPU)
+def test_serving_an_export_on_this_vllm_is_refused_before_start_up(target, tmp_path):
+    pytest.importorskip("vllm")
+    from vllm.triton_utils import HAS_TRITON
+
+    from specframe.vllm.engine import drafter_job
+
+    if HAS_TRITON:
+        pytest.skip("this vLLM has Triton: its V2 runner serves DSpark (the parity check belongs there)")
+    drafter, _ = make(target)
+    drafter.module().float()
+    drafter.export_vllm(tmp_path / "out", target.tokenizer)
+    with pytest.raises(api.SpecframeError) as info:
+        drafter_job(tmp_path / "out", 4, target=str(tmp_path / "target-does-not-matter"))
+    message = str(info.value)
+    assert message.startswith("the installed vLLM cannot serve this dspark export for target")
+    assert "only in its V2 model runner" in message and "\n" not in message
