@@ -64,7 +64,9 @@ from specframe.vllm import export as vllm_layouts
 #: - "7" (additive): ``api.block``, the block-drafting backbone DFlash had in its package (``BlockModel`` with vLLM's
 #:   ``DFlashQwen3Model`` names, ``block_hidden`` for training under the block rule through the segment's mask
 #:   builder, ``BlockContext`` for inference, ``position_docs``), so DFlash and DSpark share it. Nothing a
-#:   version-6 plugin uses changed.
+#:   version-6 plugin uses changed. Also ``Draft.confidence`` (per-node acceptance estimates, optional),
+#:   ``Draft.prefix`` and ``Verifier.schedule`` (how much of a chain to verify, asked by the engine before the target
+#:   forward; default: all), so a confidence-scheduled verifier works with any drafter that gives confidence.
 API_VERSION = "7"
 
 __all__ = [
@@ -272,12 +274,14 @@ class Draft:
     order (a parent's index is below its children's) and siblings in the order a verifier tries them. ``probs``
     [N, V] or None: the drafter distribution each token was drawn from (over the target vocabulary); siblings of a
     tree are independent draws from their (shared) distribution. None means deterministic drafting (argmax or
-    top-k), i.e. one-hot q.
+    top-k), i.e. one-hot q. ``confidence`` [N] or None (API 7): the drafter's estimate, in [0, 1], that node i is
+    accepted given that its parent was (DSpark's confidence head); verifiers that schedule read it (``schedule``).
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor | None = None
     probs: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
 
     def __attrs_post_init__(self) -> None:
         # A malformed draft would otherwise surface as an IndexError deep inside a verifier or the target forward,
@@ -306,8 +310,23 @@ class Draft:
                 what = f"shape {tuple(q.shape)}, dtype {q.dtype}" if isinstance(q, torch.Tensor) else type(q).__name__
                 raise InvalidDraftError(f"malformed draft: probs must be a float tensor [{n}, V], got {what}")
 
+        c = self.confidence
+        if c is not None:
+            if not isinstance(c, torch.Tensor) or tuple(c.shape) != (n,) or not c.dtype.is_floating_point:
+                what = f"shape {tuple(c.shape)}, dtype {c.dtype}" if isinstance(c, torch.Tensor) else type(c).__name__
+                raise InvalidDraftError(f"malformed draft: confidence must be a float tensor of shape ({n},), got {what}")
+            if n and not bool(((c >= 0) & (c <= 1)).all()):
+                raise InvalidDraftError("malformed draft: confidence values must lie in [0, 1]")
+
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def prefix(self, n: int) -> Draft:
+        """The chain's first ``n`` tokens (their probs and confidence with them): what a ``schedule`` keeps."""
+        if self.branched:
+            raise InvalidDraftError("malformed draft: only a chain has a prefix to schedule")
+        return Draft(tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n],
+                     confidence=None if self.confidence is None else self.confidence[:n])
 
     def check_against(self, logits: torch.Tensor) -> None:
         """Refuse verifying this draft against ``logits`` unless they are [N + 1, V] with every token (and the
@@ -396,6 +415,13 @@ class Verifier(Component, ABC):
     def verify(self, logits: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verification:
         """``logits`` [N + 1, V]: row 0 is the target at the root (predicts the first draft level), row i + 1 the
         target at draft node i. ``generator`` drives every random choice, so a seeded run is reproducible."""
+
+    def schedule(self, draft: Draft) -> int | None:
+        """How many leading tokens of a chain ``draft`` the target should verify, decided before its forward (API 7;
+        None, the default: all of them). The engine verifies ``draft.prefix(n)``. To keep sampling lossless the
+        choice to keep token i may depend on the draft only through tokens before i (e.g. ``confidence[: i + 1]``,
+        whose entry i a drafter computes before drawing token i), never on token i or later."""
+        return None
 
 
 def verify(verifier: Verifier, logits: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verification:

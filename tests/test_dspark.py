@@ -390,8 +390,11 @@ def _sampling_drafter():
     with torch.no_grad():
         drafter.model.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
         drafter.model.lm_head.weight.copy_(model.get_output_embeddings().weight)
+        # random heads: q far from p, and confidences spread over (0, 1) so a schedule cuts at varying lengths
         for p in drafter.model.markov_head.parameters():
             p.normal_(0.0, 1.0)
+        for p in drafter.model.confidence_head.parameters():
+            p.normal_(0.0, 0.3)
     drafter.mask_token_id = 0
     drafter.module().eval()
     return model, drafter
@@ -518,3 +521,110 @@ def test_serving_an_export_on_this_vllm_is_refused_before_start_up(target, tmp_p
     message = str(info.value)
     assert message.startswith("the installed vLLM cannot serve this dspark export for target")
     assert "only in its V2 model runner" in message and "\n" not in message
+    from specframe.cli.serve_cmd import serve_command
+
+    with pytest.raises(api.SpecframeError, match="the installed vLLM cannot serve this dspark export: vLLM serves "
+                                                 "method dspark only in its V2 model runner"):
+        serve_command(None, tmp_path / "out")
+
+
+# ------------------------------------------------------------------------------------ the confidence-scheduled verifier
+
+
+def scheduled(**options):
+    cls = plugins.get("verifier", "scheduled")
+    return cls(cls.Options(**options))
+
+
+def _chain(confidence):
+    n = len(confidence)
+    return api.Draft(tokens=torch.arange(n), confidence=torch.tensor(confidence, dtype=torch.float32))
+
+
+def test_the_schedule_keeps_tokens_while_they_raise_expected_tokens_per_cost():
+    # E(m) = 1 + sum_j prod_{i<=j} c_i over T(m) = 1 + 0.1 m: 1.0, 1.727, 2.183, then 2.126 (down): two tokens
+    assert scheduled().schedule(_chain([0.9, 0.8, 0.2, 0.9])) == 2
+    assert scheduled(cost_per_token=0.0).schedule(_chain([0.9, 0.8, 0.2, 0.9])) == 4  # free tokens: all of them
+    assert scheduled(cost_per_token=1.0).schedule(_chain([0.9, 0.8])) == 0  # 1.9 / 2 < 1: plain decoding pays more
+    assert scheduled().schedule(_chain([0.9, 0.0, 0.9])) == 1  # a token that is surely rejected ends the prefix
+    # a measured curve: the fourth token costs as much as the first three together
+    assert scheduled(cost_curve=[1.0, 1.05, 1.1, 1.15, 2.0]).schedule(_chain([0.95] * 6)) == 3
+    with pytest.raises(api.UsageError, match="needs per-token confidence"):
+        scheduled().schedule(api.Draft(tokens=torch.arange(3)))
+    with pytest.raises(api.UsageError, match="'cost_curve' must list at least two positive costs"):
+        scheduled(cost_curve=[1.0])
+    with pytest.raises(api.UsageError, match="'rule' must be one of greedy, sampling"):
+        scheduled(rule="tree")
+    with pytest.raises(api.InvalidDraftError, match="confidence values must lie in"):
+        api.Draft(tokens=torch.arange(2), confidence=torch.tensor([0.5, 1.5]))
+
+
+def test_the_engine_verifies_the_scheduled_prefix_and_stays_lossless(target):
+    from specframe.inference.engine import generate
+
+    drafter, _ = make(target)
+    drafter.module().float().eval()
+    prompt = torch.randint(7, target.config.vocab_size, (10,), generator=torch.Generator().manual_seed(1))
+    plain = generate(target.model, prompt, plugins.get("verifier", "greedy")(), max_new_tokens=20, eos_token_id=())
+
+    def run_with(verifier):
+        return generate(target.model, prompt, verifier, drafter, k=4, max_new_tokens=20, eos_token_id=())
+
+    free, costly, mixed = (run_with(scheduled(cost_per_token=c)) for c in (0.0, 100.0, 0.3))
+    assert free.tokens == plain.tokens and costly.tokens == plain.tokens and mixed.tokens == plain.tokens
+    assert all(r.nodes == 4 for r in free.rounds) and all(r.nodes == 0 for r in costly.rounds)
+
+    class Lying(type(scheduled())):
+        def schedule(self, draft):
+            return 9
+
+    with pytest.raises(api.PluginError, match=r"verifier 'scheduled' scheduled 9 tokens of a 4-token draft"):
+        run_with(Lying(Lying.Options()))
+    blind, _ = make(target, confidence_head=False)
+    with pytest.raises(api.UsageError, match="needs per-token confidence"):
+        generate(target.model, prompt, scheduled(), blind, k=4, max_new_tokens=4, eos_token_id=())
+
+
+def test_the_cost_curve_is_measured_on_the_model():
+    from specframe_dspark.scheduled import measure_cost_curve
+    from tests.test_sampling_distribution import target_model
+
+    curve = measure_cost_curve(target_model(), 3, context=16, repeats=2)
+    assert len(curve) == 4 and all(t > 0 for t in curve)
+    assert scheduled(cost_curve=curve).options.cost(2) == curve[2]
+
+
+@pytest.mark.slow
+def test_scheduled_speculative_sampling_matches_the_target_law_and_a_token_peeking_schedule_does_not():
+    """Sampled DSpark drafts (confidence from the random head, so the schedule truncates at varying lengths) through
+    the scheduled verifier's sampling rule emit the target's exact joint law; a schedule that decides on a token by
+    looking at the token itself (the lossless condition broken) is rejected by the same check."""
+    from specframe.inference import generate
+    from tests.test_sampling_distribution import N_TOKENS, PROMPT, THRESHOLD, chi_square_pvalue, exact_joint
+
+    model, drafter = _sampling_drafter()
+    exact = exact_joint()
+    base = type(scheduled())
+
+    class Peeking(base):
+        def schedule(self, draft):
+            keep = 0
+            while keep < len(draft) and int(draft.tokens[keep]) % 2 == 0:
+                keep += 1
+            return keep
+
+    def samples(verifier, n):
+        g = torch.Generator().manual_seed(13)
+        out, nodes = [], set()
+        for _ in range(n):
+            gen = generate(model, torch.tensor(PROMPT), verifier, drafter, k=3, max_new_tokens=N_TOKENS,
+                           eos_token_id=(), generator=g)
+            out.append(tuple(gen.tokens))
+            nodes.update(r.nodes for r in gen.rounds)
+        return out, nodes
+
+    got, nodes = samples(scheduled(rule="sampling", cost_per_token=0.9), 3000)
+    assert nodes == {0, 1, 2, 3}, nodes  # the schedule cut the 3-token drafts at every length
+    assert chi_square_pvalue(got, exact) > THRESHOLD
+    got, _ = samples(Peeking(base.Options(rule="sampling", cost_per_token=0.9)), 3000)
+    assert chi_square_pvalue(got, exact) < 1e-6

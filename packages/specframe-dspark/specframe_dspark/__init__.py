@@ -391,7 +391,10 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
                 prev = logits.argmax(-1)
             drafted.append(prev)
         self.last_confidence = torch.cat(conf).float().cpu() if conf else None
-        return api.Draft(tokens=torch.cat(drafted).cpu(), probs=torch.cat(probs).float() if probs else None)
+        # slot i's confidence reads the token drafted before it, never its own: a verifier may schedule on it and
+        # stay lossless (api.Verifier.schedule)
+        return api.Draft(tokens=torch.cat(drafted).cpu(), probs=torch.cat(probs).float() if probs else None,
+                         confidence=self.last_confidence)
 
     # -------------------------------------------------------------------------------------------------- checkpoints
     def describe(self) -> dict[str, Any]:
@@ -444,3 +447,10 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
 @api.hookimpl
 def register_drafters(register):
     register(DSparkDrafter)
+
+
+@api.hookimpl
+def register_verifiers(register):
+    from .scheduled import ScheduledVerifier
+
+    register(ScheduledVerifier)
