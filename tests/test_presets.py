@@ -58,10 +58,11 @@ def test_installed_plugin_drafters_join_every_suite():
 
 
 def test_uninstalled_plugin_leaves_the_presets(monkeypatch):
-    """With third-party plugins switched off (as after `pip uninstall specframe-dflash`) the presets are the built-ins."""
+    """With third-party plugins switched off (as after `pip uninstall specframe-dflash specframe-dspark`) the presets
+    are the built-ins."""
     from specframe import plugins
 
-    monkeypatch.setenv("SPECFRAME_DISABLE_PLUGINS", "dflash")
+    monkeypatch.setenv("SPECFRAME_DISABLE_PLUGINS", "dflash,dspark")
     plugins.reset()
     try:
         assert "dflash" not in installed_drafters()
