@@ -20,7 +20,7 @@ SPECULATORS_DEPS := 'openai>=2.0.0' 'loguru>=0.7.2,<=0.7.3' 'typer>=0.12.0' 'pyd
 
 setup: $(VENV)/.installed $(VENV)/.vllm-$(VLLM)
 
-$(VENV)/.installed: pyproject.toml packages/specframe-dflash/pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml packages/specframe-dflash/pyproject.toml packages/specframe-dspark/pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 	# The CPU wheel of torch first: an open torch range would make pip fetch a multi-GB CUDA build.
@@ -28,6 +28,8 @@ $(VENV)/.installed: pyproject.toml packages/specframe-dflash/pyproject.toml Make
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,docs]'
 	# DFlash: a fifth drafter shipped as its own distribution (a plugin package, not part of the core)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e packages/specframe-dflash
+	# DSpark: DFlash's block backbone (through specframe.api.block) plus sequential heads, its own distribution too
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e packages/specframe-dspark
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(ASSETS)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(SPECULATORS)
 	$(BIN)/pip install -q --disable-pip-version-check $(SPECULATORS_DEPS)

@@ -147,8 +147,10 @@ PRESETS = {
         target="tiny", data="gsm8k", train_examples=12, val_examples=2, seq_len=256, depth=4, steps=6, batch_size=2,
         lr=3e-3, draft_vocab=128, memory_budget="2GiB",
         drafters={"peagle": {"layers": 2}, "eagle3": {"layers": 1}, "pard": {"layers": 1}, "parallelspec": {"layers": 1}},
-        # a 4-layer target is too shallow for DFlash's default layer spacing (it would read layer 2 five times)
-        plugin_drafters={"dflash": {"layers": 2, "aux_layer_ids": [1, 3]}},
+        # a 4-layer target is too shallow for DFlash's default layer spacing (it would read layer 2 five times);
+        # DSpark spaces its layers the same way (api.block.default_aux_layers)
+        plugin_drafters={"dflash": {"layers": 2, "aux_layer_ids": [1, 3]},
+                         "dspark": {"layers": 2, "aux_layer_ids": [1, 3], "markov_rank": 16}},
         memory_builders=("dense", "chunked"), memory_cap=512, memory_depth=4, memory_segment_len=128,
         datasets=("mt-bench", "humaneval", "gsm8k"), prompts=1, max_new_tokens=12, ks=(2, 4), tree=(3, 2, 6),
         speed_k=3, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, committed=False,
@@ -160,7 +162,8 @@ PRESETS = {
         target="tiny", data="gsm8k", train_examples=12, val_examples=2, seq_len=256, depth=4, steps=6, batch_size=2,
         lr=3e-3, draft_vocab=128, memory_budget="2GiB",
         drafters={"peagle": {"layers": 2}, "eagle3": {"layers": 1}},
-        plugin_drafters={"dflash": {"layers": 2, "aux_layer_ids": [1, 3]}},
+        plugin_drafters={"dflash": {"layers": 2, "aux_layer_ids": [1, 3]},
+                         "dspark": {"layers": 2, "aux_layer_ids": [1, 3], "markov_rank": 16}},
         memory_builders=("dense",), memory_partitioners=("none",), memory_cap=256, memory_depth=4,
         memory_segment_len=128, datasets=("mt-bench", "gsm8k"), prompts=1, max_new_tokens=12, ks=(2,), tree=(3, 2, 6),
         speed_k=2, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, eval_every=3, per_drafter_jobs=True,

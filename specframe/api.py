@@ -25,10 +25,15 @@ from specframe import modeling, vocab
 # The feature-reading drafters' shared backbone (vLLM EAGLE-3 names), draft vocabulary and depth bookkeeping.
 from specframe import eagle
 from specframe.attention_memory import AttentionShape, full_mask_bytes, query_block_bytes
-from specframe.drafts import Draft
+
+# The block-drafting backbone (context from the target's aux states, a block of anchor + mask slots) that DFlash and
+# DSpark share (API 7).
+from specframe import block
 from specframe.declarations import (Training, legacy_comparison_options, legacy_greedy, legacy_import_options,
                                     legacy_training)
+from specframe.drafts import Draft
 from specframe.elements import VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility, visible
+from specframe.modeling import expand_kv  # noqa: F401  (api.expand_kv, for drafters' attention)
 from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError, read_json
 from specframe.features import FeatureSpec
 from specframe.hookspecs import hookimpl
@@ -61,14 +66,22 @@ from specframe.vllm import export as vllm_layouts
 #:   drafter's ``import_weights`` is handed has ``check_target``, ``check_shape`` and ``eagle_state`` methods. Nothing
 #:   a version-4 plugin uses changed.
 #: - "6" (additive): components declare what the core used to read by name. ``Drafter.training(options)`` (a
-#:   ``Training``: default depth and K, COD schedule, activation checkpointing, loss chunk) and
-#:   ``Drafter.comparison_options(depth, draft_vocab_size, k)`` (how an equal-budget comparison sets them);
+#:   ``Training``: default depth and K, COD schedule, activation checkpointing, loss chunk),
+#:   ``Drafter.comparison_options(depth, draft_vocab_size, k)`` (how an equal-budget comparison sets them),
+#:   ``Drafter.import_options(folder)``, ``Drafter.draft_vocab_size`` and ``Drafter.vllm_speculative_config(k)``;
 #:   ``MaskBuilder.preference``, ``small_calls``, ``query_blocks``, ``grouped_kv`` and
 #:   ``attention_bytes(AttentionShape)`` (with the calibrated ``full_mask_bytes`` / ``query_block_bytes``);
-#:   ``Partitioner.splits_sequences``. A version-5 drafter's declarations default to the option names the built-ins
-#:   used (``k_train``, ``k_infer``, ...), so it keeps its defaults; a version-5 mask builder is costed as a full
-#:   mask (the safe side) and ranks below the built-ins for the default choice.
-API_VERSION = "6"
+#:   ``Partitioner.splits_sequences``; ``Verifier.greedy`` and ``drafts_trees``. A version-5 drafter's declarations
+#:   default to the option names the built-ins used (``k_train``, ``k_infer``, ...), so it keeps its defaults; a
+#:   version-5 mask builder is costed as a full mask (the safe side) and ranks below the built-ins for the default
+#:   choice.
+#: - "7" (additive): ``api.block``, the block-drafting backbone DFlash had in its package (``BlockModel`` with vLLM's
+#:   ``DFlashQwen3Model`` names, ``block_hidden`` for training under the block rule through the segment's mask
+#:   builder, ``BlockContext`` for inference, ``position_docs``), so DFlash and DSpark share it. Nothing a
+#:   version-6 plugin uses changed. Also ``Draft.confidence`` (per-node acceptance estimates, optional),
+#:   ``Draft.prefix`` and ``Verifier.schedule`` (how much of a chain to verify, asked by the engine before the target
+#:   forward; default: all), so a confidence-scheduled verifier works with any drafter that gives confidence.
+API_VERSION = "7"
 
 __all__ = [
     "API_VERSION",
@@ -108,6 +121,7 @@ __all__ = [
     "shared_visibility",
     "modeling",
     "eagle",
+    "block",
     "vocab",
     "unit_interval",
     "verify",
@@ -366,6 +380,13 @@ class Verifier(Component, ABC):
     def verify(self, logits: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verification:
         """``logits`` [N + 1, V]: row 0 is the target at the root (predicts the first draft level), row i + 1 the
         target at draft node i. ``generator`` drives every random choice, so a seeded run is reproducible."""
+
+    def schedule(self, draft: Draft) -> int | None:
+        """How many leading tokens of a chain ``draft`` the target should verify, decided before its forward (API 7;
+        None, the default: all of them). The engine verifies ``draft.prefix(n)``. To keep sampling lossless the
+        choice to keep token i may depend on the draft only through tokens before i (e.g. ``confidence[: i + 1]``,
+        whose entry i a drafter computes before drawing token i), never on token i or later."""
+        return None
 
 
 def verify(verifier: Verifier, logits: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verification:
@@ -658,10 +679,3 @@ class Drafter(Component, ABC):
             f"drafter '{self.name}' cannot import {getattr(imported, 'layout', '?')} folders: it does not implement "
             "Drafter.import_weights"
         )
-
-
-def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """Repeat grouped-query k / v heads [B, kv_heads, N, D] up to ``heads``."""
-    rep = heads // x.shape[1]
-    return x if rep == 1 else x.repeat_interleave(rep, dim=1)
-

@@ -21,12 +21,14 @@ class Draft:
     order (a parent's index is below its children's) and siblings in the order a verifier tries them. ``probs``
     [N, V] or None: the drafter distribution each token was drawn from (over the target vocabulary); siblings of a
     tree are independent draws from their (shared) distribution. None means deterministic drafting (argmax or
-    top-k), i.e. one-hot q.
+    top-k), i.e. one-hot q. ``confidence`` [N] or None (API 7): the drafter's estimate, in [0, 1], that node i is
+    accepted given that its parent was (DSpark's confidence head); verifiers that schedule read it (``schedule``).
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor | None = None
     probs: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
 
     def __attrs_post_init__(self) -> None:
         # A malformed draft would otherwise surface as an IndexError deep inside a verifier or the target forward,
@@ -55,8 +57,23 @@ class Draft:
                 what = f"shape {tuple(q.shape)}, dtype {q.dtype}" if isinstance(q, torch.Tensor) else type(q).__name__
                 raise InvalidDraftError(f"malformed draft: probs must be a float tensor [{n}, V], got {what}")
 
+        c = self.confidence
+        if c is not None:
+            if not isinstance(c, torch.Tensor) or tuple(c.shape) != (n,) or not c.dtype.is_floating_point:
+                what = f"shape {tuple(c.shape)}, dtype {c.dtype}" if isinstance(c, torch.Tensor) else type(c).__name__
+                raise InvalidDraftError(f"malformed draft: confidence must be a float tensor of shape ({n},), got {what}")
+            if n and not bool(((c >= 0) & (c <= 1)).all()):
+                raise InvalidDraftError("malformed draft: confidence values must lie in [0, 1]")
+
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def prefix(self, n: int) -> Draft:
+        """The chain's first ``n`` tokens (their probs and confidence with them): what a ``schedule`` keeps."""
+        if self.branched:
+            raise InvalidDraftError("malformed draft: only a chain has a prefix to schedule")
+        return Draft(tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n],
+                     confidence=None if self.confidence is None else self.confidence[:n])
 
     def check_against(self, logits: torch.Tensor) -> None:
         """Refuse verifying this draft against ``logits`` unless they are [N + 1, V] with every token (and the

@@ -618,3 +618,9 @@ def flush_subnormal(x: torch.Tensor) -> torch.Tensor:
         return x
     # hardshrink: one pass and one output, no mask or abs() temporaries of the [chunk, Vd] size
     return F.hardshrink(x, torch.finfo(x.dtype).tiny)
+
+
+def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Repeat grouped-query k / v heads [B, kv_heads, N, D] up to ``heads`` (``api.expand_kv``)."""
+    rep = heads // x.shape[1]
+    return x if rep == 1 else x.repeat_interleave(rep, dim=1)

@@ -368,7 +368,7 @@ CASES = [
          lambda c: serve("--target", "{wide_target}"), lambda c: shutil.copytree(c["export"], c["out"])),
     Case("export-not-an-export", "serve --drafter a training checkpoint instead of an export",
          "error: {out} is not a vLLM drafter export specframe knows (neither speculators_config nor pard_token; "
-         "known layouts: eagle3, peagle, pard, parallelspec, dflash)",
+         "known layouts: eagle3, peagle, pard, parallelspec, dflash, dspark)",
          lambda c: serve("--target", "{target}"), lambda c: shutil.copytree(c["checkpoint"], c["out"])),
     Case("init-from-other-width", "--init-from an export made for a target of another width",
          "error: cannot import {tmp}/imp: target_hidden_size 32 differs from the target's hidden size 48",

@@ -44,3 +44,8 @@ class TestSkipgram(DrafterContract):
     drafter = SkipgramDrafter
     options = {"dim": 16}
     overfit_steps = 60
+
+
+class TestDSpark(DrafterContract):
+    drafter = "dspark"
+    options = {"layers": 1, "aux_layer_ids": [1, 2], "markov_rank": 8}

@@ -33,8 +33,8 @@ def test_preset_settings_are_valid(name):
         options = structure_options(p.train_options(drafter), cls.Options, f"preset {name} drafter {drafter}")
         if hasattr(options, "masks"):  # parallelspec drafts at most one token per mask, plus the real one
             assert options.masks + 1 >= deepest, (name, drafter)
-        if hasattr(options, "block_size"):  # dflash drafts at most block_size - 1 tokens a round
-            assert options.block_size - 1 >= max(*p.ks, p.speed_k), (name, drafter)
+        if cls.parallel:  # one forward drafts each trained depth: at most the declared depth a round (API 6)
+            assert cls.training(options).depth >= max(*p.ks, p.speed_k), (name, drafter)
     assert p.steps * p.batch_size <= p.train_examples * 4  # at most a few epochs over the shared sequences
 
 
@@ -58,10 +58,11 @@ def test_installed_plugin_drafters_join_every_suite():
 
 
 def test_uninstalled_plugin_leaves_the_presets(monkeypatch):
-    """With third-party plugins switched off (as after `pip uninstall specframe-dflash`) the presets are the built-ins."""
+    """With third-party plugins switched off (as after `pip uninstall specframe-dflash specframe-dspark`) the presets
+    are the built-ins."""
     from specframe import plugins
 
-    monkeypatch.setenv("SPECFRAME_DISABLE_PLUGINS", "dflash")
+    monkeypatch.setenv("SPECFRAME_DISABLE_PLUGINS", "dflash,dspark")
     plugins.reset()
     try:
         assert "dflash" not in installed_drafters()

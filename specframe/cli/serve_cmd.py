@@ -36,6 +36,13 @@ def serve_command(
     from specframe.vllm.export import DEFAULT_SPECULATIVE_TOKENS, read_manifest, speculative_config
 
     manifest = read_manifest(drafter) if drafter is not None else None
+    if manifest is not None:
+        from specframe.vllm.support import layout_problem
+
+        # vLLM would fail its config validation after minutes of start-up (specframe.vllm.support): say so first
+        reason = layout_problem(manifest.layout)
+        if reason:
+            raise SpecframeError(f"the installed vLLM cannot serve this {manifest.layout} export: {reason}")
     folder_alone = manifest is not None and manifest.speculators and target is None
     if folder_alone:
         model = str(Path(drafter).resolve())

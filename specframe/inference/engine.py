@@ -114,6 +114,17 @@ class _Output:
         return kept
 
 
+def _schedule(verifier: api.Verifier, draft: api.Draft) -> api.Draft:
+    """The prefix of a chain the verifier asks the target to verify (``Verifier.schedule``, API 7), checked."""
+    n = verifier.schedule(draft)
+    if n is None:
+        return draft
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(draft):
+        raise PluginError(f"verifier '{getattr(verifier, 'name', type(verifier).__name__)}' scheduled {n!r} tokens "
+                          f"of a {len(draft)}-token draft (an integer in 0..{len(draft)} or None)")
+    return draft if n == len(draft) else draft.prefix(n)
+
+
 def _eos_ids(eos_token_id: int | Iterable[int] | None, model: Any) -> frozenset[int]:
     if eos_token_id is None:
         eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -173,6 +184,8 @@ def generate(
             draft = _propose(drafter, "propose", k, k, generator)
         else:
             draft = _propose(drafter, "propose_tree", tree.total_tokens, tree.depth, tree.top_k, tree.total_tokens, generator)
+        if tree is None and len(draft):
+            draft = _schedule(verifier, draft)
         if len(draft) and int(draft.tokens.max()) >= vocab:
             # checked before the target forward, where the id would fail as an embedding IndexError
             raise PluginError(f"drafter '{drafter.name}' proposed token {int(draft.tokens.max())}, outside the "

@@ -39,6 +39,16 @@ without them vLLM shares the target's, and the importer reads the target's). vLL
 ``dflash`` (its own block drafting, no ``parallel_drafting`` flag) at ``block_size - 1`` tokens per step only: its
 proposer runs a block of K + 1 slots, so fewer would be another network than the one trained (``Manifest.refusal``).
 
+DSpark (``speculators_model_type`` ``dspark``, vLLM's ``update_dspark``; written by ``write_dspark`` for the
+``specframe-dspark`` plugin): the DFlash layout (the same backbone weights and layer config, architecture
+``Qwen3DSparkModel``) plus ``markov_head.markov_w1.weight`` [vocab, rank], ``markov_head.markov_w2.weight``
+[vocab, rank] and, with the confidence head, ``confidence_head.proj.weight`` [1, H (+ rank)] and
+``confidence_head.proj.bias`` [1]; top-level ``markov_rank``, ``markov_head_type`` (vLLM builds the vanilla head
+only), ``enable_confidence_head``, ``confidence_head_with_markov``, ``use_aux_hidden_state`` and
+``sample_from_anchor`` true: the anchor slot is the first prediction, so a block of ``block_size`` slots drafts
+``block_size`` tokens, and vLLM's DSpark speculator runs exactly K slots for K tokens, so it serves K = block_size
+only (a shorter block is another network: bidirectional attention).
+
 PARD (``{"method": "draft_model", "parallel_drafting": true}``; vLLM 0.32 has no speculators type for it): a plain
 causal LM (``LlamaForCausalLM`` names: ``model.embed_tokens.weight``, ``model.layers.{i}.*``, ``model.norm.weight``,
 ``lm_head.weight``) whose config has ``pard_token``. vLLM needs the target and an explicit ``speculative_config``.
@@ -62,11 +72,13 @@ from specframe import __version__
 from specframe.errors import SpecframeError
 
 WEIGHTS = "model.safetensors"
-LAYOUTS = ("eagle3", "peagle", "pard", "parallelspec", "dflash")
+LAYOUTS = ("eagle3", "peagle", "pard", "parallelspec", "dflash", "dspark")
 #: the architecture of specframe's vLLM general plugin model for ParallelSpec (``specframe.vllm.vllm_plugin``)
 PARALLELSPEC_ARCHITECTURE = "ParallelSpecLlamaForCausalLMEagle3"
 #: the speculators layouts (``speculators_model_type``) and the architecture name the speculators library gives them
-SPECULATORS = {"eagle3": "Eagle3DraftModel", "peagle": "PEagleDraftModel", "dflash": "DFlashDraftModel"}
+SPECULATORS = {"eagle3": "Eagle3DraftModel", "peagle": "PEagleDraftModel", "dflash": "DFlashDraftModel",
+               # vLLM's update_dspark keeps this architecture (and defaults to it); there is no speculators class
+               "dspark": "Qwen3DSparkModel"}
 DEFAULT_SPECULATIVE_TOKENS = 5
 #: the config.json entry recording which drafter plugin and specframe version wrote an export
 PROVENANCE = "specframe"
@@ -130,15 +142,17 @@ class Manifest:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             return f"num_speculative_tokens must be a positive integer, got {k!r}"
         if self.max_speculative_tokens is not None and k > self.max_speculative_tokens:
-            why = "its block size - 1" if self.block_size is not None else "its mask tokens + 1"
+            why = ("its block size" if self.layout == "dspark" else "its block size - 1" if self.block_size is not None
+                   else "its mask tokens + 1")
             return (f"this {self.layout} export drafts at most {self.max_speculative_tokens} tokens per step ({why}), "
                     f"not {k}")
         low = self.min_speculative_tokens
         if low is not None and k < low:
             high = self.max_speculative_tokens
             serves = f"K = {low}" if high == low else f"K = {low}..{high}" if high is not None else f"K >= {low}"
+            slots = "K slots (the anchor predicts too)" if self.layout == "dspark" else "K + 1 slots"
             return (f"vLLM cannot serve this {self.layout} export at {k} draft tokens per step: its {self.method} "
-                    f"proposer drafts K tokens from a block of K + 1 slots, and this drafter was trained on blocks of "
+                    f"proposer drafts K tokens from a block of {slots}, and this drafter was trained on blocks of "
                     f"{self.block_size} (bidirectional, so a shorter block is a network it never was); it serves "
                     f"{serves}")
         return None
@@ -170,6 +184,8 @@ _METHODS = {
     "parallelspec": ("eagle3", True),
     # vLLM's DFlash proposer drafts a block by itself: method dflash, without the parallel_drafting flag
     "dflash": ("dflash", False),
+    # vLLM's DSpark speculator: its own block drafting plus the sequential Markov stage
+    "dspark": ("dspark", False),
 }
 
 
@@ -226,6 +242,11 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
         # on full blocks, as every DFlash trainer does
         declared = provenance.get(MIN_TOKENS)
         floor = declared if isinstance(declared, int) and not isinstance(declared, bool) else limit
+    if layout == "dspark" and isinstance(cfg.get("block_size"), int):
+        block = int(cfg["block_size"])
+        # sample_from_anchor: every slot predicts, block_size tokens; a bonus-anchor folder drafts block_size - 1
+        limit = block if cfg.get("sample_from_anchor", True) else block - 1
+        floor = limit  # vLLM's DSpark speculator runs exactly the slots the K tokens need: full blocks only
     return Manifest(
         layout=layout, method=method, parallel_drafting=parallel, drafter=provenance.get("drafter"),
         verifier=verifier, speculative_tokens=tokens,
@@ -298,6 +319,9 @@ def speculators_config(
     if layout == "dflash":
         return _dflash_config(flat, verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
                               verifier_architectures=verifier_architectures)
+    if layout == "dspark":
+        return _dspark_config(flat, verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
+                              verifier_architectures=verifier_architectures)
     layer = {k: v for k, v in flat.items() if k not in _EAGLE_FIELDS and k not in _FIXED_FLAGS}
     layer.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False)
     _set_dtype(layer)
@@ -340,6 +364,10 @@ def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
                 "specframe's DFlash drafts from the mask slots only (sample_from_anchor = false, block_size - 1 tokens)")
         flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
         flat.update({k: config[k] for k in _DFLASH_FIELDS if config.get(k) is not None})
+        return _with_target_hidden_size(flat)
+    if config.get("speculators_model_type") == "dspark":
+        flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
+        flat.update({k: config[k] for k in _DSPARK_FIELDS if config.get(k) is not None})
         return _with_target_hidden_size(flat)
     model_type = layer.get("model_type", "llama")
     if model_type != "llama":
@@ -573,6 +601,98 @@ def _dflash_parts(tensors: dict[str, torch.Tensor], cfg: Mapping[str, Any], targ
     return tensors
 
 
+def write_dspark(
+    directory: str | os.PathLike,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    config: Mapping[str, Any],
+    aux_layer_ids: Sequence[int],
+    target_hidden_size: int,
+    mask_token_id: int,
+    block_size: int,
+    markov_rank: int,
+    markov_head_type: str,
+    enable_confidence_head: bool,
+    confidence_head_with_markov: bool,
+    target_num_layers: int | None = None,
+    tokenizer: Any = None,
+    drafter: str | None = "dspark",
+    verifier: str | None = None,
+    verifier_architectures: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Write a DSpark drafter (speculators ``dspark``, module docstring): the DFlash backbone's weights under vLLM's
+    names plus the Markov head (``markov_head.markov_w1`` / ``markov_w2``) and the confidence head
+    (``confidence_head.proj``), ``config`` the drafter's layer config (as ``write_dflash``'s), ``block_size`` the
+    slots of a block (the anchor and ``block_size - 1`` masks; every slot predicts, ``sample_from_anchor``), so it
+    drafts ``block_size`` tokens per step, the only K vLLM serves it at."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise SpecframeError(f"block_size must be a positive integer, got {block_size!r}")
+    if markov_head_type != "vanilla":
+        # vLLM 0.32's Qwen3DSparkModel builds markov_w1 / markov_w2 only (no gate, no recurrent state), whatever
+        # markov_head_type says: another head would load with its extra weights refused or be served as vanilla
+        raise SpecframeError(f"vLLM serves the vanilla Markov head only (its Qwen3DSparkModel has markov_w1 / markov_w2 "
+                             f"and nothing else); this drafter's head is {markov_head_type!r}")
+    flat = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
+    flat.update(
+        draft_vocab_size=int(flat["vocab_size"]), target_hidden_size=int(target_hidden_size),
+        mask_token_id=mask_token_id, aux_hidden_state_layer_ids=[int(i) for i in aux_layer_ids], block_size=block_size,
+        markov_rank=int(markov_rank), markov_head_type=markov_head_type,
+        enable_confidence_head=bool(enable_confidence_head),
+        confidence_head_with_markov=bool(enable_confidence_head and confidence_head_with_markov),
+        use_aux_hidden_state=True, sample_from_anchor=True,
+    )
+    tensors = _dspark_parts(_tensors(weights), flat, target_num_layers)
+    full = _dspark_config(flat, verifier=verifier, speculative_tokens=block_size, drafter=drafter,
+                          verifier_architectures=verifier_architectures)
+    full[PROVENANCE][MIN_TOKENS] = block_size
+    return _write(directory, tensors, full, tokenizer)
+
+
+# the top-level fields of a DSpark speculators config (vLLM's update_dspark reads them), beside its layer config
+_DSPARK_FIELDS = _DFLASH_FIELDS + ("markov_rank", "markov_head_type", "enable_confidence_head",
+                                   "confidence_head_with_markov", "use_aux_hidden_state", "sample_from_anchor")
+
+
+def _dspark_config(
+    flat: Mapping[str, Any], *, verifier: str | None, speculative_tokens: int, drafter: str | None,
+    verifier_architectures: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    config = _dflash_config({k: v for k, v in flat.items() if k not in _DSPARK_FIELDS or k in _DFLASH_FIELDS},
+                            verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
+                            verifier_architectures=verifier_architectures)
+    config["architectures"] = [SPECULATORS["dspark"]]
+    config["speculators_model_type"] = "dspark"
+    config["speculators_config"]["algorithm"] = "dspark"
+    config.update({k: flat[k] for k in _DSPARK_FIELDS if k in flat})
+    return config
+
+
+def _dspark_parts(tensors: dict[str, torch.Tensor], cfg: Mapping[str, Any], target_num_layers: int | None) -> dict:
+    """Check a DSpark export's tensors against its flat config: the DFlash backbone's, and the heads vLLM's
+    ``Qwen3DSparkModel`` loads (shaped)."""
+    h, vocab = _require_ints(cfg, "hidden_size", "vocab_size")
+    rank = _require_ints(cfg, "markov_rank")[0]
+    if rank < 1:
+        raise SpecframeError(f"markov_rank must be positive (vLLM always builds the Markov head), got {rank}")
+    if cfg.get("markov_head_type", "vanilla") != "vanilla":
+        raise SpecframeError(f"markov_head_type is {cfg.get('markov_head_type')!r}; vLLM serves the vanilla head only")
+    if not cfg.get("sample_from_anchor", False):
+        raise SpecframeError("sample_from_anchor is false (a bonus-anchor block); specframe's DSpark predicts from "
+                             "the anchor slot (sample_from_anchor = true, block_size draft tokens)")
+    heads = {"markov_head.markov_w1.weight": (vocab, rank), "markov_head.markov_w2.weight": (vocab, rank)}
+    if cfg.get("enable_confidence_head"):
+        width = h + (rank if cfg.get("confidence_head_with_markov") else 0)
+        heads.update({"confidence_head.proj.weight": (1, width), "confidence_head.proj.bias": (1,)})
+    for name, shape in heads.items():
+        _check_shape(tensors, name, shape)
+    backbone = {k: v for k, v in tensors.items() if k not in heads}
+    extra = sorted(k for k in backbone if k.startswith(("markov_head.", "confidence_head.")))
+    if extra:
+        raise SpecframeError(f"weights vLLM's DSpark model does not load: {', '.join(extra)}")
+    _dflash_parts(backbone, cfg, target_num_layers)
+    return tensors
+
+
 def write_pard(
     directory: str | os.PathLike,
     weights: Mapping[str, torch.Tensor],
@@ -662,6 +782,9 @@ def check_layout(directory: str | os.PathLike, target_config: Any = None) -> tup
     if manifest.layout == "dflash":
         flat = flat_config(cfg)
         tensors = _dflash_parts(tensors, flat, getattr(target_config, "num_hidden_layers", None))
+    elif manifest.layout == "dspark":
+        flat = flat_config(cfg)
+        tensors = _dspark_parts(tensors, flat, getattr(target_config, "num_hidden_layers", None))
     elif manifest.speculators:
         flat = flat_config(cfg)
         aux = flat.get("eagle_aux_hidden_state_layer_ids")

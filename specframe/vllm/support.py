@@ -7,6 +7,13 @@ states) need a target model class implementing vLLM's ``SupportsEagle3`` (it han
 drafter); vLLM's Llama-based EAGLE-3 drafter (``llama_eagle3``) builds its MLP for ``silu`` only, while specframe's
 drafter takes the target's ``hidden_act`` (so a Gemma drafter is tanh-GELU). PARD is a standalone draft model: any
 target vLLM serves.
+
+DSpark (vLLM 0.32): only the V2 model runner serves method ``dspark`` (``DSparkSpeculator`` in
+``vllm/v1/worker/gpu/spec_decode/dspark``: the DFlash block plus the sequential Markov sampling), and vLLM picks that
+runner only where Triton (with a backend for the device) is installed (``VllmConfig.use_v2_model_runner``). The CPU
+build has none, so vLLM falls back to the V1 runner, and its config validation then refuses the engine ("Model
+Runner V1 does not support: dspark speculative decoding"), after a couple of minutes of start-up here (measured:
+128 s, the export already resolved as ``Qwen3DSparkModel``). The refusal below says so before any of that.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any
 from specframe.errors import SpecframeError
 
 #: layouts whose drafter reads the target's aux hidden states
-AUX_LAYOUTS = ("eagle3", "peagle", "parallelspec", "dflash")
+AUX_LAYOUTS = ("eagle3", "peagle", "parallelspec", "dflash", "dspark")
 #: layouts served by vLLM's Llama-based EAGLE-3 drafter model (its MLP: silu only)
 LLAMA_EAGLE3_LAYOUTS = ("eagle3", "peagle")
 
@@ -28,6 +35,10 @@ def problems(layout: str, target_architectures: Sequence[str], drafter_hidden_ac
     """Why the installed vLLM cannot serve a ``layout`` drafter for a target of ``target_architectures`` (empty: no
     known reason)."""
     found = []
+    if layout == "dspark":
+        reason = dspark_runner_problem()
+        if reason:
+            found.append(reason)
     if layout in LLAMA_EAGLE3_LAYOUTS and drafter_hidden_act not in (None, "silu"):
         found.append(f"vLLM's EAGLE-3 drafter model (llama_eagle3) builds only silu layers, and this drafter's "
                      f"activation is the target's {drafter_hidden_act}")
@@ -58,6 +69,27 @@ def check(export_dir: str | os.PathLike, layout: str, target: str | os.PathLike 
     if found:
         raise SpecframeError(f"the installed vLLM cannot serve this {layout} export for target {verifier}: "
                              + "; ".join(found))
+
+
+def layout_problem(layout: str) -> str | None:
+    """Why the installed vLLM cannot serve any export of ``layout`` on this machine (None: nothing known against it),
+    for a caller that must refuse before an engine starts (``specframe serve``)."""
+    return dspark_runner_problem() if layout == "dspark" else None
+
+
+def dspark_runner_problem() -> str | None:
+    """Why the installed vLLM cannot run its DSpark speculator here (module docstring), None if it can (or when vLLM
+    is absent: nothing is started then)."""
+    try:
+        from vllm.triton_utils import HAS_TRITON
+    except ImportError:
+        return None
+    forced = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if HAS_TRITON and forced not in ("0", "false", "False"):
+        return None
+    why = ("it has no Triton (the CPU build)" if not HAS_TRITON else "VLLM_USE_V2_MODEL_RUNNER turns that runner off")
+    return ("vLLM serves method dspark only in its V2 model runner (DSparkSpeculator), and " + why + ", so it would "
+            "start its V1 runner, which refuses dspark speculative decoding")
 
 
 def _architectures(target: str | os.PathLike) -> list[str]:

@@ -24,7 +24,6 @@ from typing import Any
 
 import attrs
 import torch
-import torch.nn.functional as F
 
 from specframe import api
 
@@ -34,16 +33,8 @@ AUX = "aux_hidden"
 _positive = api.positive_int("dflash")
 
 
-def default_aux_layers(num_layers: int, draft_layers: int) -> list[int]:
-    """DFlash's target layers: one per draft layer, evenly spaced over decoder outputs 1 .. L-3 (the middle one for a
-    single draft layer), as z-lab's ``build_target_layer_ids``; returned as specframe aux ids (the hidden state
-    *entering* a layer, i.e. DFlash's output index + 1), clamped into the target."""
-    if draft_layers == 1:
-        outputs = [num_layers // 2]
-    else:
-        start, end = 1, max(1, num_layers - 3)
-        outputs = [int(round(start + i * (end - start) / (draft_layers - 1))) for i in range(draft_layers)]
-    return [min(o + 1, num_layers - 1) for o in outputs]
+# DFlash's target layers (z-lab's spacing), now shared with DSpark in the core (API 7)
+default_aux_layers = api.block.default_aux_layers
 
 
 @attrs.define
@@ -196,29 +187,9 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         # Blocks are independent given the target's features: only the charged elements' blocks are run.
         blocks, block_of = torch.unique(anchor, return_inverse=True)
         slots = self.depth + 1  # the anchor token and every mask slot, whatever the grid's depth
-        doc_of = self._position_docs(elements)
-        last = int(blocks.max())
-        ctx_pos = torch.arange(last + 1)
-        # attention sets under the block rule: context = depth 0 at its own position; block slot s = depth s + 1
-        width = slots + 1
-        ctx_set = api.ElementSet(ctx_pos, torch.zeros_like(ctx_pos), doc_of[ctx_pos], elements.seq_len, width,
-                                 visibility="block")
-        b_anchor = blocks.repeat_interleave(slots)
-        b_slot = torch.arange(slots).repeat(blocks.numel())
-        block_set = api.ElementSet(b_anchor, b_slot + 1, doc_of[b_anchor], elements.seq_len, width, visibility="block")
-        key_set = api.ElementSet(
-            torch.cat([ctx_set.anchor, block_set.anchor]), torch.cat([ctx_set.depth, block_set.depth]),
-            torch.cat([ctx_set.doc, block_set.doc]), elements.seq_len, width, visibility="block",
-        )
-        attend = attention.subset(block_set, key_set) if hasattr(attention, "subset") else attention
-
-        aux = example.features[AUX].to(device=device, dtype=model.fc.weight.dtype)
-        states = model.context_states(aux[: last + 1])
-        context_kv = model.context_kv(states, ctx_pos.to(device))
         ids = example.input_ids
-        tokens = torch.full((b_anchor.numel(),), self.mask_token_id, dtype=torch.long)
-        tokens[b_slot == 0] = ids[blocks + 1]  # the anchor token x_{a+1}
-        hidden = model(tokens.to(device), (b_anchor + 1 + b_slot).to(device), context_kv, attend)
+        hidden = api.block.block_hidden(model, example.features[AUX], ids, elements, blocks, slots,
+                                        self.mask_token_id, attention)
         # element (a, d) is slot d + 1 of block a and predicts x_{a+2+d}
         rows = (block_of * slots + depth + 1).to(device)
         target = ids[anchor + depth + 2].to(device)
@@ -233,49 +204,25 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         correct = torch.bincount(depth[hit], minlength=k)[:k]
         return api.LossTerms(loss_sum, int(anchor.numel()), correct, total, hit=hit)
 
-    @staticmethod
-    def _position_docs(elements: api.ElementSet) -> torch.Tensor:
-        """Document of each drafter position, from the depth-0 elements (every position has one, COD or not)."""
-        doc = torch.full((elements.seq_len,), -1, dtype=torch.long)
-        roots = elements.depth == 0
-        doc[elements.anchor[roots]] = elements.doc[roots]
-        return doc
-
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:
         super()._reset_inference()
-        self._context: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._cached = 0
-        self._anchor: int | None = None
+        self._context = api.block.BlockContext(self.model)
 
     @torch.no_grad()
     def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
         self.check_k(k)
         k = min(k, self.depth)  # a block drafts at most block_size - 1 tokens
         slots = self.depth + 1  # always the block it was trained as (GPU-path review item 3, below)
-        model = self.model
-        device = model.fc.weight.device
         tokens, aux = self._pending.take()
-        p = int(tokens.shape[0])
         # the new (token, feature) pairs extend the context: features at positions cached .. cached + p - 1
-        states = model.context_states(aux.to(device=device, dtype=model.fc.weight.dtype))
-        new = model.context_kv(states, torch.arange(self._cached, self._cached + p, device=device))
-        if self._context is None:
-            self._context = new
-        else:
-            self._context = [(torch.cat([ck, nk], 1), torch.cat([cv, nv], 1))
-                             for (ck, cv), (nk, nv) in zip(self._context, new, strict=True)]
-        self._cached += p
+        self._context.extend(aux)
         anchor = int(tokens[-1])  # x_{t+1}, the token the target committed last; its feature is not known yet
         # The whole block of block_size slots, whatever k: attention inside it is bidirectional, so every slot's
         # output depends on how many mask slots follow, and a shorter block (k + 1 slots) would be a network it was
         # never trained as. z-lab's dflash_generate drafts the full block too; the first k drafts are kept.
-        block = torch.full((slots,), self.mask_token_id, dtype=torch.long, device=device)
-        block[0] = anchor
-        position = torch.arange(self._cached, self._cached + slots, device=device)
-        # one block sees all of the context and all of itself: no mask at inference
-        hidden = model(block, position, self._context, _full_attention)
-        draft = model.lm_head(hidden[1 : k + 1]).argmax(-1)
+        hidden = self._context.run(anchor, slots, self.mask_token_id)
+        draft = self.model.lm_head(hidden[1 : k + 1]).argmax(-1)
         return api.Draft(tokens=draft.cpu())
 
     # -------------------------------------------------------------------------------------------------- checkpoints
@@ -362,10 +309,6 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
             verifier_architectures=layouts.verifier_architectures_of(self.target_config),
             speculative_tokens=tokens, min_speculative_tokens=serves[0],
         )
-
-
-def _full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v)
 
 
 @api.hookimpl

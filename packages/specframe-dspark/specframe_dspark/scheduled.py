@@ -1,0 +1,149 @@
+"""``scheduled``: verify only the prefix of a chain whose expected return is positive (DSpark's hardware-aware prefix
+scheduler), for any drafter that gives per-token confidence (``api.Draft.confidence``).
+
+Before the target's forward (``api.Verifier.schedule``, API 7) the verifier walks the chain: with c_i the drafter's
+estimate that token i is accepted given token i - 1 was, the expected number of tokens a round emits when it verifies
+the first m draft tokens is E(m) = 1 + sum_{j <= m} prod_{i <= j} c_i (the correction or bonus token always comes),
+and the round costs T(m), the target forward over m + 1 tokens (``cost_curve``, measured on the engine by
+``measure_cost_curve``, or the linear ``cost_base + cost_per_token * m``). Token j is kept while it raises the
+expected tokens per second, E(j) / T(j) > E(j - 1) / T(j - 1); the walk stops at the first token that does not.
+
+The stopping rule reads confidence[: j + 1] to decide on token j, and a drafter computes confidence[j] before it
+draws token j (DSpark's head reads the previous token), so the decision to verify token j never depends on token j:
+verification of the kept prefix is then exactly the inner rule's, greedy or speculative sampling, and as lossless.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import attrs
+import torch
+
+from specframe import api
+
+RULES = ("greedy", "sampling")
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise api.UsageError(f"scheduled option '{attribute.name}' must be a non-negative number, got {value!r}")
+
+
+@attrs.define
+class ScheduledOptions:
+    rule: str = attrs.field(default="greedy", metadata={
+        "help": "how the kept prefix is verified: 'greedy' (argmax match) or 'sampling' (speculative sampling)"})
+    temperature: float = attrs.field(default=1.0, validator=_non_negative, metadata={
+        "help": "rule 'sampling': softmax temperature of the target"})
+    top_k: int = attrs.field(default=0, metadata={"help": "rule 'sampling': keep the k most likely tokens (0: off)"})
+    top_p: float = attrs.field(default=1.0, metadata={"help": "rule 'sampling': nucleus mass (1: off)"})
+    cost_curve: list[float] | None = attrs.field(default=None, metadata={
+        "help": "seconds of a target forward verifying m = 0, 1, .. draft tokens (measure_cost_curve on the engine "
+                "it runs on); longer drafts cost the last entry's slope more; null: the linear model below"})
+    cost_base: float = attrs.field(default=1.0, validator=_non_negative, metadata={
+        "help": "without cost_curve: the cost of a forward verifying no draft token (any unit)"})
+    cost_per_token: float = attrs.field(default=0.1, validator=_non_negative, metadata={
+        "help": "without cost_curve: the extra cost per verified draft token, in cost_base's unit"})
+
+    def __attrs_post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise api.UsageError(f"scheduled option 'rule' must be one of {', '.join(RULES)}, got {self.rule!r}")
+        curve = self.cost_curve
+        if curve is not None:
+            if (not isinstance(curve, list | tuple) or len(curve) < 2
+                    or any(isinstance(x, bool) or not isinstance(x, int | float) or not x > 0 for x in curve)):
+                raise api.UsageError(f"scheduled option 'cost_curve' must list at least two positive costs "
+                                     f"(m = 0, 1, ..), got {curve!r}")
+        elif not self.cost_base > 0:
+            raise api.UsageError("scheduled option 'cost_base' must be positive (the forward's fixed cost)")
+
+    def cost(self, m: int) -> float:
+        curve = self.cost_curve
+        if curve is None:
+            return self.cost_base + self.cost_per_token * m
+        if m < len(curve):
+            return float(curve[m])
+        return float(curve[-1]) + (m - len(curve) + 1) * max(float(curve[-1]) - float(curve[-2]), 0.0)
+
+
+class ScheduledVerifier(api.Verifier):
+    name = "scheduled"
+    Options = ScheduledOptions
+    supports_tree = False
+
+    def schedule(self, draft: api.Draft) -> int | None:
+        if draft.branched:
+            raise api.UsageError("the 'scheduled' verifier schedules chains; use 'tree' for draft trees")
+        if draft.confidence is None:
+            raise api.UsageError("the 'scheduled' verifier needs per-token confidence (api.Draft.confidence) from the "
+                                 "drafter, and this draft has none (dspark gives it with its confidence head on)")
+        o = self.options
+        expected, alive, kept = 1.0, 1.0, 0
+        for j, c in enumerate(draft.confidence.double().tolist(), start=1):
+            alive *= c
+            if (expected + alive) / o.cost(j) <= expected / o.cost(j - 1):
+                break
+            expected += alive
+            kept = j
+        return kept
+
+    def verify(self, logits: torch.Tensor, draft: api.Draft, generator: torch.Generator | None = None):
+        if draft.branched:
+            raise api.UsageError("the 'scheduled' verifier verifies chains; use 'tree' for draft trees")
+        tokens = draft.tokens.tolist()
+        if self.options.rule == "greedy":
+            best = logits.argmax(-1).tolist()
+            n = 0
+            while n < len(tokens) and tokens[n] == best[n]:
+                n += 1
+            return _verification(list(range(n)), tokens, best[n])
+        o = self.options
+        accepted: list[int] = []
+        for i, token in enumerate(tokens):
+            p = api.sampling_distribution(logits[i], o.temperature, o.top_k, o.top_p).cpu()
+            if draft.probs is not None:
+                q = draft.probs[i].float().cpu()
+            else:
+                q = torch.zeros_like(p)
+                q[token] = 1.0
+            ratio = p[token] / q[token] if q[token] > 0 else torch.tensor(0.0)
+            if torch.rand((), generator=generator) < ratio:
+                accepted.append(i)
+                continue
+            fix = torch.multinomial(api.residual_distribution(p, q), 1, generator=generator).item()
+            return _verification(accepted, tokens, fix)
+        p = api.sampling_distribution(logits[len(tokens)], o.temperature, o.top_k, o.top_p).cpu()
+        return _verification(accepted, tokens, torch.multinomial(p, 1, generator=generator).item())
+
+
+def _verification(accepted: list[int], tokens: list[int], last: int) -> api.Verification:
+    emitted = [tokens[i] for i in accepted] + [last]
+    return api.Verification(torch.tensor(accepted, dtype=torch.long), torch.tensor(emitted, dtype=torch.long))
+
+
+@torch.no_grad()
+def measure_cost_curve(model: Any, max_tokens: int, context: int = 128, repeats: int = 5) -> list[float]:
+    """Seconds (median of ``repeats``) of one forward of ``model`` (a transformers causal LM) over m + 1 new tokens
+    after a cached context of ``context`` tokens, for m = 0 .. ``max_tokens``: a verification round's cost curve on
+    the machine and engine this runs on, for ``cost_curve``."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    vocab = int(model.config.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, context + max_tokens + 1), generator=g).to(device)
+    cache = DynamicCache()
+    model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
+    curve = []
+    for m in range(max_tokens + 1):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(input_ids=ids[:, context : context + m + 1], past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - start)
+            cache.crop(context)
+        curve.append(statistics.median(times))
+    return curve
