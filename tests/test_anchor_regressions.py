@@ -140,7 +140,7 @@ def targets(drafter, example, elems, charge: torch.Tensor, builder: str = "dense
 def engine_elements(drafter, depth: int = DEPTH):
     """The engine's element rule for ``drafter`` (``Trainer.elements``: COD where its options sample, else the full
     grid, under its visibility rule): ``(example, generator) -> (elements, supervision)``."""
-    trainer = SimpleNamespace(drafter=drafter, depth=depth)
+    trainer = SimpleNamespace(drafter=drafter, depth=depth, training=type(drafter).training(drafter.options))
     return lambda example, generator: Trainer.elements(trainer, example, generator)
 
 
@@ -579,7 +579,7 @@ def test_every_field_vllm_reads_is_what_the_trained_drafter_used(unusual, tmp_pa
     assert options["aux_layer_ids"] in (None, aux)
     assert int(pre["target_hidden_size"]) == target.config.hidden_size == state["fc.weight"].shape[1] // len(aux)
     draft_vocab = state["lm_head.weight"].shape[0]
-    assert int(pre["draft_vocab_size"]) == draft_vocab == getattr(drafter, "draft_vocab_size", target.config.vocab_size)
+    assert int(pre["draft_vocab_size"]) == draft_vocab == (drafter.draft_vocab_size or target.config.vocab_size)
     if draft_vocab < target.config.vocab_size:
         assert torch.equal(weights["d2t"], state["d2t"]) and torch.equal(weights["t2d"], state["t2d"])
     if name == "dflash":
