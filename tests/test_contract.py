@@ -6,13 +6,25 @@ checks want every element's loss (the mask itself: tests/test_vocab_mask.py)."""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
 from specframe.testing import DrafterContract
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "specframe-example-drafter"))
-from specframe_example_drafter import SkipgramDrafter  # noqa: E402  (the class itself: no install needed)
+
+def _example_module():
+    """The example package's module, loaded from its file under a private name: no install needed, and its folder
+    stays off sys.path (whatever metadata a build left there would register it as an installed plugin for every
+    later test)."""
+    source = Path(__file__).resolve().parents[1] / "examples" / "specframe-example-drafter"
+    spec = importlib.util.spec_from_file_location("_contract_example_drafter",
+                                                  source / "specframe_example_drafter" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SkipgramDrafter = _example_module().SkipgramDrafter
 
 
 class TestPEagle(DrafterContract):
