@@ -10,6 +10,7 @@ import torch
 from specframe import api, plugins
 from specframe.elements import cod_sample, full_grid, position_docs
 from specframe.targets import load_target
+from specframe.testing import target_features
 from tests.train_fixtures import build
 
 DRAFTERS = ("peagle", "eagle3", "pard", "parallelspec")
@@ -34,15 +35,8 @@ def tiny_target(root: Path, sharpen: float = 30.0):
     return target
 
 
-def features(target, ids: torch.Tensor, drafter: api.Drafter) -> dict[str, torch.Tensor]:
-    spec = drafter.feature_spec()
-    aux = tuple(getattr(spec, "aux_layers", None) or ())
-    with torch.no_grad():
-        out = target.model(ids[None], output_hidden_states=True)
-    feats = {"final_hidden": out.hidden_states[-1][0]}
-    if aux:
-        feats["aux_hidden"] = torch.cat([out.hidden_states[i][0] for i in aux], -1)
-    return feats
+# the drafter's target features, as the contract suite computes them
+features = target_features
 
 
 def make(name: str, target, length: int = 20, seed: int = 0, docs: int = 1, **options):
