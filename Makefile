@@ -106,14 +106,17 @@ gpu-check: setup
 
 # The large self-distilled training set (specframe/data/large): the default target's greedy answers to about 12,800
 # prompts from vLLM's offline engine, 256 in flight. Resumable: a rerun continues from the finished batches in
-# DATA_LARGE (outside the checkout, so a long run survives a fresh checkout); copy answers.jsonl.gz and
-# provenance.json into specframe/data/large/ when it is complete. About 1.5-2 hours on 2 CPU cores.
+# DATA_LARGE (outside the checkout, so a long run survives a fresh checkout). A work folder can still go with its
+# machine: after every batch the progress is copied into DATA_KEPT, in the checkout, to commit, and a rerun whose
+# work folder has less resumes from that copy. When it is complete, copy answers.jsonl.gz and provenance.json into
+# specframe/data/large/ and delete DATA_KEPT. About 3.5 hours on 2 CPU cores.
 SF_HOME ?= $(or $(SPECFRAME_HOME),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specframe)
 DATA_LARGE ?= $(SF_HOME)/data/large
+DATA_KEPT ?= specframe/data/large/progress
 data-large: setup
 	$(BIN)/specframe regenerate --engine vllm --data large-prompts --output $(DATA_LARGE)/answers.jsonl.gz \
 	    --provenance $(DATA_LARGE)/provenance.json --batch-size 256 --max-new-tokens 256 --max-prompt-tokens 384 \
-	    --kv-cache-gib 4
+	    --kv-cache-gib 4 --keep $(DATA_KEPT)
 
 clean:
 	rm -rf $(VENV)

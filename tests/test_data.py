@@ -278,3 +278,54 @@ def test_prepare_cli_teacher_top_k(tmp_path, tiny):  # noqa: F811
                                     str(tmp_path / "d"), "--teacher-top-k", "-2"])
     assert res.exit_code != 0 and "--teacher-top-k must be 0 (none) or a positive" in res.output
     assert not (tmp_path / "d").exists()
+
+
+def test_kept_progress_survives_a_lost_work_folder(tmp_path, tiny):  # noqa: F811
+    """--keep: a copy of the progress, refreshed after every batch, from which a run whose work folder went with its
+    machine resumes: nothing generated twice, the batch log not counted twice, the same merged file."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in chat_records(5, turns=1)))
+    work, kept = tmp_path / "work", tmp_path / "checkout" / "progress"
+    out = work / "answers.jsonl.gz"
+    args = ["regenerate", "--target", str(tiny.path), "--data", str(data), "--output", str(out), "--keep", str(kept),
+            "--provenance", str(work / "prov.json"), "--batch-size", "2", "--max-new-tokens", "4", "--json"]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "answers.jsonl.gz.part", "answers.jsonl.gz.part.log", "answers.jsonl.gz.runs.jsonl"]
+    merged = out.read_bytes()
+    shutil.rmtree(work)  # the machine went
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0, again.output
+    summary = json.loads(again.output[again.output.index("{"):])
+    assert summary["already_done"] == 5 and summary["generated"] == 0
+    assert out.read_bytes() == merged
+    assert json.loads((work / "prov.json").read_text())["batches_logged"] == 3
+
+
+def test_keep_copies_whole_lines_and_restore_never_sets_a_run_back(tmp_path):
+    from specframe.data.progress import keep, restore
+
+    work, kept = tmp_path / "work", tmp_path / "kept"
+    work.mkdir()
+    out = work / "a.jsonl"
+    part = work / "a.jsonl.part"
+    part.write_text('{"source": "s", "id": "0"}\n{"source": "s", "id": "1"}\n{"source": "s", "id')  # mid-append
+    (work / "a.jsonl.part.log").write_text('{"records": 2}\n')
+    keep(out, kept)
+    assert (kept / "a.jsonl.part").read_text().count("\n") == 2
+    assert (kept / "a.jsonl.part").read_text().endswith("}\n")
+    assert restore(kept, out) == []  # the work folder holds as much: untouched
+    part.write_text(part.read_text() + '": "2"}\n')
+    assert restore(kept, out) == []  # ... or more (it went on after the copy)
+    part.write_text('{"source": "s", "id": "0"}\n')  # less (an older machine state): everything kept comes back
+    assert sorted(p.name for p in restore(kept, out)) == ["a.jsonl.part", "a.jsonl.part.log"]
+    assert part.read_text().count("\n") == 2
+    with pytest.raises(SpecframeError, match="nothing to keep"):
+        keep(tmp_path / "none" / "a.jsonl", kept)

@@ -16,6 +16,15 @@ import click
 from specframe.cli.target_options import target_loading
 
 
+def _batch_done(prog, task, i, n, out, keep_dir) -> None:
+    """After each finished batch: the progress bar, and the kept copy of the progress (--keep)."""
+    prog.update(task, completed=i, total=n)
+    if keep_dir:
+        from specframe.data.progress import keep
+
+        keep(out, keep_dir)
+
+
 @click.command("regenerate")
 @click.option("--target", default="default", show_default=True, help="Target: 'default', a model folder or a hub id.")
 @click.option(
@@ -54,6 +63,9 @@ from specframe.cli.target_options import target_loading
     help="Generate nothing: merge the part files finished so far into OUTPUT and write the provenance "
     "(for a run stopped early; the provenance then counts what exists).",
 )
+@click.option("--keep", "keep_dir", type=click.Path(file_okay=False), default=None,
+              help="A folder (in the checkout, to commit) that holds a copy of the run's progress, updated after every "
+              "finished batch; a rerun whose work folder has less (lost with its machine) resumes from it.")
 @click.option("--threads", type=int, default=None,
               help="CPU threads: torch's (transformers engine) or vLLM's pinned OpenMP threads (default: all).")
 @click.option("--engine", type=click.Choice(["transformers", "vllm"]), default="transformers", show_default=True,
@@ -69,7 +81,7 @@ from specframe.cli.target_options import target_loading
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @target_loading
 def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, shard, finalize_only,
-               threads, engine, max_num_seqs, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,
+               keep_dir, threads, engine, max_num_seqs, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,
                kv_cache_gib, as_json, loading):
     """Answer prompts greedily with the target; resumable (rerun the same command after a kill)."""
     import torch
@@ -118,6 +130,11 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
     except (ValueError, AssertionError):
         raise UsageError(f"--shard must be K/W with 0 <= K < W, not '{shard}'") from None
     out = Path(output)
+    if keep_dir:
+        from specframe.data.progress import restore
+
+        for p in restore(keep_dir, out):
+            click.echo(f"restored {p.name} from {keep_dir}", err=True)
     part = out.with_name(out.name + (".part" if w == 1 else f".part-{k}-of-{w}"))
     parts = sorted(q for q in out.parent.glob(out.name + ".part*") if q.suffix != ".log")
     t0 = time.time()
@@ -132,7 +149,7 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             batch_size=batch_size,
             max_new_tokens=max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
-            progress=lambda i, n: prog.update(task, completed=i, total=n),
+            progress=lambda i, n: _batch_done(prog, task, i, n, out, keep_dir),
             shard=(k, w),
             also_done=parts,
             answerer=answerer,
@@ -141,6 +158,10 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
     with open(runs_log, "a", encoding="utf-8") if not finalize_only else open(os.devnull, "w") as f:
         f.write(json.dumps({"shard": shard, "engine": engine, "threads": threads or torch.get_num_threads(),
                             **rep.as_dict()}) + "\n")
+    if keep_dir and not finalize_only:  # the runs log too, written only now
+        from specframe.data.progress import keep
+
+        keep(out, keep_dir)
     seen: dict = {}
     batch_log = []
     for p in sorted(out.parent.glob(out.name + ".part*.log")):
