@@ -166,7 +166,7 @@ def builders_agree(work: Path, assets, device: str) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig
 
-    from specframe.engine.checkpoint import load_drafter
+    from specframe.drafter_folders import load_drafter
 
     target_config = AutoConfig.from_pretrained(str(assets[0]))
     out: dict[str, Any] = {}
@@ -270,7 +270,7 @@ def tree_device_map(work: Path, assets, device: str) -> dict[str, Any]:
     import torch
 
     from specframe import plugins
-    from specframe.engine.checkpoint import load_drafter
+    from specframe.drafter_folders import load_drafter
     from specframe.inference.engine import TreeShape, generate
     from specframe.targets import load_target
 
@@ -320,7 +320,7 @@ def lossless_decoding(work: Path, assets, device: str) -> dict[str, Any]:
     import torch
 
     from specframe import plugins
-    from specframe.engine.checkpoint import load_drafter
+    from specframe.drafter_folders import load_drafter
     from specframe.inference.engine import generate
     from specframe.targets import load_target
 

@@ -127,7 +127,7 @@ class Workspace:
         from transformers import AutoConfig
 
         from specframe import plugins
-        from specframe.cli.export_cmd import target_source
+        from specframe.targets import target_source
         from specframe.engine.config import structure_options
 
         config = AutoConfig.from_pretrained(target_source(self.target()))

@@ -69,7 +69,7 @@ def _engine_options(p):
 
 
 def _source(workspace) -> str:
-    from specframe.cli.export_cmd import target_source
+    from specframe.targets import target_source
 
     return target_source(workspace.target())
 
@@ -133,8 +133,8 @@ def _with_k(methods: list, source: str, workdir: str, refused: dict[str, str] | 
 def _own_k(run: str, source: str, workdir: str) -> int | None:
     """The fewest draft tokens vLLM serves ``run``'s export at as it was trained (``Manifest.min_speculative_tokens``:
     DFlash's block_size - 1), None when any K will do."""
-    from specframe.cli.export_cmd import export_checkpoint
-    from specframe.vllm.export import read_manifest
+    from specframe.drafter_folders import export_checkpoint
+    from specframe.layouts.export import read_manifest
 
     folder = Path(workdir) / "own-k"
     if not folder.exists():

@@ -40,7 +40,7 @@ def pytest_generate_tests(metafunc):
 def shape(workspace):
     from transformers import AutoConfig
 
-    from specframe.cli.export_cmd import target_source
+    from specframe.targets import target_source
 
     return AutoConfig.from_pretrained(target_source(workspace.target()))
 

@@ -28,7 +28,7 @@ def pytest_generate_tests(metafunc):
 
 
 def test_vllm_against_reference(benchmark, workspace, trained, drafter):
-    from specframe.cli.export_cmd import target_source
+    from specframe.targets import target_source
     from specframe.results import write_results
     from specframe.targets import load_target
     from specframe.vllm import vllm_available

@@ -42,7 +42,7 @@ from specframe.inference.tree import DraftTree, dynamic_tree
 # The checkpoint layouts vLLM loads (speculators EAGLE-3 / P-EAGLE / DFlash, PARD, ParallelSpec): a drafter's
 # ``export_vllm`` calls one of ``vllm_layouts.write_eagle3`` / ``write_peagle`` / ``write_dflash`` / ``write_pard`` /
 # ``write_parallelspec``.
-from specframe.vllm import export as vllm_layouts
+from specframe.layouts import export as vllm_layouts
 
 
 #: Version history and the compatibility rule (a plugin states the version it was written for in its docs):
@@ -671,7 +671,7 @@ class Drafter(Component, ABC):
         return legacy_import_options(cls.Options, imported)
 
     def import_weights(self, imported: Any) -> None:
-        """Load a foreign drafter folder read by ``specframe.vllm.imports.read`` (speculators EAGLE-3 / P-EAGLE,
+        """Load a foreign drafter folder read by ``specframe.layouts.imports.read`` (speculators EAGLE-3 / P-EAGLE,
         SafeAILab / SpecForge EAGLE-3, a PARD causal LM) into this drafter, after checking it against the target and
         this drafter's shape (one ``SpecframeError`` naming the field otherwise). ``specframe train --init-from``,
         ``generate`` / ``bench --checkpoint FOLDER`` and ``export`` call it. Default: refuse."""

@@ -222,20 +222,13 @@ def token_budget(checkpoint_dir: Path) -> int | None:
 
 def checkpoint_method(path: str | Path, target_config: Any, *, k: int | None = None,
                       tree: TreeShape | None = None, label: str | None = None) -> Method:
-    """A trained drafter from a checkpoint (or a run's output folder), in eval mode, with its provenance."""
-    from specframe.engine import checkpoint as ckpt
+    """A trained drafter from a checkpoint, a run's output folder or a foreign drafter folder (speculators,
+    SafeAILab / SpecForge, PARD), in eval mode, with its provenance."""
+    from specframe.drafter_folders import load_drafter, weights_folder
     from specframe.results import file_hash
 
-    if not Path(path).exists():
-        raise SpecframeError(f"checkpoint {path} does not exist")
-    from specframe.vllm import imports
-
-    if imports.is_importable(path):  # a speculators / SafeAILab / SpecForge EAGLE-3 or PARD folder
-        directory = Path(path)
-        drafter = imports.load_drafter(directory, target_config)
-    else:
-        directory = ckpt.resolve(path)
-        drafter = ckpt.load_drafter(directory, target_config)
+    directory = weights_folder(path)
+    drafter = load_drafter(path, target_config)
     drafter.module().eval()
     k = default_k(drafter) if k is None else k
     if k < 1:
@@ -640,7 +633,7 @@ def compare_vllm(
     labels = [m.label for m in methods]
     if PLAIN in labels or len(set(labels)) != len(labels):
         raise UsageError(f"method labels must be distinct and not '{PLAIN}': {labels}")
-    from specframe.cli.export_cmd import target_source
+    from specframe.targets import target_source
     from specframe.vllm.engine import Conversation, EngineOptions, cpu_binding, run_interleaved
 
     source = target_source(target)
@@ -679,9 +672,9 @@ def vllm_jobs(
     once into ``workdir``, served at the method's K) or the ``ngram`` baseline (vLLM's prompt lookup with the
     plugin's n-gram sizes). A checkpoint whose export vLLM cannot serve at the method's K (a DFlash drafter below
     its block, ``Manifest.refusal``) raises that reason, or, given ``refused``, is left out with its reason there."""
-    from specframe.cli.export_cmd import export_checkpoint
+    from specframe.drafter_folders import export_checkpoint
     from specframe.vllm.engine import Job
-    from specframe.vllm.export import read_manifest, speculative_config
+    from specframe.layouts.export import read_manifest, speculative_config
 
     exports: dict[str, Path] = {}
     jobs = {}
@@ -733,25 +726,14 @@ def json_safe(value: Any) -> Any:
 
 
 def recorded_target(checkpoints: Sequence[str | Path]) -> str | None:
-    """The target the first checkpoint's run trained against (its config.json), if recorded."""
-    import json
-
-    from specframe.engine import checkpoint as ckpt
+    """The target the first checkpoint that names one was trained against (or the verifier its speculators config
+    names)."""
+    from specframe import drafter_folders
 
     for path in checkpoints:
-        if not Path(path).exists():
-            raise SpecframeError(f"checkpoint {path} does not exist")
-        from specframe.vllm import imports
-
-        if imports.is_importable(path):  # a foreign drafter folder: the verifier a speculators config names
-            if imports.named_target(path):
-                return imports.named_target(path)
-            continue
-        config = ckpt.resolve(path) / "config.json"
-        if config.exists():
-            target = read_json(config, "the checkpoint's run config").get("target")
-            if target:
-                return str(target)
+        target = drafter_folders.recorded_target(path)
+        if target:
+            return target
     return None
 
 

@@ -161,6 +161,11 @@ def ensure_default_target() -> Path:
     return final
 
 
+def target_source(target: str) -> str:
+    """A loadable target folder or hub id; 'default' is the packaged SmolLM2, converted once."""
+    return str(ensure_default_target()) if target == "default" else target
+
+
 def _pid_alive(pid: str) -> bool:
     try:
         os.kill(int(pid), 0)

@@ -30,6 +30,7 @@ import torch
 
 from specframe import api, modeling, plugins
 from specframe.data.chat import encode_conversation
+from specframe.drafter_folders import load_drafter
 from specframe.elements import check_partition, full_grid, position_docs
 from specframe.engine.data import _Sequences
 from specframe.engine.loop import Trainer
@@ -399,7 +400,7 @@ def test_an_aux_id_equal_to_the_layer_count_is_refused(target, tmp_path, name):
     drafter refuses it, the capture refuses it, and an export naming it (edited, or written elsewhere) cannot pass
     check_export."""
     from specframe.features import FeatureSpec
-    from specframe.vllm import export
+    from specframe.layouts import export
 
     layers = target.config.num_hidden_layers
     assert layers == LAST + 1
@@ -458,7 +459,6 @@ def unusual(tmp_path_factory):
 def trained_run(unusual, name: str):
     """(the drafter loaded from its checkpoint, the run's resolved drafter options) of a 3-step run of ``name``."""
     from specframe.engine import TrainConfig, train
-    from specframe.engine.checkpoint import load_drafter
 
     if name not in unusual.runs:
         options = {**OPTIONS[name], "k_infer": K_INFER.get(name, 4)}
@@ -547,7 +547,7 @@ def test_every_field_vllm_reads_is_what_the_trained_drafter_used(unusual, tmp_pa
     tokens, number of masks, DFlash's block and each layout's draft tokens per step."""
     from safetensors.torch import load_file
 
-    from specframe.vllm import export
+    from specframe.layouts import export
 
     drafter, options = trained_run(unusual, name)
     target = unusual.target
@@ -609,13 +609,13 @@ def test_an_exported_drafter_imported_back_drafts_the_same_tokens(unusual, tmp_p
     """The trained drafter and the one `specframe generate --checkpoint EXPORT` builds from its export propose the
     same drafts in every round of a greedy decode, and so emit the same tokens."""
     from specframe.inference.engine import generate
-    from specframe.vllm import imports
+    from specframe.layouts import imports
 
     drafter, options = trained_run(unusual, name)
     target = unusual.target
     drafter.export_vllm(tmp_path / "export", target.tokenizer)
     try:
-        copy = imports.load_drafter(tmp_path / "export", target.config, target.tokenizer)
+        copy = load_drafter(tmp_path / "export", target.config, target.tokenizer)
     except api.SpecframeError as e:  # pragma: no cover - until DFlash folders import (issue 30, item 3)
         if name == "dflash" and ("dflash" in str(e) or "import" in str(e)):
             pytest.xfail(f"DFlash folders do not import yet: {e}")
@@ -739,7 +739,6 @@ def test_a_rank_whose_batch_has_nothing_supervised_matches_one_process(tmp_path,
     from transformers import AutoConfig
 
     from specframe.engine import TrainConfig, train
-    from specframe.engine.checkpoint import load_drafter
     from tests.train_fixtures import build as build_assets
 
     root = Path(__file__).resolve().parents[1]

@@ -162,7 +162,7 @@ def dflash_folder(**values) -> Callable[[dict], None]:
         from transformers import AutoConfig
 
         from specframe.modeling import LayerShape
-        from specframe.vllm import export
+        from specframe.layouts import export
 
         config = AutoConfig.from_pretrained(ctx["target"])
         s = LayerShape.from_config(config)

@@ -17,13 +17,14 @@ from tests.plugin_fixtures import DRAFTER_SOURCE
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: (module, name) pairs the scan accepts, each with its reason. Everything under specframe/vllm/ compares vLLM's and
-#: speculators' own layout and method identifiers ("eagle3", "peagle", "dflash", "ngram", ...: the folder formats
-#: vLLM reads, which happen to share the drafters' names); issue 31 item 2 moves them into the files layer.
+#: (module, name) pairs the scan accepts, each with its reason. The files layer for drafter folders
+#: (specframe/layouts/) and what runs vLLM (specframe/vllm/) compare vLLM's and speculators' own layout and method
+#: identifiers ("eagle3", "peagle", "dflash", "ngram", ...: the folder formats vLLM reads, which happen to share the
+#: drafters' names), never a component's.
 ALLOWED = {
     ("specframe/report.py", "tree"): "the method label suffix bench writes for a tree run (label/tree), not a verifier",
 }
-ALLOWED_FOLDERS = ("specframe/vllm/",)
+ALLOWED_FOLDERS = ("specframe/layouts/", "specframe/vllm/")
 #: the API-5 defaults: the option names the built-ins used then, read only for a plugin that declares nothing
 ALLOWED_FILES = ("specframe/declarations.py",)
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from specframe import api, plugins
+from specframe.drafter_folders import load_drafter
 from specframe.elements import check_partition, full_grid, position_docs
 
 try:
@@ -374,7 +375,6 @@ def test_trains_on_the_shared_engine(tmp_path, builder, partitioner, parts):
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [m["train_loss"] for m in metrics if m.get("train_loss") is not None]
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
-    from specframe.engine.checkpoint import load_drafter
     from specframe.targets import load_target
 
     reloaded = load_drafter(out, load_target(target_dir).config)
@@ -389,7 +389,7 @@ def test_export_writes_the_speculators_dflash_layout(target, tmp_path):
     - 1, the mask token), with every weight under vLLM's names; check_export validates it and names a damage."""
     from safetensors.torch import load_file, save_file
 
-    from specframe.vllm import export
+    from specframe.layouts import export
 
     drafter, _ = make(target)
     drafter.module().float()
@@ -426,7 +426,7 @@ def test_vllm_serves_an_export_only_at_the_full_block(target, tmp_path):
     the benchmark suites read ``Manifest.refusal`` to skip such a K. A reference-engine ``k_infer`` below the block
     is fine (``propose`` runs the full block), so the export's own default is then the block."""
     from specframe.cli.serve_cmd import serve_command
-    from specframe.vllm import export
+    from specframe.layouts import export
     from specframe.vllm.engine import drafter_job
 
     drafter, _ = make(target, k_infer=2)
@@ -485,18 +485,18 @@ def test_an_export_imports_back_with_identical_weights_and_proposals(target, tmp
     """Issue 30: `generate --checkpoint` on specframe's own DFlash export failed ("dflash aux layer ids [] are
     invalid": the importer read eagle_aux_hidden_state_layer_ids, the DFlash layout writes aux_hidden_state_layer_ids)
     and the drafter had no weight import. Export -> import, as generate / bench / export load a folder
-    (``imports.load_drafter``) and as ``train --init-from`` does (``warm_start``): the same shape, mask token, weights
+    (``drafter_folders.load_drafter``) and as ``train --init-from`` does (``warm_start``): the same shape, mask token, weights
     and proposals. A folder without embed_tokens / lm_head (speculators writes none: vLLM takes the target's) gets the
     target's; a shape that differs is named."""
     from safetensors.torch import load_file, save_file
 
-    from specframe.vllm import imports
+    from specframe.layouts import imports
 
     drafter, ex = make(target)
     drafter.module().float()
     out = tmp_path / "out"
     drafter.export_vllm(out, target.tokenizer)
-    back = imports.load_drafter(out, target.config, target.tokenizer)
+    back = load_drafter(out, target.config, target.tokenizer)
     assert (back.name, back.options.layers, back.options.block_size, back.aux_layer_ids) == ("dflash", 2, 4, [1, 3])
     assert back.mask_token_id == drafter.mask_token_id
     ours, theirs = drafter.module().state_dict(), back.module().state_dict()
@@ -518,7 +518,7 @@ def test_an_export_imports_back_with_identical_weights_and_proposals(target, tmp
     weights = load_file(str(out / "model.safetensors"))
     del weights["embed_tokens.weight"], weights["lm_head.weight"]
     save_file(weights, str(out / "model.safetensors"))
-    bare = imports.load_drafter(out, target.config, target.tokenizer)
+    bare = load_drafter(out, target.config, target.tokenizer)
     assert torch.equal(bare.model.embed_tokens.weight, imports.target_embedding(target.config))
     assert torch.equal(bare.model.lm_head.weight, imports.target_lm_head(target.config))
     assert all(torch.equal(bare.module().state_dict()[k], ours[k]) for k in ours if k != "lm_head.weight")
@@ -584,7 +584,8 @@ def test_vllm_serves_the_export_with_round_by_round_parity(tmp_path):
 
     from specframe.features import capture_features
     from specframe.inference import generate
-    from specframe.vllm import export, parity, vllm_available
+    from specframe.layouts import export
+    from specframe.vllm import parity, vllm_available
     from specframe.vllm.engine import run_in_subprocess
     from tests.vllm_fixtures import build_target
 

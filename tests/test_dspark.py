@@ -359,8 +359,8 @@ def test_sampled_drafts_carry_their_distribution_and_follow_the_generator(target
 @pytest.mark.slow
 @pytest.mark.parametrize("builder,partitioner,parts", [("dense", "none", 1), ("chunked", "peagle", 2)])
 def test_trains_on_the_shared_engine(tmp_path, builder, partitioner, parts):
+    from specframe.drafter_folders import load_drafter
     from specframe.engine import TrainConfig, train
-    from specframe.engine.checkpoint import load_drafter
     from specframe.targets import load_target
     from tests.train_fixtures import build
 
@@ -406,8 +406,14 @@ def test_speculative_sampling_with_sampled_dspark_drafts_matches_the_target_law(
     law of the first tokens (chi-square, as tests/test_sampling_distribution.py for the reference drafter), and the
     same run through the classic broken verifier (resampling from p after a rejection) is rejected."""
     from specframe.inference import generate
-    from tests.test_sampling_distribution import (N_TOKENS, PROMPT, THRESHOLD, BrokenSampling, chi_square_pvalue,
-                                                  exact_joint)
+    from tests.test_sampling_distribution import (
+        N_TOKENS,
+        PROMPT,
+        THRESHOLD,
+        BrokenSampling,
+        chi_square_pvalue,
+        exact_joint,
+    )
 
     model, drafter = _sampling_drafter()
 
@@ -430,7 +436,7 @@ def test_export_writes_the_speculators_dspark_layout(target, tmp_path):
     ``Qwen3DSparkModel`` names; check_export validates it and names a damage; vLLM serves it at K = block_size only."""
     from safetensors.torch import load_file, save_file
 
-    from specframe.vllm import export
+    from specframe.layouts import export
 
     drafter, _ = make(target)
     drafter.module().float()
@@ -587,6 +593,7 @@ def test_the_engine_verifies_the_scheduled_prefix_and_stays_lossless(target):
 
 def test_the_cost_curve_is_measured_on_the_model():
     from specframe_dspark.scheduled import measure_cost_curve
+
     from tests.test_sampling_distribution import target_model
 
     curve = measure_cost_curve(target_model(), 3, context=16, repeats=2)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specframe.vllm import export, vllm_available
+from specframe.layouts import export
+from specframe.vllm import vllm_available
 
 pytestmark = [
     pytest.mark.slow,

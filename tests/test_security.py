@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from transformers import AutoConfig
 
 from specframe.cli import main
+from specframe.drafter_folders import load_drafter
 from specframe.engine import checkpoint as ckpt
 from specframe.errors import SpecframeError
 from tests.train_fixtures import build
@@ -52,7 +53,7 @@ def test_a_torch_save_file_in_place_of_the_weights_is_refused_unread(run, tmp_pa
     marker = tmp_path / "unpickled"
     torch.save({"w": Payload(marker)}, directory / "model.safetensors")
     with pytest.raises(SpecframeError, match=r"model.safetensors is a pickle \(torch.save\) file, not safetensors"):
-        ckpt.load_drafter(directory, AutoConfig.from_pretrained(run[0]))
+        load_drafter(directory, AutoConfig.from_pretrained(run[0]))
     assert not marker.exists()
 
 
@@ -61,7 +62,7 @@ def test_a_pickle_beside_the_weights_is_refused(run, tmp_path):
     marker = tmp_path / "unpickled"
     torch.save(Payload(marker), directory / "pytorch_model.bin")
     with pytest.raises(SpecframeError, match="contains pytorch_model.bin, a pickle file"):
-        ckpt.load_drafter(directory, AutoConfig.from_pretrained(run[0]))
+        load_drafter(directory, AutoConfig.from_pretrained(run[0]))
     assert not marker.exists()
 
 
@@ -72,7 +73,7 @@ def test_a_truncated_safetensors_file_is_a_clear_error(run, tmp_path, keep):
     data = weights.read_bytes()
     weights.write_bytes(data[:keep])
     with pytest.raises(SpecframeError, match="model.safetensors is not a complete safetensors file"):
-        ckpt.load_drafter(directory, AutoConfig.from_pretrained(run[0]))
+        load_drafter(directory, AutoConfig.from_pretrained(run[0]))
 
 
 def test_resume_refuses_a_pickled_optimizer_state_through_the_cli(run, tmp_path):

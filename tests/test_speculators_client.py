@@ -43,8 +43,9 @@ from click.testing import CliRunner  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from specframe import plugins  # noqa: E402
+from specframe.drafter_folders import load_drafter
 from specframe.errors import SpecframeError  # noqa: E402
-from specframe.vllm import export, imports  # noqa: E402
+from specframe.layouts import export, imports  # noqa: E402
 from tests.train_fixtures import build  # noqa: E402
 
 AUX = [1, 2, 3]  # EAGLE-3 / P-EAGLE aux ids of the 4-layer target
@@ -360,7 +361,7 @@ def test_the_exports_name_their_dtype_as_transformers_5_and_vllm_and_speculators
     export.set_serving(legacy, speculative_tokens=3)
     rewritten = json.loads((legacy / "config.json").read_text())
     assert "torch_dtype" not in json.dumps(rewritten) and rewritten["transformer_layer_config"]["dtype"] == "float32"
-    imports.load_drafter(legacy, target.config, target.tok).export_vllm(tmp_path / "again", target.tok)
+    load_drafter(legacy, target.config, target.tok).export_vllm(tmp_path / "again", target.tok)
     assert "torch_dtype" not in (tmp_path / "again" / "config.json").read_text()
 
 
@@ -385,7 +386,7 @@ def test_speculators_own_trainer_accepts_the_exports(exports, target, kind, tmp_
     for key in ("speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
                 "aux_hidden_state_layer_ids", "mask_token_id", "block_size", "norm_before_residual"):
         assert cfg.get(key) == back.get(key), key
-    drafter = imports.load_drafter(out, target.config, target.tok)
+    drafter = load_drafter(out, target.config, target.tok)
     state = drafter.module().state_dict()
     assert all(torch.equal(state[k], saved[k].to(state[k].dtype)) for k in saved)
 
@@ -442,7 +443,7 @@ def test_specframe_imports_speculators_folders_and_drafts_what_its_model_drafts(
     (``warm_start``), the drafter computes the logits speculators' own model computes for the folder."""
     folder = folders[kind]
     assert json.loads((folder / "config.json").read_text())["target_hidden_size"] is None
-    drafter = imports.load_drafter(folder, target.config, target.tok)
+    drafter = load_drafter(folder, target.config, target.tok)
     assert drafter.name == kind and drafter.options.layers == LAYERS
     drafter.module().eval()
     model = load_speculators(kind, folder)  # bf16 weights, computed in fp32 on both sides
@@ -525,7 +526,7 @@ def test_speculators_defaults_specframe_cannot_compute_are_refused_by_field(targ
             continue
         folder = speculators_folder(kind, target, tmp_path / f"{kind}-{i}", **flags)
         with pytest.raises(SpecframeError, match=f"^cannot import {folder}: {message}"):
-            imports.load_drafter(folder, target.config, target.tok)
+            load_drafter(folder, target.config, target.tok)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -546,7 +547,7 @@ def test_a_sliding_window_is_refused_on_import_and_never_dropped_on_export(targe
                "export); import a drafter trained with full attention (speculators train --full-attention-indices "
                "0 1)")
     with pytest.raises(SpecframeError) as refused:
-        imports.load_drafter(folder, target.config, target.tok)
+        load_drafter(folder, target.config, target.tok)
     assert str(refused.value) == message
     with pytest.raises(SpecframeError, match="sliding_window 2048"):
         imports.read(folder, target.config)
@@ -565,7 +566,7 @@ def test_a_sliding_window_is_refused_on_import_and_never_dropped_on_export(targe
     # export of it has no window for vLLM or speculators to apply
     cfg["transformer_layer_config"]["layer_types"] = ["full_attention", "full_attention"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    imports.load_drafter(folder, target.config, target.tok).export_vllm(tmp_path / "full", target.tok)
+    load_drafter(folder, target.config, target.tok).export_vllm(tmp_path / "full", target.tok)
     written = json.loads((tmp_path / "full" / "config.json").read_text())["transformer_layer_config"]
     assert "sliding_window" not in written and "layer_types" not in written
     assert load_speculators(kind, tmp_path / "full").sliding_window_indices == []

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from specframe import modeling, plugins
+from specframe.drafter_folders import load_drafter
 from specframe.engine import TrainConfig, train
-from specframe.engine.checkpoint import load_drafter
 from specframe.inference.engine import generate
 from specframe.targets import load_target, tiny_target
 from tests.drafter_helpers import DRAFTERS, SMALL

@@ -20,7 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from specframe.cli import main
-from specframe.vllm import export, vllm_available
+from specframe.layouts import export
+from specframe.vllm import vllm_available
 from tests.plugin_fixtures import FakeSite
 from tests.vllm_fixtures import build_target
 

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from specframe import api
 from specframe.errors import SpecframeError
-from specframe.vllm import export, parity
+from specframe.layouts import export
+from specframe.vllm import parity
 from specframe.vllm.engine import Round, SpecCounters, rounds_from_steps
 from tests.vllm_fixtures import AUX, build_target, eagle3_weights, mask_token, pard_weights, target_parts
 

@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specframe import plugins
+from specframe.drafter_folders import load_drafter
 from specframe.errors import SpecframeError
-from specframe.vllm import export, imports
+from specframe.layouts import export, imports
 from tests.vllm_fixtures import AUX, build_target, eagle3_weights, mask_token, target_parts
 
 DRAFT_VOCAB = 160
@@ -51,7 +52,7 @@ def tensors_bytes(folder: Path) -> dict[str, bytes]:
 def test_export_import_export_round_trip_is_byte_identical(target, tmp_path, kind):
     first = tmp_path / "first"
     trained(kind, target).export_vllm(first, target.tok)
-    drafter = imports.load_drafter(first, target.config, target.tok)
+    drafter = load_drafter(first, target.config, target.tok)
     assert drafter.name == kind
     second = tmp_path / "second"
     drafter.export_vllm(second, target.tok)
@@ -65,7 +66,7 @@ def test_export_import_export_round_trip_is_byte_identical(target, tmp_path, kin
 def test_imported_drafter_drafts_like_the_original(target, tmp_path):
     original = trained("peagle", target)
     original.export_vllm(tmp_path / "pe", target.tok)
-    copy = imports.load_drafter(tmp_path / "pe", target.config, target.tok)
+    copy = load_drafter(tmp_path / "pe", target.config, target.tok)
     assert copy.mask_token_id == original.mask_token_id
     prompt = torch.tensor(target.tok("The quick brown fox")["input_ids"])
     aux = torch.randn(len(prompt), 3 * target.config.hidden_size, generator=torch.Generator().manual_seed(0))
@@ -102,7 +103,7 @@ def test_safeailab_and_specforge_eagle3_folders_import(target, tmp_path, specfor
     w = _flat_eagle3(target, tmp_path / "e", specforge=specforge)
     imported = imports.read(tmp_path / "e", target.config)
     assert (imported.format, imported.layout, imported.aux_layer_ids) == ("eagle3-flat", "eagle3", AUX)
-    drafter = imports.load_drafter(tmp_path / "e", target.config, target.tok)
+    drafter = load_drafter(tmp_path / "e", target.config, target.tok)
     state = drafter.model.state_dict()
     assert torch.equal(state["layers.0.hidden_norm.weight"], w["midlayer.hidden_norm.weight"])
     assert torch.equal(state["layers.0.self_attn.q_proj.weight"], w["midlayer.self_attn.q_proj.weight"])
@@ -138,7 +139,7 @@ def test_wrong_hidden_size_is_named(exported, tmp_path):
     with pytest.raises(SpecframeError, match="target_hidden_size 64 differs from the target's hidden size 32"):
         imports.read(exported / "eagle3", config)
     with pytest.raises(SpecframeError, match="hidden_size 64 differs from the target's 32"):
-        imports.load_drafter(exported / "pard", config)
+        load_drafter(exported / "pard", config)
 
 
 def test_missing_tensor_is_named(exported, target, tmp_path):
@@ -147,7 +148,7 @@ def test_missing_tensor_is_named(exported, target, tmp_path):
     del w["layers.1.mlp.up_proj.weight"]
     save_file(w, str(folder / "model.safetensors"))
     with pytest.raises(SpecframeError, match=r"cannot import .*pe: missing weight 'layers.1.mlp.up_proj.weight'"):
-        imports.load_drafter(folder, target.config, target.tok)
+        load_drafter(folder, target.config, target.tok)
 
 
 def test_another_tokenizer_is_refused(exported, tmp_path):
@@ -158,7 +159,7 @@ def test_another_tokenizer_is_refused(exported, tmp_path):
                         spare_special=5, seed=0)
     config, tok = target_parts(other)
     with pytest.raises(SpecframeError, match="tokenizer: its saved tokenizer is not the target's"):
-        imports.load_drafter(exported / "eagle3", config, tok)
+        load_drafter(exported / "eagle3", config, tok)
 
 
 def test_other_refusals_name_the_field(exported, target, tmp_path):
@@ -385,7 +386,7 @@ def test_parallelspec_export_round_trips_and_refuses_the_standalone_backbone(tar
     assert export.speculative_config(tmp_path / "ps", 4)["parallel_drafting"] is True
     with pytest.raises(SpecframeError, match="at most 4 tokens per step"):
         export.speculative_config(tmp_path / "ps", 5)
-    copy = imports.load_drafter(tmp_path / "ps", target.config, target.tok)
+    copy = load_drafter(tmp_path / "ps", target.config, target.tok)
     assert copy.mask_token_ids == [3, 4, 5]
     copy.export_vllm(tmp_path / "ps2", target.tok)
     assert (tmp_path / "ps" / "model.safetensors").read_bytes() == (tmp_path / "ps2" / "model.safetensors").read_bytes()

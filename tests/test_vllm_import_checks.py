@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specframe import plugins
+from specframe.drafter_folders import load_drafter
 from specframe.errors import SpecframeError
-from specframe.vllm import imports
+from specframe.layouts import imports
 from tests.vllm_fixtures import AUX, build_target, eagle3_weights, mask_token, target_parts
 
 DRAFT_VOCAB = 160
@@ -125,7 +126,7 @@ def test_the_speculators_path_drops_verifier_tensors(target, tmp_path):
               str(tmp_path / "pe" / "model.safetensors"))
     imported = imports.read(tmp_path / "pe", target.config)
     assert not [k for k in imported.tensors if k.startswith("verifier_")]
-    copy_ = imports.load_drafter(tmp_path / "pe", target.config, target.tok)
+    copy_ = load_drafter(tmp_path / "pe", target.config, target.tok)
     for name, value in drafter.model.state_dict().items():
         assert torch.equal(copy_.model.state_dict()[name], value), name
 
@@ -162,7 +163,7 @@ def test_a_specforge_peagle_folder_imports_with_identical_weights_and_proposals(
     specforge_peagle(original, target, tmp_path / "sf", mask_token_id=original.mask_token_id)
     imported = imports.read(tmp_path / "sf", target.config)
     assert (imported.format, imported.layout, imported.aux_layer_ids) == ("peagle-flat", "peagle", AUX)
-    copy_ = imports.load_drafter(tmp_path / "sf", target.config, target.tok)
+    copy_ = load_drafter(tmp_path / "sf", target.config, target.tok)
     assert copy_.name == "peagle" and copy_.mask_token_id == original.mask_token_id
     state = copy_.model.state_dict()
     for name, value in original.model.state_dict().items():
@@ -183,7 +184,7 @@ def test_a_specforge_peagle_folder_without_its_mask_token_is_refused_with_the_re
     with pytest.raises(SpecframeError, match=r"a SpecForge P-EAGLE folder \(PEagleDraftModel\) whose config.json "
                                              r"records no mask_token_id: SpecForge passes the mask token to its "
                                              r"trainer and does not save it") as info:
-        imports.load_drafter(tmp_path / "sf", target.config, target.tok)
+        load_drafter(tmp_path / "sf", target.config, target.tok)
     assert "\n" not in str(info.value) and str(tmp_path / "sf") in str(info.value)
 
 
@@ -215,5 +216,5 @@ def test_a_pickled_eagle3_folder_is_refused_with_how_to_convert_and_imports_once
     assert "\n" not in str(info.value)
     save_file(torch.load(folder / "pytorch_model.bin", weights_only=True), str(folder / "model.safetensors"))
     shutil.move(folder / "pytorch_model.bin", tmp_path / "pytorch_model.bin")
-    drafter = imports.load_drafter(folder, target.config, target.tok)
+    drafter = load_drafter(folder, target.config, target.tok)
     assert torch.equal(drafter.model.state_dict()["fc.weight"], w["fc.weight"])

@@ -14,7 +14,8 @@ import math
 
 import pytest
 
-from specframe.vllm import export, vllm_available
+from specframe.layouts import export
+from specframe.vllm import vllm_available
 
 pytestmark = [
     pytest.mark.slow,

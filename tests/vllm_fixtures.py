@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from specframe.targets import tiny_target
-from specframe.vllm import export
+from specframe.layouts import export
 
 HIDDEN, HEADS, KV_HEADS, INTER, LAYERS = 64, 2, 1, 128, 4
 AUX = [1, 2, 3]

@@ -361,7 +361,7 @@ class Eagle3Drafter(api.Drafter):
         )
 
     def import_weights(self, imported: Any) -> None:
-        """Load an EAGLE-3 folder (speculators, SafeAILab or SpecForge layout; ``specframe.vllm.imports``) of this
+        """Load an EAGLE-3 folder (speculators, SafeAILab or SpecForge layout; ``specframe.layouts.imports``) of this
         drafter's shape; without ``embed_tokens`` the target's embedding is used, as vLLM does."""
         if imported.layout != "eagle3":
             raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not eagle3")

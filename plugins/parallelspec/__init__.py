@@ -202,7 +202,7 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
         )
 
     def import_weights(self, imported: Any) -> None:
-        """Load a ParallelSpec export (``write_parallelspec``; ``specframe.vllm.imports``) of this drafter's shape,
+        """Load a ParallelSpec export (``write_parallelspec``; ``specframe.layouts.imports``) of this drafter's shape,
         with its mask token ids."""
         if imported.layout != "parallelspec":
             raise api.SpecframeError(

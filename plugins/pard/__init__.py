@@ -278,7 +278,7 @@ class PardDrafter(api.Drafter):
         )
 
     def import_weights(self, imported: Any) -> None:
-        """Load a PARD causal LM of the target's tokenizer (config with ``pard_token``; ``specframe.vllm.imports``)
+        """Load a PARD causal LM of the target's tokenizer (config with ``pard_token``; ``specframe.layouts.imports``)
         with this drafter's depth; its ``pard_token`` becomes the mask token."""
         if imported.layout != "pard":
             raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not pard")

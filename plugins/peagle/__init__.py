@@ -267,7 +267,7 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         )
 
     def import_weights(self, imported: Any) -> None:
-        """Load a P-EAGLE folder (speculators ``peagle``; ``specframe.vllm.imports``) of this drafter's shape, with
+        """Load a P-EAGLE folder (speculators ``peagle``; ``specframe.layouts.imports``) of this drafter's shape, with
         its mask token; without ``embed_tokens`` the target's embedding is used."""
         if imported.layout != "peagle":
             raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not peagle")

@@ -33,7 +33,7 @@ def serve_command(
     speculators export with ``target`` None is vLLM's ``model`` itself."""
     from specframe.errors import SpecframeError
     from specframe.vllm.engine import DEFAULT_ENV
-    from specframe.vllm.export import DEFAULT_SPECULATIVE_TOKENS, read_manifest, speculative_config
+    from specframe.layouts.export import DEFAULT_SPECULATIVE_TOKENS, read_manifest, speculative_config
 
     manifest = read_manifest(drafter) if drafter is not None else None
     if manifest is not None:
@@ -96,7 +96,7 @@ def serve(
 
     Arguments after the options go to vLLM unchanged (e.g. `-- --max-num-seqs 4`).
     """
-    from specframe.cli.export_cmd import target_source
+    from specframe.targets import target_source
     from specframe.errors import SpecframeError
     from specframe.vllm import vllm_available
 
@@ -106,7 +106,7 @@ def serve(
     if drafter is None or target is not None:
         source = target_source(target or "default")
     if drafter is not None:
-        from specframe.vllm.export import check_export, read_manifest
+        from specframe.layouts.export import check_export, read_manifest
 
         manifest = read_manifest(drafter)
         if source is None and not manifest.speculators:

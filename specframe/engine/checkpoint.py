@@ -230,18 +230,3 @@ def load_training_state(
     if scaler is not None and (directory / "scaler.json").exists():
         scaler.load_state_dict(read_json(directory / "scaler.json", "the checkpoint's gradient scaler state"))
     return read_json(directory / "state.json", "the checkpoint's training state")
-
-
-def load_drafter(path: str | os.PathLike, target_config: Any) -> Any:
-    """The trained drafter of a checkpoint (or of a run's latest checkpoint), built from its recorded config."""
-    from specframe import plugins
-    from specframe.engine.config import structure_options
-
-    directory = resolve(path)
-    check_files(directory)
-    config = read_json(directory / "config.json", "the checkpoint's run config")
-    cls = plugins.get("drafter", config["drafter"])
-    options = structure_options(config.get("drafter_options", {}), cls.Options, f"drafter '{cls.name}'")
-    drafter = cls(target_config, options)
-    drafter.load(directory)
-    return drafter

@@ -80,7 +80,7 @@ class TrainConfig:
     #: a Jinja chat template file replacing the target tokenizer's
     chat_template: str | None = None
     #: warm start: a speculators EAGLE-3 / P-EAGLE, SafeAILab / SpecForge EAGLE-3 or PARD folder whose weights are
-    #: loaded into the drafter after it is built and prepared, before the first step (specframe.vllm.imports)
+    #: loaded into the drafter after it is built and prepared, before the first step (specframe.layouts.imports)
     init_from: str | None = None
     drafter_options: dict[str, Any] = attrs.field(factory=dict)
     mask_builder_options: dict[str, Any] = attrs.field(factory=dict)

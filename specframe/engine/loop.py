@@ -259,7 +259,7 @@ class Trainer:
                                          sequences=kept)
         self.drafter.prepare(target, [self.source.tokens(i) for i in self.train_ids])
         if cfg.init_from is not None and self.resume_from is None:
-            from specframe.vllm import imports
+            from specframe.layouts import imports
 
             imports.warm_start(self.drafter, cfg.init_from, target.config, getattr(target, "tokenizer", None))
         module = self.drafter.module().to(self.device)

@@ -1,10 +1,7 @@
-"""The vLLM integration: checkpoint layouts vLLM loads, an in-process engine, metrics conversion and parity checks.
+"""The vLLM integration: what runs vLLM (an in-process engine, metrics conversion, parity checks, its plugin).
 
-- ``specframe.vllm.export``: writers for the speculators EAGLE-3 / P-EAGLE format, the PARD causal LM and the
-  ParallelSpec layout (drafter plugins call them from ``Drafter.export_vllm``), the manifest read from an export's
-  ``config.json`` and the ``speculative_config`` built from it. Imports no vLLM.
-- ``specframe.vllm.imports``: reads speculators, SafeAILab / SpecForge EAGLE-3, PARD and ParallelSpec folders into
-  the drafter plugins (``Drafter.import_weights``; ``train --init-from``, ``generate`` / ``bench --checkpoint``).
+- The layouts vLLM loads (speculators, PARD, ParallelSpec), their writers and the ``speculative_config`` built from an
+  export, are files, not vLLM: ``specframe.layouts`` (no vLLM import), below the engine and this package.
 - ``specframe.vllm.vllm_plugin``: the ``vllm.general_plugins`` entry point registering the ParallelSpec drafter model.
 - ``specframe.vllm.engine``: starts vLLM on a target (optionally with an exported drafter), generates greedily
   from token ids and turns vLLM's spec-decode counters into specframe's metrics (``specframe.metrics``).

@@ -216,7 +216,7 @@ class SpecCounters:
 
 class VllmEngine:
     """vLLM in this process on ``target`` (a local folder or hub id), with an optional ``speculative_config``
-    (``specframe.vllm.export.speculative_config`` builds one for an exported drafter).
+    (``specframe.layouts.export.speculative_config`` builds one for an exported drafter).
 
     ``target`` may also be a speculators-format export (EAGLE-3, P-EAGLE): vLLM then starts the verifier the folder
     names, with the folder's method and number of draft tokens; ``speculative_config`` may override fields of it
@@ -306,7 +306,7 @@ class VllmEngine:
 
 
 def _speculators_export(target: str | os.PathLike) -> bool:
-    from specframe.vllm.export import SPECULATORS, layout_of
+    from specframe.layouts.export import SPECULATORS, layout_of
 
     path = Path(target) / "config.json"
     if not path.is_file():
@@ -342,7 +342,7 @@ def drafter_job(export_dir: str | os.PathLike, k: int, target: str | os.PathLike
     P-EAGLE) without ``target`` is started from the folder alone (vLLM reads verifier and method from it); otherwise
     ``target`` is started with an explicit ``speculative_config``."""
     from specframe.vllm import support
-    from specframe.vllm.export import read_manifest, speculative_config
+    from specframe.layouts.export import read_manifest, speculative_config
 
     manifest = read_manifest(export_dir)
     manifest.check_tokens(k)  # a K the drafter cannot be served at (DFlash below block_size - 1), with the reason

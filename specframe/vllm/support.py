@@ -56,7 +56,7 @@ def check(export_dir: str | os.PathLike, layout: str, target: str | os.PathLike 
     folder or hub id; None: the export's recorded verifier). A target whose config cannot be read is left to vLLM."""
     import json
 
-    from specframe.vllm.export import flat_config, read_manifest
+    from specframe.layouts.export import flat_config, read_manifest
 
     cfg = json.loads((Path(export_dir) / "config.json").read_text())
     try:

@@ -35,9 +35,9 @@ theta".
 
 ``read`` returns an ``Imported`` (flat config, tensors under specframe's / vLLM's layout names, verifier when named);
 ``check_target`` compares it with the target (hidden size, layer shape, RoPE, vocabulary, aux layer range,
-tokenizer) and raises one ``SpecframeError`` naming the field; ``load_drafter`` builds the drafter plugin the folder
-holds and loads it (``Drafter.import_weights``), for ``generate`` / ``bench`` / ``export``; ``specframe train
---init-from`` calls ``Drafter.import_weights`` on the drafter it built.
+tokenizer) and raises one ``SpecframeError`` naming the field; ``specframe.drafter_folders.load_drafter`` builds
+the drafter plugin the folder holds and loads it (``Drafter.import_weights``), for ``generate`` / ``bench`` /
+``export``; ``specframe train --init-from`` calls ``warm_start``, which loads it into the drafter the run built.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import attrs
 import torch
 
 from specframe.errors import SpecframeError
-from specframe.vllm import export as layouts
+from specframe.layouts import export as layouts
 
 FORMATS = ("speculators", "eagle3-flat", "peagle-flat", "pard")
 FLAT_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -149,10 +149,6 @@ def format_of(directory: str | os.PathLike) -> str | None:
     if "pard_token" in cfg:
         return "pard"
     return None
-
-
-def is_importable(directory: str | os.PathLike) -> bool:
-    return format_of(directory) is not None
 
 
 def named_target(directory: str | os.PathLike) -> str | None:
@@ -497,23 +493,6 @@ def drafter_options(imported: Imported, cls: type) -> Any:
     """The drafter plugin options that give ``cls`` the folder's shape (layers, aux layers, draft vocabulary, ...):
     what the drafter declares for it (``Drafter.import_options``, API 6)."""
     return cls.Options(**cls.import_options(imported))
-
-
-def load_drafter(directory: str | os.PathLike, target_config: Any, tokenizer: Any = None) -> Any:
-    """The drafter plugin a foreign folder holds, built for ``target_config`` and loaded with its weights."""
-    from specframe import plugins
-
-    imported = read(directory, target_config)
-    tokenizer = tokenizer if tokenizer is not None else target_tokenizer(target_config)
-    try:
-        if tokenizer is not None:
-            check_tokenizer(imported.directory, tokenizer)
-    except SpecframeError as e:
-        raise SpecframeError(f"cannot import {directory}: {e}") from None
-    cls = plugins.get("drafter", imported.plugin)
-    drafter = cls(target_config, drafter_options(imported, cls))
-    drafter.import_weights(imported)
-    return drafter
 
 
 def warm_start(drafter: Any, directory: str | os.PathLike, target_config: Any, tokenizer: Any = None) -> None:

@@ -1,0 +1,157 @@
+"""One way in to a drafter folder, whatever wrote it.
+
+A folder holding a drafter is one of two kinds: specframe's own (a training checkpoint, or a run folder whose
+``latest`` names one: ``engine.checkpoint``'s layout), or a foreign layout ``specframe.layouts.imports`` reads
+(speculators EAGLE-3 / P-EAGLE / DFlash / DSpark, SafeAILab and SpecForge EAGLE-3 / P-EAGLE, PARD, specframe's own
+exports). ``open_drafter`` decides which, once, and gives everything a caller needs: the drafter, the
+folder it came from, the kind, the target it belongs to and that target's tokenizer. ``bench``, ``generate``,
+``export``, ``serve`` and the benchmarks all come in here; ``load_drafter`` is the same for a caller that holds the
+target's config already (the trainer's memory probe, tests).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from specframe.errors import SpecframeError, read_json
+
+#: the kind of a specframe training checkpoint or run folder; a foreign folder's kind is its ``imports.FORMATS`` name
+CHECKPOINT = "checkpoint"
+
+
+@attrs.frozen
+class OpenDrafter:
+    """A drafter opened from its folder, with where it came from."""
+
+    drafter: Any
+    #: the folder the weights were read from: a run folder's latest checkpoint, or the foreign folder itself
+    directory: Path
+    #: ``CHECKPOINT`` or the foreign layout (``specframe.layouts.imports.FORMATS``)
+    kind: str
+    #: the loadable target (folder or hub id; the packaged default converted) and its config and tokenizer
+    target_source: str
+    target_config: Any
+    tokenizer: Any
+
+
+def folder_kind(path: str | os.PathLike) -> str:
+    """``CHECKPOINT`` or the foreign layout of the folder at ``path``; one clear error when it is neither."""
+    from specframe.engine import checkpoint as ckpt
+    from specframe.layouts import imports
+
+    if not Path(path).exists():
+        raise SpecframeError(f"checkpoint {path} does not exist")
+    fmt = imports.format_of(path)
+    if fmt is not None:
+        return fmt
+    ckpt.resolve(path)  # raises, naming what the folder lacks, when it is not a checkpoint either
+    return CHECKPOINT
+
+
+def weights_folder(path: str | os.PathLike) -> Path:
+    """The folder the drafter's weights are read from: a run folder's latest checkpoint, else ``path`` itself."""
+    from specframe.engine import checkpoint as ckpt
+
+    return ckpt.resolve(path) if folder_kind(path) == CHECKPOINT else Path(path)
+
+
+def recorded_target(path: str | os.PathLike) -> str | None:
+    """The target the folder names: the run config's ``target`` of a checkpoint, the verifier a speculators config
+    names; None when it names none."""
+    from specframe.layouts import imports
+
+    if folder_kind(path) != CHECKPOINT:
+        return imports.named_target(path)
+    config = weights_folder(path) / "config.json"
+    if not config.exists():
+        return None
+    target = read_json(config, "the checkpoint's run config").get("target")
+    return str(target) if target else None
+
+
+def load_drafter(path: str | os.PathLike, target_config: Any, tokenizer: Any = None) -> Any:
+    """The drafter the folder at ``path`` holds, built for ``target_config`` and loaded with its weights (a foreign
+    folder is checked against the target and, when given or found beside the target, its tokenizer)."""
+    from specframe import plugins
+    from specframe.engine.config import structure_options
+    from specframe.files import check_files
+    from specframe.layouts import imports
+
+    kind = folder_kind(path)
+    directory = weights_folder(path)
+    if kind == CHECKPOINT:
+        check_files(directory)
+        config = read_json(directory / "config.json", "the checkpoint's run config")
+        cls = plugins.get("drafter", config["drafter"])
+        options = structure_options(config.get("drafter_options", {}), cls.Options, f"drafter '{cls.name}'")
+        drafter = cls(target_config, options)
+        drafter.load(directory)
+        return drafter
+    imported = imports.read(directory, target_config)
+    tokenizer = tokenizer if tokenizer is not None else imports.target_tokenizer(target_config)
+    if tokenizer is not None:
+        try:
+            imports.check_tokenizer(imported.directory, tokenizer)
+        except SpecframeError as e:
+            raise SpecframeError(f"cannot import {path}: {e}") from None
+    cls = plugins.get("drafter", imported.plugin)
+    drafter = cls(target_config, imports.drafter_options(imported, cls))
+    drafter.import_weights(imported)
+    return drafter
+
+
+def open_drafter(path: str | os.PathLike, target: str | None = None) -> OpenDrafter:
+    """Open the drafter folder at ``path`` for ``target`` (default: the target the folder names). The drafter is as
+    loaded; one that is run, not exported, goes into eval mode first (``bench.checkpoint_method``)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from specframe.targets import target_source
+
+    kind = folder_kind(path)
+    directory = weights_folder(path)
+    if target is None:
+        target = recorded_target(path)
+        if not target:
+            raise SpecframeError(f"{directory} does not record its target; pass --target")
+    source = target_source(target)
+    try:
+        target_config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise SpecframeError(f"cannot load target '{target}': {exc}") from exc
+    drafter = load_drafter(path, target_config, tokenizer)
+    return OpenDrafter(drafter=drafter, directory=directory, kind=kind, target_source=source,
+                       target_config=target_config, tokenizer=tokenizer)
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    output: str | Path,
+    target: str | None = None,
+    *,
+    verifier: str | None = None,
+    k: int | None = None,
+) -> dict[str, Any]:
+    """Export the drafter of ``checkpoint`` (a checkpoint, a run's output folder or an importable foreign folder) to
+    ``output`` for vLLM; the target defaults to the one the run trained against. A speculators export names
+    ``verifier`` (default: the target) and drafts ``k`` tokens (default: the drafter's). Returns the manifest plus
+    ``output``, ``target`` and ``checkpoint``."""
+    from specframe.layouts import export
+
+    if k is not None and k < 1:
+        raise SpecframeError(f"--k must be positive, got {k}")
+    opened = open_drafter(checkpoint, target)
+    drafter, source = opened.drafter, opened.target_source
+    manifest = drafter.export_vllm(Path(output), opened.tokenizer)
+    if not isinstance(manifest, dict) or "method" not in manifest:
+        raise SpecframeError(f"drafter '{drafter.name}' export_vllm returned {manifest!r}, not a layout manifest")
+    if manifest.get("layout") in export.SPECULATORS:
+        manifest = export.set_serving(output, verifier=verifier or export.verifier_name(source), speculative_tokens=k)
+        manifest = attrs.asdict(manifest)
+    elif verifier is not None:
+        raise SpecframeError(f"--verifier applies to speculators exports (EAGLE-3, P-EAGLE), not {manifest.get('layout')}")
+    return {**manifest, "output": str(Path(output).resolve()), "target": source, "checkpoint": str(opened.directory)}
