@@ -224,11 +224,11 @@ def checkpoint_method(path: str | Path, target_config: Any, *, k: int | None = N
                       tree: TreeShape | None = None, label: str | None = None) -> Method:
     """A trained drafter from a checkpoint, a run's output folder or a foreign drafter folder (speculators,
     SafeAILab / SpecForge, PARD), in eval mode, with its provenance."""
-    from specframe.drafter_folders import load_drafter, weights_folder
+    from specframe.drafter_folders import load_drafter, locate
     from specframe.results import file_hash
 
-    directory = weights_folder(path)
-    drafter = load_drafter(path, target_config)
+    directory = locate(path)[1]
+    drafter = load_drafter(directory, target_config)
     drafter.module().eval()
     k = default_k(drafter) if k is None else k
     if k < 1:

@@ -38,8 +38,9 @@ class OpenDrafter:
     tokenizer: Any
 
 
-def folder_kind(path: str | os.PathLike) -> str:
-    """``CHECKPOINT`` or the foreign layout of the folder at ``path``; one clear error when it is neither."""
+def locate(path: str | os.PathLike) -> tuple[str, Path]:
+    """The folder's kind (``CHECKPOINT`` or its foreign layout) and the folder its weights are read from (a run
+    folder's latest checkpoint, else ``path`` itself), decided in one look; one clear error when it is neither."""
     from specframe.engine import checkpoint as ckpt
     from specframe.layouts import imports
 
@@ -47,26 +48,32 @@ def folder_kind(path: str | os.PathLike) -> str:
         raise SpecframeError(f"checkpoint {path} does not exist")
     fmt = imports.format_of(path)
     if fmt is not None:
-        return fmt
-    ckpt.resolve(path)  # raises, naming what the folder lacks, when it is not a checkpoint either
-    return CHECKPOINT
+        return fmt, Path(path)
+    return CHECKPOINT, ckpt.resolve(path)  # resolve raises, naming what the folder lacks, when it is no checkpoint
+
+
+def folder_kind(path: str | os.PathLike) -> str:
+    """``CHECKPOINT`` or the foreign layout of the folder at ``path``."""
+    return locate(path)[0]
 
 
 def weights_folder(path: str | os.PathLike) -> Path:
     """The folder the drafter's weights are read from: a run folder's latest checkpoint, else ``path`` itself."""
-    from specframe.engine import checkpoint as ckpt
-
-    return ckpt.resolve(path) if folder_kind(path) == CHECKPOINT else Path(path)
+    return locate(path)[1]
 
 
 def recorded_target(path: str | os.PathLike) -> str | None:
     """The target the folder names: the run config's ``target`` of a checkpoint, the verifier a speculators config
     names; None when it names none."""
+    return _recorded_target(*locate(path))
+
+
+def _recorded_target(kind: str, directory: Path) -> str | None:
     from specframe.layouts import imports
 
-    if folder_kind(path) != CHECKPOINT:
-        return imports.named_target(path)
-    config = weights_folder(path) / "config.json"
+    if kind != CHECKPOINT:
+        return imports.named_target(directory)
+    config = directory / "config.json"
     if not config.exists():
         return None
     target = read_json(config, "the checkpoint's run config").get("target")
@@ -76,13 +83,15 @@ def recorded_target(path: str | os.PathLike) -> str | None:
 def load_drafter(path: str | os.PathLike, target_config: Any, tokenizer: Any = None) -> Any:
     """The drafter the folder at ``path`` holds, built for ``target_config`` and loaded with its weights (a foreign
     folder is checked against the target and, when given or found beside the target, its tokenizer)."""
+    return _load_drafter(*locate(path), target_config, tokenizer)
+
+
+def _load_drafter(kind: str, directory: Path, target_config: Any, tokenizer: Any) -> Any:
     from specframe import plugins
     from specframe.engine.config import structure_options
     from specframe.files import check_files
     from specframe.layouts import imports
 
-    kind = folder_kind(path)
-    directory = weights_folder(path)
     if kind == CHECKPOINT:
         check_files(directory)
         config = read_json(directory / "config.json", "the checkpoint's run config")
@@ -97,7 +106,7 @@ def load_drafter(path: str | os.PathLike, target_config: Any, tokenizer: Any = N
         try:
             imports.check_tokenizer(imported.directory, tokenizer)
         except SpecframeError as e:
-            raise SpecframeError(f"cannot import {path}: {e}") from None
+            raise SpecframeError(f"cannot import {directory}: {e}") from None
     cls = plugins.get("drafter", imported.plugin)
     drafter = cls(target_config, imports.drafter_options(imported, cls))
     drafter.import_weights(imported)
@@ -111,10 +120,9 @@ def open_drafter(path: str | os.PathLike, target: str | None = None) -> OpenDraf
 
     from specframe.targets import target_source
 
-    kind = folder_kind(path)
-    directory = weights_folder(path)
+    kind, directory = locate(path)
     if target is None:
-        target = recorded_target(path)
+        target = _recorded_target(kind, directory)
         if not target:
             raise SpecframeError(f"{directory} does not record its target; pass --target")
     source = target_source(target)
@@ -123,7 +131,7 @@ def open_drafter(path: str | os.PathLike, target: str | None = None) -> OpenDraf
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:
         raise SpecframeError(f"cannot load target '{target}': {exc}") from exc
-    drafter = load_drafter(path, target_config, tokenizer)
+    drafter = _load_drafter(kind, directory, target_config, tokenizer)
     return OpenDrafter(drafter=drafter, directory=directory, kind=kind, target_source=source,
                        target_config=target_config, tokenizer=tokenizer)
 
