@@ -11,7 +11,6 @@ same answered ids to skip, the same batch log for the provenance's generation ti
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from specframe.errors import UsageError
@@ -67,5 +66,5 @@ def restore(folder: str | os.PathLike, output: str | os.PathLike) -> list[Path]:
         return []
     out.parent.mkdir(parents=True, exist_ok=True)
     for p in kept:
-        shutil.copyfile(p, out.parent / p.name)
+        _copy(p, out.parent / p.name)
     return [out.parent / p.name for p in kept]
