@@ -128,7 +128,7 @@ class Workspace:
 
         from specframe import plugins
         from specframe.targets import target_source
-        from specframe.engine.config import structure_options
+        from specframe.structuring import structure_options
 
         config = AutoConfig.from_pretrained(target_source(self.target()))
         layers: set[int] = set()

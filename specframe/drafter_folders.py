@@ -87,16 +87,14 @@ def load_drafter(path: str | os.PathLike, target_config: Any, tokenizer: Any = N
 
 
 def _load_drafter(kind: str, directory: Path, target_config: Any, tokenizer: Any) -> Any:
-    from specframe import plugins
-    from specframe.engine.config import structure_options
+    from specframe import compose, plugins
     from specframe.files import check_files
     from specframe.layouts import imports
 
     if kind == CHECKPOINT:
         check_files(directory)
         config = read_json(directory / "config.json", "the checkpoint's run config")
-        cls = plugins.get("drafter", config["drafter"])
-        options = structure_options(config.get("drafter_options", {}), cls.Options, f"drafter '{cls.name}'")
+        cls, options = compose.drafter(config["drafter"], config.get("drafter_options", {}))
         drafter = cls(target_config, options)
         drafter.load(directory)
         return drafter

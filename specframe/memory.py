@@ -172,11 +172,9 @@ class Estimate:
 
 
 def _drafter(cfg: MemoryConfig) -> tuple[Any, Any]:
-    from specframe import plugins
-    from specframe.engine.config import structure_options
+    from specframe import compose
 
-    cls = plugins.get("drafter", cfg.drafter)
-    options = structure_options(cfg.drafter_options, cls.Options, f"drafter '{cfg.drafter}'")
+    cls, options = compose.drafter(cfg.drafter, cfg.drafter_options)
     try:
         with torch.device("meta"):  # shapes only: no weight is allocated or initialised
             return cls(cfg.target_config, options), options
@@ -201,20 +199,18 @@ def _layers(module: torch.nn.Module) -> tuple[int, Any]:
 
 def _builder(cfg: MemoryConfig) -> Any:
     """The run's mask builder with its options (defaults included): it states its own attention bytes."""
-    from specframe import plugins
-    from specframe.engine.config import structure_options
+    from specframe import compose
 
-    cls = plugins.get("mask builder", cfg.mask_builder)
-    return cls(structure_options(cfg.mask_builder_options, cls.Options, f"mask builder '{cfg.mask_builder}'"))
+    cls, options = compose.mask_builder(cfg.mask_builder, cfg.mask_builder_options)
+    return cls(options)
 
 
 def _segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> tuple[list[tuple[int, int, int]], int]:
     """(forwarded rows, charged, anchors) of every segment, from the real COD sampler and partitioner under the
     drafter's visibility rule; the rows are the drafter's ``forwarded_rows`` of the segment's elements and of the
     distinct anchors of its charged ones (a segment's other elements are context it recomputes)."""
-    from specframe import api, plugins
+    from specframe import api, compose
     from specframe.elements import cod_sample, full_grid
-    from specframe.engine.config import structure_options
 
     n = cfg.seq_len
     example = api.TrainingExample(
@@ -227,8 +223,8 @@ def _segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> tup
     else:
         elems = full_grid(sup.shape[0], depth)
     elems = elems.with_visibility(drafter.visibility)  # as the engine stamps it: the partitioner keeps blocks whole
-    part_cls = plugins.get("partitioner", cfg.partitioner)
-    partitioner = part_cls(structure_options({}, part_cls.Options, "partitioner"))
+    part_cls, part_options = compose.partitioner(cfg.partitioner, {})
+    partitioner = part_cls(part_options)
     segs = partitioner.partition(elems, cfg.partitions)  # the engine checks the partition itself
     charged_all = sup[elems.position]
     out = []

@@ -16,15 +16,14 @@ count; ``draft_vocab_size`` is clamped to the target's vocabulary when the run s
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 
 from specframe.engine.config import TrainConfig
 from specframe.errors import UsageError, did_you_mean
+from specframe.structuring import structure, unstructure
 
 #: option tables of the three trained plugin kinds: TrainConfig field -> the older table name (an alias)
 PLUGIN_TABLES = {
@@ -50,90 +49,6 @@ def fields() -> dict[str, attrs.Attribute]:
     return {a.name: a for a in attrs.fields(attrs.resolve_types(TrainConfig))}
 
 
-# -------------------------------------------------------------------------------------------- strict structuring
-class _WrongType(TypeError):
-    pass
-
-
-def _strict(kind: type, accepts: tuple[type, ...], name: str):
-    def hook(value: Any, _: Any) -> Any:
-        if kind is float and isinstance(value, str):
-            # PyYAML reads 3e-4 (no dot) as a string: take a number written that way, nothing else
-            try:
-                number = float(value)
-            except ValueError:
-                number = math.nan
-            if math.isfinite(number):
-                return number
-        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accepts):
-            raise _WrongType(f"must be {name}, got {value!r} ({type(value).__name__})")
-        return kind(value)
-
-    return hook
-
-
-def _converter() -> cattrs.Converter:
-    # cattrs' own int / float / str hooks convert (int("7"), int(2.5), str(3)); a config file gets no such guessing
-    converter = cattrs.Converter(forbid_extra_keys=True)
-    converter.register_structure_hook(int, _strict(int, (int,), "an integer"))
-    converter.register_structure_hook(float, _strict(float, (int, float), "a number"))
-    converter.register_structure_hook(str, _strict(str, (str,), "a string"))
-    converter.register_structure_hook(bool, _strict(bool, (bool,), "true or false"))
-    return converter
-
-
-_CONVERTER = _converter()
-
-
-def _format(exc: BaseException, type_: Any) -> str:
-    if isinstance(exc, _WrongType | UsageError):
-        return str(exc)
-    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
-        return f"unknown keys {', '.join(sorted(exc.extra_fields))}"
-    if isinstance(exc, KeyError):
-        return "is required"
-    name = getattr(type_, "__name__", None) or str(type_).replace("typing.", "")
-    return f"must be {name}, got an invalid value ({exc})"
-
-
-def _usage_error(exc: BaseException) -> UsageError | None:
-    if isinstance(exc, UsageError):
-        return exc
-    for inner in getattr(exc, "exceptions", ()):
-        found = _usage_error(inner)
-        if found is not None:
-            return found
-    return None
-
-
-def structure(data: dict[str, Any], cls: type, where: str, known: str = "known keys") -> Any:
-    """``cls`` (an attrs class) from ``data``; an unknown key or a value of the wrong type is one ``UsageError``
-    naming the key, e.g. ``run.yaml: seq_len must be an integer, got 'long' (str)``."""
-    names = [a.name for a in attrs.fields(cls)]
-    extra = [k for k in data if k not in names]
-    if extra:
-        raise UsageError(
-            f"{where}: unknown key '{extra[0]}'{did_you_mean(extra[0], names)} ({known}: {', '.join(names) or 'none'})"
-        )
-    try:
-        return _CONVERTER.structure(dict(data), cls)
-    except UsageError:  # a validator's message already names its option
-        raise
-    except cattrs.BaseValidationError as exc:
-        own = _usage_error(exc)
-        if own is not None:  # a validator's message (cattrs wraps the class's own checks too) already names it
-            raise own from None
-        messages = []
-        for line in cattrs.transform_error(exc, path="", format_exception=_format):
-            message, _, path = line.rpartition(" @ ")
-            key = path.lstrip("$.").lstrip(".")
-            messages.append(f"{key} {message}" if key else message)
-        raise UsageError(f"{where}: {'; '.join(messages)}") from None
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"{where}: {exc}") from None
-
-
-# -------------------------------------------------------------------------------------------- reading a file
 def read_file(path: Path) -> dict[str, Any]:
     """The mapping in a TOML, YAML or JSON file (parse errors are one ``UsageError``)."""
     suffix = path.suffix.lower()
@@ -233,40 +148,16 @@ def build(values: dict[str, Any], where: str = "--config") -> TrainConfig:
 
 
 def resolve(cfg: TrainConfig, where: str | None = None) -> TrainConfig:
-    """What the plugin classes decide, filled in without loading the target: every plugin option (checked: an
-    unknown option or a bad value is a ``UsageError``, prefixed with ``where``), the training depth and the mask
-    builder for the device."""
-    from specframe import plugins
+    """What the plugin classes decide, filled in without loading the target (``specframe.compose.plan``): every
+    plugin option (checked: an unknown option or a bad value is a ``UsageError``, prefixed with ``where``), the
+    training depth and the mask builder for the device."""
+    from specframe import compose
 
-    prefix = f"{where}: " if where else ""
-
-    def options(table: dict[str, Any], cls: type, what: str) -> Any:
-        return structure(table, cls.Options, f"{prefix}{what} options", "known options")
-
-    drafter_cls = plugins.get("drafter", cfg.drafter)
-    drafter_options = options(cfg.drafter_options, drafter_cls, f"drafter '{cfg.drafter}'")
-    mask_builder = cfg.mask_builder
-    if mask_builder is None and cfg.device != "auto":  # with device auto the builder depends on the machine
-        from specframe.masks import default_mask_builder
-
-        mask_builder = default_mask_builder(cfg.device)
-    builder_options = cfg.mask_builder_options
-    if mask_builder is not None:
-        builder_options = options(builder_options, plugins.get("mask builder", mask_builder),
-                                  f"mask builder '{mask_builder}'")
-    part_options = options(cfg.partitioner_options, plugins.get("partitioner", cfg.partitioner),
-                           f"partitioner '{cfg.partitioner}'")
-    depth = cfg.depth or drafter_cls.training(drafter_options).depth  # its declared default (API 6)
-    return attrs.evolve(
-        cfg, depth=depth, mask_builder=mask_builder,
-        drafter_options=_CONVERTER.unstructure(drafter_options),
-        mask_builder_options=builder_options if mask_builder is None else _CONVERTER.unstructure(builder_options),
-        partitioner_options=_CONVERTER.unstructure(part_options),
-    )
+    return compose.plan(cfg, where=where).resolved(cfg)
 
 
 def as_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return _CONVERTER.unstructure(cfg)
+    return unstructure(cfg)
 
 
 def dump(cfg: TrainConfig | dict[str, Any], fmt: str = "yaml") -> str:

@@ -208,7 +208,7 @@ class DrafterContract:
         return {**equal, **self.options}
 
     def build(self, target: Any, seed: int = 0) -> api.Drafter:
-        from specframe.engine.config import structure_options
+        from specframe.structuring import structure_options
 
         torch.manual_seed(seed)
         drafter_cls = self.drafter_class()
@@ -219,7 +219,7 @@ class DrafterContract:
     def test_declares_the_comparisons_depth_and_k(self):
         """``comparison_options`` must make ``training`` declare the depth and K it was handed: else the equal-budget
         comparison trains this drafter at another depth than the rest."""
-        from specframe.engine.config import structure_options
+        from specframe.structuring import structure_options
 
         drafter_cls = self.drafter_class()
         options = structure_options(drafter_cls.comparison_options(self.depth, self.draft_vocab, self.k),

@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specframe import memory as mem
 from specframe import plugins
-from specframe.engine.config import structure_options
+from specframe.structuring import structure_options
 
 # a target whose drafters are large: their weights, gradients and optimizer state are each hundreds of MiB
 BIG = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,

@@ -13,7 +13,7 @@ from presets import PRESETS, exportable, installed_drafters, resolve  # noqa: E4
 
 from specframe import plugins  # noqa: E402
 from specframe.data.evalsets import EVAL_SETS  # noqa: E402
-from specframe.engine.config import structure_options  # noqa: E402
+from specframe.structuring import structure_options  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import cattrs
 
 from specframe.errors import UsageError
+from specframe.structuring import unstructure
 
 
 def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -106,35 +106,5 @@ def _check_report_to(value: Any) -> None:
     parse_report_to(value)
 
 
-_converter = cattrs.Converter(forbid_extra_keys=True)
-
-
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return _converter.unstructure(cfg)
-
-
-def from_dict(data: dict[str, Any]) -> TrainConfig:
-    return _converter.structure(data, TrainConfig)
-
-
-def structure_options(data: dict[str, Any], cls: type, what: str) -> Any:
-    """Plugin options from a plain dict; unknown keys and bad types become one clear ``UsageError``."""
-    names = [a.name for a in attrs.fields(cls)] if attrs.has(cls) else None
-    extra = sorted(set(data) - set(names)) if names is not None else []
-    if extra:  # named here rather than by cattrs, whose message points at a JSON path ("@ $") and suggests nothing
-        from specframe.errors import did_you_mean
-
-        raise UsageError(
-            f"invalid {what} options: extra fields found ({', '.join(extra)}){did_you_mean(extra[0], names)} "
-            f"(known options: {', '.join(names) or 'none'})"
-        )
-    try:
-        return _converter.structure(dict(data), cls)
-    except UsageError:
-        raise
-    except cattrs.BaseValidationError as exc:
-        messages = cattrs.transform_error(exc)
-        known = ", ".join(a.name for a in attrs.fields(cls)) or "none"
-        raise UsageError(f"invalid {what} options: {'; '.join(messages)} (known options: {known})") from None
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"invalid {what} options: {exc}") from None
+    return unstructure(cfg)

@@ -28,11 +28,10 @@ from typing import Any
 import attrs
 import torch
 
-from specframe import api, memory, plugins
+from specframe import api, compose, memory
 from specframe.elements import full_grid, position_docs
 from specframe.engine import checkpoint, sharding, tracking, validate
-from specframe.engine.config import TrainConfig, structure_options, to_dict
-from specframe.engine.data import CacheSource, OnlineSource
+from specframe.engine.config import TrainConfig, to_dict
 from specframe.errors import SpecframeError, UsageError, read_json
 from specframe.metrics import chain_acceptance
 
@@ -186,56 +185,21 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         if target is None:
-            from specframe.targets import load_target
-
-            target = load_target(cfg.target, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code,
-                                 chat_template=cfg.chat_template, device_map=cfg.device_map)
+            target = compose.load_target(cfg)
         self.target = target
         if getattr(target.model, "hf_device_map", None) is None:  # a device_map placed it already
             target.model.to(self.device)
-        drafter_cls = plugins.get("drafter", cfg.drafter)
-        options = structure_options(cfg.drafter_options, drafter_cls.Options, f"drafter '{cfg.drafter}'")
-        self.drafter: api.Drafter = drafter_cls(target.config, options)
-        # what the drafter declares (API 6): its default depth and COD schedule, whatever its options call them
-        self.training = drafter_cls.training(options)
-        self.depth = cfg.depth or self.training.depth
-        if not self.depth:
-            raise UsageError(f"drafter '{cfg.drafter}' has no default training depth: pass --depth")
-        builder_name = cfg.mask_builder
-        if builder_name is None:
-            from specframe.masks import default_mask_builder
-
-            builder_name = default_mask_builder(self.device)
-        builder_cls = plugins.get("mask builder", builder_name)
-        if self.device.type not in builder_cls.devices:
-            raise UsageError(f"mask builder '{builder_name}' does not train on {self.device.type}")
-        self.builder = builder_cls(structure_options(cfg.mask_builder_options, builder_cls.Options, "mask builder"))
-        # no builder named: small attention calls take the builder declared fastest for them (engine.attention),
-        # large ones the default
-        self.attention_builder: Any = self.builder
-        if cfg.mask_builder is None and not builder_cls.small_calls and self.device.type == "cpu":
-            from specframe.engine.attention import SizedMaskBuilder
-            from specframe.masks import small_call_builder
-
-            small = small_call_builder(self.device)
-            if small is not None:
-                self.attention_builder = SizedMaskBuilder(plugins.get("mask builder", small)(), self.builder,
-                                                          int(target.config.num_attention_heads))
-        part_cls = plugins.get("partitioner", cfg.partitioner)
-        self.partitioner = part_cls(structure_options(cfg.partitioner_options, part_cls.Options, "partitioner"))
-        self.drafter.check_training(self.depth, builder_name, cfg.partitioner)
-        # the full resolved config (every plugin option, defaults included) is what OUTPUT/config.json records
-        self.resolved = attrs.evolve(
-            cfg, depth=self.depth, mask_builder=builder_name, drafter_options=_unstructure(options),
-            mask_builder_options=_unstructure(self.builder.options),
-            partitioner_options=_unstructure(self.partitioner.options),
-        )
-        spec = self.drafter.feature_spec()
-        if cfg.cache is not None:
-            self.source: Any = CacheSource(cfg.cache, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack)
-        else:
-            self.source = OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack,
-                                       cfg.data_workers)
+        # the names in the config become the run's parts in one place (specframe.compose): the same classes,
+        # defaults and errors as --print-config and the memory estimate
+        parts = compose.build(cfg, target.config, self.device)
+        self.drafter: api.Drafter = parts.drafter
+        self.training = parts.training  # what the drafter declares (API 6), whatever its options call it
+        self.depth = parts.depth
+        self.builder = parts.builder
+        self.attention_builder: Any = parts.attention_builder
+        self.partitioner = parts.partitioner
+        self.resolved = parts.resolved
+        self.source: Any = compose.feature_source(cfg, target, self.drafter.feature_spec())
         n = len(self.source)
         n_val = min(cfg.val_examples, n - 1)
         self.train_ids = list(range(n - n_val))
@@ -725,12 +689,6 @@ class Precision:
         else:
             self.scaler.step(optimizer)
             self.scaler.update()
-
-
-def _unstructure(options: Any) -> dict[str, Any]:
-    import cattrs
-
-    return cattrs.unstructure(options)
 
 
 def resolve_steps(cfg: TrainConfig, train_sequences: int) -> int:
