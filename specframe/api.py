@@ -29,6 +29,10 @@ from specframe.attention_memory import AttentionShape, full_mask_bytes, query_bl
 # The block-drafting backbone (context from the target's aux states, a block of anchor + mask slots) that DFlash and
 # DSpark share (API 7).
 from specframe import block
+
+# Calibration of per-token confidence (prefix ECE, sequential temperature scaling), for drafters that estimate it
+# (API 8).
+from specframe import calibration
 from specframe.declarations import (Training, legacy_comparison_options, legacy_greedy, legacy_import_options,
                                     legacy_training)
 from specframe.drafts import Draft
@@ -81,7 +85,13 @@ from specframe.layouts import export as vllm_layouts
 #:   version-6 plugin uses changed. Also ``Draft.confidence`` (per-node acceptance estimates, optional),
 #:   ``Draft.prefix`` and ``Verifier.schedule`` (how much of a chain to verify, asked by the engine before the target
 #:   forward; default: all), so a confidence-scheduled verifier works with any drafter that gives confidence.
-API_VERSION = "7"
+#: - "8" (additive): confidence calibration. ``LossTerms.confidence`` (a drafter's raw confidence logit per charged
+#:   element, beside ``hit``), ``Drafter.calibrated_confidence(logits)`` (its estimates as probabilities; default the
+#:   sigmoid) and ``Drafter.calibrate(logits, accepted)`` (fit on the held-out sequences once at the end of training,
+#:   kept with the checkpoint; default: nothing to fit), and ``api.calibration`` (``prefix_ece``,
+#:   ``fit_temperatures``). The engine reports ``val_confidence_ece`` for a drafter that returns confidence. A
+#:   version-7 drafter returns none and is calibrated by nothing: it runs unchanged.
+API_VERSION = "8"
 
 __all__ = [
     "API_VERSION",
@@ -122,6 +132,7 @@ __all__ = [
     "modeling",
     "eagle",
     "block",
+    "calibration",
     "vocab",
     "unit_interval",
     "verify",
@@ -450,6 +461,8 @@ class LossTerms:
 
     ``masked`` (optional): how many of the charged elements the loss left out because the target's top-1 token lies
     outside the draft vocabulary (the reference trainers' position mask); the engine reports the share.
+
+    ``confidence`` (optional, API 8): the drafter's own acceptance estimate of each charged element, as a logit.
     """
 
     loss_sum: torch.Tensor
@@ -458,6 +471,10 @@ class LossTerms:
     total: torch.Tensor
     hit: torch.Tensor | None = None
     masked: int | None = None
+    #: API 8 (optional, float [count]): the drafter's raw confidence logit that each charged element's draft token is
+    #: accepted, in ``hit``'s order; with ``hit`` the engine measures its calibration (``val_confidence_ece``) and
+    #: hands the held-out figures to ``Drafter.calibrate`` at the end of training
+    confidence: torch.Tensor | None = None
 
 
 class Drafter(Component, ABC):
@@ -575,6 +592,20 @@ class Drafter(Component, ABC):
     #: the JSON file beside the weights that says which drafter wrote them and with what options
     CHECKPOINT_INFO: ClassVar[str] = "drafter.json"
     CHECKPOINT_WEIGHTS: ClassVar[str] = "model.safetensors"
+
+    def calibrated_confidence(self, logits: torch.Tensor) -> torch.Tensor:
+        """API 8. The acceptance probabilities this drafter's raw confidence ``logits`` [anchors, K] stand for (column
+        j: draft position j), with whatever calibration ``calibrate`` fitted. Default: the sigmoid."""
+        return torch.sigmoid(torch.as_tensor(logits).double())
+
+    def calibrate(self, logits: torch.Tensor, accepted: torch.Tensor) -> bool:
+        """API 8. Fit the drafter's confidence calibration on held-out data: called by the engine once, after the
+        final validation and before the final checkpoint, with the raw ``LossTerms.confidence`` logits and the top-1
+        verdicts (bool) of every held-out anchor with a full chain, as matrices [anchors, K]. Keep what it fits in
+        ``describe()`` / ``restore_checkpoint`` (or the weights), so it travels with the checkpoint. Return True when
+        something was fitted (the engine then reports the calibration and saves the checkpoint with it). Default:
+        nothing to fit."""
+        return False
 
     def describe(self) -> dict[str, Any]:
         """What ``save`` records beside the weights (``drafter`` and ``options`` at least; add what inference and

@@ -669,3 +669,84 @@ def test_an_overfit_drafter_is_accepted_block_after_block(target):
     spec = generate(target.model, prompt, verifier, drafter, k=4, max_new_tokens=40, eos_token_id=())
     assert spec.tokens == plain.tokens
     assert spec.decode_tokens / len(spec.rounds) > 3.5  # at most 5 (4 drafts + the bonus)
+
+
+# ------------------------------------------------------------------------------------------ confidence calibration
+
+
+def _train_dspark(tmp_path, **options):
+    from specframe.engine import TrainConfig, train
+    from tests.train_fixtures import build
+
+    target_dir, chat = build(tmp_path / "assets")
+    out = tmp_path / "run"
+    train(TrainConfig(drafter="dspark", target=str(target_dir), data=str(chat), output=str(out), seq_len=48,
+                      max_steps=3, batch_size=2, val_examples=3, eval_every=2, lr=3e-3, mask_builder="dense",
+                      drafter_options={**SMALL, **options}), progress=False)
+    return target_dir, out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_engine_calibrates_on_the_held_out_chains_and_the_checkpoint_keeps_it(tmp_path, monkeypatch):
+    """API 8 end to end: every validation reports the prefix ECE, the final one's held-out chains (raw logits and
+    verdicts, [anchors, block_size]) reach ``calibrate``, and the final checkpoint carries what it fitted, which a
+    reloaded drafter drafts with."""
+    from specframe import calibration
+    from specframe.drafter_folders import load_drafter
+    from specframe.targets import load_target
+
+    seen = {}
+    fitted = torch.tensor([0.5, 1.5, 2.0, 3.0], dtype=torch.float64)
+
+    def fake_fit(logits, accepted):
+        seen["logits"], seen["accepted"] = logits.clone(), accepted.clone()
+        return fitted
+
+    monkeypatch.setattr(calibration, "fit_temperatures", fake_fit)
+    target_dir, out, metrics = _train_dspark(tmp_path)
+    evals = [m for m in metrics if "val_loss" in m]
+    assert len(evals) == 2 and all(0.0 <= m["val_confidence_ece"] <= 1.0 for m in evals)
+    record = [m for m in metrics if m.get("calibrated")]
+    assert len(record) == 1 and record[0]["step"] == 3
+    n = record[0]["calibration_anchors"]
+    assert n > 0 and n == evals[-1]["val_confidence_anchors"]
+    assert seen["logits"].shape == seen["accepted"].shape == (n, SMALL["block_size"])
+    assert torch.isfinite(seen["logits"]).all() and seen["accepted"].dtype == torch.bool
+    # the ECE after is the held-out chains' under the fitted temperatures
+    probs = calibration.apply_temperatures(seen["logits"], fitted)
+    assert record[0]["confidence_ece_after"] == pytest.approx(calibration.prefix_ece(probs, seen["accepted"])["mean"])
+    info = json.loads((out / (out / "latest").read_text().strip() / "drafter.json").read_text())
+    assert info["confidence_temperature"] == fitted.tolist()
+    reloaded = load_drafter(out, load_target(target_dir).config)
+    assert reloaded.confidence_temperature.tolist() == fitted.tolist()
+    logits = torch.tensor([[1.0, -1.0, 2.0, 0.5]])
+    assert reloaded.calibrated_confidence(logits).tolist() == torch.sigmoid(logits.double() / fitted).tolist()
+
+
+def test_without_calibration_the_head_is_kept_as_trained(tmp_path):
+    _, out, metrics = _train_dspark(tmp_path, calibrate_confidence=False)
+    assert not any(m.get("calibrated") for m in metrics)
+    assert any("val_confidence_ece" in m for m in metrics)  # still measured
+    info = json.loads((out / (out / "latest").read_text().strip() / "drafter.json").read_text())
+    assert info["confidence_temperature"] == [1.0] * SMALL["block_size"]
+
+
+def test_drafting_reads_the_calibrated_confidence(target):
+    drafter, ex = make(target)
+    drafter.module().eval()
+    drafter.start(ex.input_ids[:8], {k: v[:8] for k, v in ex.features.items()})
+    raw = drafter.propose(4).confidence.double()
+    drafter.confidence_temperature = torch.tensor([0.5, 2.0, 1.0, 4.0], dtype=torch.float64)
+    drafter.start(ex.input_ids[:8], {k: v[:8] for k, v in ex.features.items()})
+    scaled = drafter.propose(4).confidence.double()
+    logit = torch.log(raw / (1 - raw))
+    assert scaled.tolist() == pytest.approx(torch.sigmoid(logit / drafter.confidence_temperature).tolist(), rel=1e-5)
+
+
+def test_a_checkpoint_with_bad_temperatures_is_refused(target):
+    drafter, _ = make(target)
+    info = {**drafter.describe(), "confidence_temperature": [1.0, -2.0, 1.0, 1.0]}
+    with pytest.raises(api.SpecframeError, match="confidence_temperature"):
+        drafter.restore_checkpoint(info)
+    older = {k: v for k, v in drafter.describe().items() if k != "confidence_temperature"}
+    drafter.restore_checkpoint(older)  # written before calibration existed: T = 1
+    assert drafter.confidence_temperature.tolist() == [1.0] * SMALL["block_size"]

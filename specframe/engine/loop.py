@@ -66,10 +66,11 @@ def record_hits(
     hits: torch.Tensor, elems: Any, segment: api.Segment, supervision: torch.Tensor, hit: torch.Tensor
 ) -> torch.Tensor:
     """Write a segment's per-element verdicts (``LossTerms.hit``, charged elements in segment order) into ``hits``
-    [anchors, K] at their (anchor, depth); ``specframe.metrics.chain_acceptance`` reads the result."""
+    [anchors, K] at their (anchor, depth); ``specframe.metrics.chain_acceptance`` reads the result. The same for
+    any per-element value (``LossTerms.confidence``) into a matrix of its dtype."""
     sub = elems.subset(segment.elements)
     charged = segment.loss_mask.to(torch.bool).cpu() & supervision.to(torch.bool).cpu()[sub.position.cpu()]
-    hits[sub.anchor.cpu()[charged], sub.depth.cpu()[charged]] = hit.detach().cpu().long()
+    hits[sub.anchor.cpu()[charged], sub.depth.cpu()[charged]] = hit.detach().cpu().to(hits.dtype)
     return hits
 
 
@@ -250,6 +251,7 @@ class Trainer:
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, self.total_steps // 10)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, self.total_steps))
         self.step = 0
+        self.held_out_confidence: tuple[torch.Tensor, torch.Tensor] | None = None  # the last validation's
         self.tokens_seen = 0  # training tokens (all ranks) so far: the drafter's token budget, kept across resumes
         if self.resume_from is not None:
             state = checkpoint.load_training_state(self.resume_from, self.optimizer, self.scheduler,
@@ -487,6 +489,7 @@ class Trainer:
         chained = True  # every segment returned per-element hits
         # [elements the draft-vocabulary position mask left out, elements of segments that report it]
         masked = torch.zeros(2)
+        held_out: list[tuple[torch.Tensor, torch.Tensor]] = []  # (confidence logits, verdicts) of full chains
         for j, idx in enumerate(self.val_ids):
             if j % self.dist.world != self.dist.rank:
                 continue
@@ -494,6 +497,8 @@ class Trainer:
             elems, sup = self.elements(example, None)
             # verdict of element (anchor, depth): -1 none (not charged or not returned), else 0 / 1
             hits = torch.full((elems.seq_len, self.depth), -1, dtype=torch.long)
+            # the drafter's confidence logit of each element (API 8), NaN where it gives none
+            logits = torch.full((elems.seq_len, self.depth), math.nan, dtype=torch.float64)
             for seg in self.segments(elems):
                 with self.precision.autocast():
                     terms = self._segment_loss(example, elems, seg, sup, training=False)
@@ -507,13 +512,19 @@ class Trainer:
                     chained = False
                     continue
                 record_hits(hits, elems, seg, sup, terms.hit)
+                if getattr(terms, "confidence", None) is not None:
+                    record_hits(logits, elems, seg, sup, terms.confidence.double())
             if chained:
                 c = chain_acceptance(hits)
                 chain += torch.tensor([c.anchors, c.accepted_sum, *c.reached, *c.accepted], dtype=chain.dtype)
+                full = hits.ge(0).all(1) & logits.isfinite().all(1)  # anchors with a full chain and its confidence
+                if full.any():
+                    held_out.append((logits[full], hits[full].bool()))
         flag = torch.tensor([0.0 if chained else 1.0])
         for t in (loss_sum, count, correct, total, chain, flag, masked):
             self.dist.sum_(t)
         module.train()
+        self.held_out_confidence = self._gather_confidence(held_out) if flag.item() == 0 else None
         acc = [float(c / t) if t > 0 else 0.0 for c, t in zip(correct, total, strict=True)]
         product = expected_acceptance_length(acc)
         out: dict[str, Any] = {
@@ -536,7 +547,43 @@ class Trainer:
         else:  # the drafter reports per-depth counts only
             out["val_expected_al"] = product
             out["val_expected_al_method"] = "per-depth product"
+        if self.held_out_confidence is not None:
+            out.update(self._confidence_figures(*self.held_out_confidence))
         return out
+
+    def _gather_confidence(self, held_out: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...] | None:
+        """Every rank's held-out (confidence logits, verdicts) in one pair, on every rank (a calibration fitted on
+        them is then the same everywhere), or None when the drafter gave no confidence."""
+        parts = held_out
+        if self.dist.world > 1:
+            gathered: list[Any] = [None] * self.dist.world
+            self.dist.dist.all_gather_object(gathered, held_out)
+            parts = [pair for rank in gathered for pair in rank]
+        if not parts:
+            return None
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def _confidence_figures(self, logits: torch.Tensor, accepted: torch.Tensor) -> dict[str, Any]:
+        from specframe.calibration import prefix_ece
+
+        ece = prefix_ece(self.drafter.calibrated_confidence(logits), accepted)
+        return {"val_confidence_ece": ece["mean"], "val_confidence_ece_by_position": ece["per_position"],
+                "val_confidence_anchors": ece["anchors"]}
+
+    def calibrate(self) -> dict[str, Any] | None:
+        """API 8: hand the last validation's held-out confidence to the drafter's ``calibrate``; the calibration
+        record (ECE before and after) when it fitted something, else None."""
+        if self.held_out_confidence is None:
+            return None
+        logits, accepted = self.held_out_confidence
+        before = self._confidence_figures(logits, accepted)
+        if not self.drafter.calibrate(logits, accepted):
+            return None
+        after = self._confidence_figures(logits, accepted)
+        return {"step": self.step, "calibrated": True, "calibration_anchors": before["val_confidence_anchors"],
+                "confidence_ece_before": before["val_confidence_ece"],
+                "confidence_ece_after": after["val_confidence_ece"],
+                "confidence_ece_after_by_position": after["val_confidence_ece_by_position"]}
 
     def save(self) -> Path:
         path = Path()
@@ -611,7 +658,16 @@ class Trainer:
             self.record(final_eval)
             lines.evaluation(final_eval)
             last_eval = final_eval
-        if last_ckpt is None or last_ckpt.name != checkpoint.step_name(self.step):
+        # fitted on the held-out sequences once, at the end (API 8); the checkpoint is then written with it
+        calibration = self.calibrate()
+        if calibration is not None:
+            self.record(calibration)
+            lines.emit_line(f"calibrated the confidence on {calibration['calibration_anchors']} held-out anchors: "
+                            f"prefix ECE {calibration['confidence_ece_before']:.4f} -> "
+                            f"{calibration['confidence_ece_after']:.4f}")
+            if last_eval is not None:
+                last_eval = {**last_eval, "val_confidence_ece_calibrated": calibration["confidence_ece_after"]}
+        if calibration is not None or last_ckpt is None or last_ckpt.name != checkpoint.step_name(self.step):
             with self.timer("checkpoint"):
                 last_ckpt = self.save()
         losses = [h["train_loss"] for h in history if h["train_loss"] is not None]
@@ -745,6 +801,10 @@ class ProgressLines:
             f"elapsed {_duration(now - self.started)}  ETA {_duration(eta)}"
         )
         self.last_time, self.tokens = now, 0
+
+    def emit_line(self, line: str) -> None:
+        if self.emit is not None:
+            self.emit(line)
 
     def evaluation(self, ev: dict[str, Any]) -> None:
         if self.emit is None:

@@ -1,6 +1,7 @@
 """``dspark``: DSpark semi-autoregressive block drafting (deepseek-ai/DeepSpec) as a third-party specframe plugin.
 
-It imports only ``specframe.api`` (API 7: the block backbone it shares with DFlash is ``api.block``). What it
+It imports only ``specframe.api`` (API 7: the block backbone it shares with DFlash is ``api.block``; API 8: its
+confidence calibration through ``api.calibration``). What it
 declares, and why (docs/plugins/dspark.md has the sources):
 
 - ``visibility = "block"``: inside a draft block attention is bidirectional (the DFlash backbone), so every mask
@@ -15,7 +16,9 @@ declares, and why (docs/plugins/dspark.md has the sources):
   teacher-forced (the previous token is the data token); drafting samples left to right.
 - The confidence head (a linear layer and a sigmoid over the backbone state and, by default, the previous token's
   Markov embedding) is trained toward the analytical acceptance ``1 - TV(p_draft, p_target)`` (binary cross-entropy
-  on its logit, the target detached).
+  on its logit, the target detached), then calibrated at the end of training: one temperature per slot, fitted on
+  the held-out sequences so that the product of the calibrated confidences matches the observed prefix acceptance
+  (sequential temperature scaling, ``calibrate``), kept with the checkpoint and read by drafting.
 - Loss per charged element, weighted ``exp(-d / gamma)``: ``ce_weight * CE(data token) + l1_weight * ||p_draft -
   p_target||_1 + confidence_weight * BCE``, as DeepSpec's ``compute_dspark_loss`` (the l1 term is the L1 distance of
   the two distributions, i.e. twice their total variation). It is computed in row chunks over the target's
@@ -77,6 +80,10 @@ class DSparkOptions:
         "help": "weight of the confidence head's BCE (DeepSpec's confidence_head_alpha: 1.0)"})
     loss_decay_gamma: float | None = attrs.field(default=4.0, metadata={
         "help": "weight exp(-d / gamma) on slot d (d = 0 at the anchor); null: uniform (DeepSpec: 4)"})
+    calibrate_confidence: bool = attrs.field(default=True, metadata={
+        "help": "at the end of training, fit one temperature per slot on the held-out sequences so the product of "
+                "the confidences matches the observed prefix acceptance (sequential temperature scaling, the "
+                "paper's calibration); kept with the checkpoint, read by drafting and the 'scheduled' verifier"})
     draft_temperature: float = attrs.field(default=0.0, validator=_non_negative, metadata={
         "help": "drafting on the reference engine: 0 takes each slot's argmax (one-hot q); > 0 samples each slot from "
                 "softmax(logits / T) left to right and hands the verifier that q (Draft.probs)"})
@@ -183,7 +190,8 @@ class DSparkModel(api.block.BlockModel):
 
 def _chunk_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_w, w2, conf_w, conf_b,
                  target_head, ce_w: float, l1_w: float, c_w: float):
-    """One chunk of rows: the weighted loss sum, each row's top-1 hit and its analytical acceptance 1 - TV."""
+    """One chunk of rows: the weighted loss sum, each row's top-1 hit, its analytical acceptance 1 - TV and the
+    confidence head's raw logit (NaN without the head)."""
     dtype = torch.promote_types(hidden.dtype, torch.float32)
     logits = (F.linear(hidden, lm_w) + F.linear(latent, w2)).to(dtype)
     logq = torch.log_softmax(logits, -1)
@@ -197,7 +205,7 @@ def _chunk_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_w
     if conf_feats is not None:
         conf = F.linear(conf_feats, conf_w, conf_b).squeeze(-1).to(dtype)
         per = per + c_w * F.binary_cross_entropy_with_logits(conf, accept, reduction="none")
-        confidence = torch.sigmoid(conf.detach())
+        confidence = conf.detach()
     return (per * weight).sum(), logits.argmax(-1) == labels, accept, confidence
 
 
@@ -235,6 +243,8 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         self.model = DSparkModel(self.shape, self.vocab_size, len(ids), opts)
         self.mask_token_id: int | None = None
         self.target_head: Any = None  # the target's head (the l1 term's teacher), set by prepare
+        # slot j's confidence is sigmoid(logit / T_j): 1 until `calibrate` fits them (kept in describe())
+        self.confidence_temperature = torch.ones(opts.block_size, dtype=torch.float64)
         self._reset_inference()
 
     # ------------------------------------------------------------------------------------------------ description
@@ -356,13 +366,31 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
             accepts.append(accept)
             confidences.append(confidence)
         hit = torch.cat(hits).cpu()
-        # per charged element: the analytical acceptance 1 - TV and the confidence head's estimate of it (NaN without
-        # the head), what a calibration measures
+        logit = torch.cat(confidences).cpu()
+        # per charged element: the analytical acceptance 1 - TV and the confidence head's (calibrated) estimate of it
+        # (NaN without the head)
         self.last_acceptance = torch.cat(accepts).detach().cpu()
-        self.last_confidence_estimate = torch.cat(confidences).cpu()
+        self.last_confidence_estimate = torch.sigmoid(logit.double() / self.confidence_temperature[depth]).float()
         count_total = torch.bincount(depth, minlength=k)[:k]
         correct = torch.bincount(depth[hit], minlength=k)[:k]
-        return api.LossTerms(total, int(anchor.numel()), correct, count_total, hit=hit)
+        # the raw logits go to the engine (API 8), which measures their calibration and hands them to `calibrate`
+        return api.LossTerms(total, int(anchor.numel()), correct, count_total, hit=hit,
+                             confidence=logit if model.confidence_head is not None else None)
+
+    # ------------------------------------------------------------------------------------------------- calibration
+    def calibrated_confidence(self, logits: torch.Tensor) -> torch.Tensor:
+        return api.calibration.apply_temperatures(logits, self.confidence_temperature)
+
+    def calibrate(self, logits: torch.Tensor, accepted: torch.Tensor) -> bool:
+        """Sequential temperature scaling on the held-out chains (``api.calibration.fit_temperatures``): slot j's
+        temperature with slots 0..j-1's fixed, so the product of the confidences predicts the prefix acceptance the
+        scheduler weighs."""
+        if self.model.confidence_head is None or not self.options.calibrate_confidence:
+            return False
+        fitted = api.calibration.fit_temperatures(logits, accepted)
+        self.confidence_temperature = torch.ones(self.depth, dtype=torch.float64)
+        self.confidence_temperature[: fitted.numel()] = fitted
+        return True
 
     # --------------------------------------------------------------------------------------------------- inference
     def _reset_inference(self) -> None:
@@ -392,7 +420,7 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
             state, latent = model.markov_head.step(state, prev, h)
             logits = base[i : i + 1] + model.markov_head.markov_w2(latent)
             if model.confidence_head is not None:
-                conf.append(torch.sigmoid(model.confidence_logit(h, prev)))
+                conf.append(torch.sigmoid(model.confidence_logit(h, prev).double() / self.confidence_temperature[i]))
             if temperature > 0:
                 q = torch.softmax(logits.double() / temperature, -1).cpu()
                 prev = torch.multinomial(q, 1, generator=generator).reshape(1).to(logits.device)
@@ -415,6 +443,7 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
             "vocab_size": self.vocab_size,
             **self.shape.config_fields(),
             "num_hidden_layers": self.options.layers,
+            "confidence_temperature": [float(t) for t in self.confidence_temperature],
         }
 
     def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
@@ -426,6 +455,13 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
 
     def restore_checkpoint(self, info: dict[str, Any]) -> None:
         self.mask_token_id = info["mask_token_id"]
+        # a checkpoint written before calibration existed (or never calibrated) keeps T = 1: the head as trained
+        temperatures = info.get("confidence_temperature")
+        if temperatures is not None:
+            if len(temperatures) != self.depth or not all(isinstance(t, int | float) and t > 0 for t in temperatures):
+                raise api.SpecframeError(f"dspark: the checkpoint's confidence_temperature {temperatures!r} is not "
+                                         f"{self.depth} positive numbers")
+            self.confidence_temperature = torch.tensor(temperatures, dtype=torch.float64)
 
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
         """The speculators ``dspark`` layout vLLM 0.32 serves with method ``dspark``: the module's state dict already
