@@ -750,3 +750,59 @@ def test_a_checkpoint_with_bad_temperatures_is_refused(target):
     older = {k: v for k, v in drafter.describe().items() if k != "confidence_temperature"}
     drafter.restore_checkpoint(older)  # written before calibration existed: T = 1
     assert drafter.confidence_temperature.tolist() == [1.0] * SMALL["block_size"]
+
+
+# ---------------------------------------------------------------------------------------------------- imports
+
+
+def test_an_export_imports_back_as_the_same_drafter(target, tmp_path):
+    """A speculators ``dspark`` folder (``specframe export``'s) opens as a DSpark drafter of its shape (block, heads,
+    aux layers and K read from the config), with its weights and mask token, and drafts what the original drafts; a
+    folder without embed_tokens / lm_head (vLLM shares the target's) takes the target's from its files."""
+    from safetensors.torch import load_file, save_file
+
+    from specframe.drafter_folders import load_drafter
+    from specframe.layouts import imports
+
+    drafter, ex = make(target, markov_rank=8)
+    drafter.module().float()
+    out = tmp_path / "out"
+    drafter.export_vllm(out, target.tokenizer)
+    back = load_drafter(out, target.config)
+    assert back.name == "dspark" and back.mask_token_id == drafter.mask_token_id
+    assert (back.options.block_size, back.options.markov_rank, back.options.k_infer) == (4, 8, 4)
+    assert back.aux_layer_ids == drafter.aux_layer_ids and back.options.confidence_head
+    mine, theirs = drafter.module().state_dict(), back.module().state_dict()
+    assert set(mine) == set(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert back.confidence_temperature.tolist() == [1.0] * 4
+    ctx = {k: v[:9].float() for k, v in ex.features.items()}
+    drafts = []
+    for d in (drafter, back):
+        d.module().eval()
+        d.start(ex.input_ids[:9], ctx)
+        drafts.append(d.propose(4))
+    assert torch.equal(drafts[0].tokens, drafts[1].tokens)
+    assert torch.allclose(drafts[0].confidence, drafts[1].confidence)
+
+    weights = load_file(str(out / "model.safetensors"))
+    del weights["embed_tokens.weight"], weights["lm_head.weight"]
+    save_file(weights, str(out / "model.safetensors"))
+    shared = load_drafter(out, target.config)
+    assert torch.equal(shared.module().embed_tokens.weight, imports.target_embedding(target.config).float())
+    assert torch.equal(shared.module().lm_head.weight, imports.target_lm_head(target.config).float())
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"block_size": 5}, "its block_size is 4, this dspark drafter's is 5"),
+    ({"markov_rank": 16}, "its markov_rank is 8, this dspark drafter's is 16"),
+    ({"confidence_head": False}, "its enable_confidence_head is true, this dspark drafter's confidence_head is false"),
+])
+def test_a_folder_of_another_shape_is_refused_by_name(target, tmp_path, options, says):
+    from specframe.layouts import imports
+
+    drafter, _ = make(target, markov_rank=8)
+    drafter.module().float()
+    drafter.export_vllm(tmp_path / "out", target.tokenizer)
+    other, _ = make(target, **{"markov_rank": 8, **options})
+    with pytest.raises(api.SpecframeError, match=says):
+        imports.warm_start(other, tmp_path / "out", target.config, target.tokenizer)

@@ -473,9 +473,9 @@ def _target_tensor(target_config: Any, name: str) -> torch.Tensor | None:
 
 
 def _with_shared_target_weights(imported: Imported, target_config: Any) -> Imported:
-    """A DFlash folder without ``embed_tokens`` / ``lm_head`` (speculators writes none: vLLM shares the target's) with
+    """A DFlash or DSpark folder without ``embed_tokens`` / ``lm_head`` (speculators writes none: vLLM shares the target's) with
     the target's, read from its local files; left without them when those are not found (the drafter names it)."""
-    if imported.layout != "dflash":
+    if imported.layout not in ("dflash", "dspark"):  # DSpark's export is DFlash's layout plus its heads
         return imported
     tensors = dict(imported.tensors)
     for name, read_target in (("embed_tokens.weight", target_embedding), ("lm_head.weight", target_lm_head)):

@@ -225,6 +225,24 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
     def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
         return {"block_size": depth, "k_infer": min(k, depth)}  # over the full target vocabulary, as DFlash
 
+    @classmethod
+    def import_options(cls, imported: Any) -> dict[str, Any]:
+        """A speculators ``dspark`` folder's shape (``specframe export``'s, or one speculators / vLLM users wrote):
+        the core's layers / aux layers / K, and the block and heads from the config vLLM's ``update_dspark`` reads."""
+        values = super().import_options(imported)
+        config = imported.config
+        if isinstance(config.get("block_size"), int):  # the block it was trained on
+            values["block_size"] = int(config["block_size"])
+        if isinstance(config.get("markov_rank"), int):
+            values["markov_rank"] = int(config["markov_rank"])
+        if isinstance(config.get("markov_head_type"), str):
+            values["markov_head_type"] = config["markov_head_type"]
+        if isinstance(config.get("enable_confidence_head"), bool):
+            values["confidence_head"] = config["enable_confidence_head"]
+            values["confidence_head_with_markov"] = bool(config.get("confidence_head_with_markov", False))
+        values.pop("draft_vocab_size", None)  # DSpark drafts over the target's whole vocabulary
+        return values
+
     def __init__(self, target_config: Any, options: DSparkOptions | None = None) -> None:
         super().__init__(target_config, options)
         opts = self.options
@@ -462,6 +480,49 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
                 raise api.SpecframeError(f"dspark: the checkpoint's confidence_temperature {temperatures!r} is not "
                                          f"{self.depth} positive numbers")
             self.confidence_temperature = torch.tensor(temperatures, dtype=torch.float64)
+
+    def import_weights(self, imported: Any) -> None:
+        """Load a speculators ``dspark`` folder of this drafter's shape, with its mask token: ``generate`` / ``bench
+        --checkpoint FOLDER``, ``export`` and ``train --init-from`` call it after the core's reader has checked the
+        folder against the target. A folder without ``embed_tokens`` / ``lm_head`` shares the target's (vLLM does):
+        the reader fills them from the target's files, else (``--init-from``, a prepared drafter) they are this
+        drafter's own, which are the target's. The folder carries no calibration: T = 1 until one is fitted."""
+        where = f"cannot import {imported.directory}"
+        if imported.layout != "dspark":
+            raise api.SpecframeError(f"{where}: it holds a {imported.layout} drafter, not dspark")
+        opts, config = self.options, imported.config
+        ours = {"layers": opts.layers, "aux_layer_ids": list(self.aux_layer_ids), "block_size": opts.block_size,
+                "markov_rank": opts.markov_rank, "markov_head_type": opts.markov_head_type}
+        theirs = {"layers": imported.num_layers, "aux_layer_ids": list(imported.aux_layer_ids),
+                  "block_size": config.get("block_size"), "markov_rank": config.get("markov_rank"),
+                  "markov_head_type": config.get("markov_head_type", "vanilla")}
+        for key, value in ours.items():
+            if theirs[key] != value:
+                raise api.SpecframeError(f"{where}: its {key} is {theirs[key]!r}, this dspark drafter's is {value!r} "
+                                         f"(set drafter.{key} to match)")
+        if bool(config.get("enable_confidence_head")) != opts.confidence_head:
+            raise api.SpecframeError(f"{where}: its enable_confidence_head is "
+                                     f"{str(bool(config.get('enable_confidence_head'))).lower()}, this dspark "
+                                     f"drafter's confidence_head is {str(opts.confidence_head).lower()}")
+        own = self.model.state_dict()
+        tensors = dict(imported.tensors)
+        for shared in ("embed_tokens.weight", "lm_head.weight"):
+            if shared not in tensors and self.mask_token_id is not None:  # prepared: its own are the target's
+                tensors[shared] = own[shared]
+        extra, missing = sorted(set(tensors) - set(own)), sorted(set(own) - set(tensors))
+        if extra:
+            raise api.SpecframeError(f"{where}: tensor {extra[0]!r} has no place in the drafter")
+        if missing:
+            why = (" (the folder shares the target's, which was not found in a local safetensors folder)"
+                   if missing[0] in ("embed_tokens.weight", "lm_head.weight") else "")
+            raise api.SpecframeError(f"{where}: missing tensor {missing[0]!r}{why}")
+        for name, value in own.items():
+            if tuple(tensors[name].shape) != tuple(value.shape):
+                raise api.SpecframeError(f"{where}: tensor {name!r} has shape {list(tensors[name].shape)}, the "
+                                         f"drafter's is {list(value.shape)}")
+        self.model.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own})
+        self.mask_token_id = imported.mask_token_id
+        self.confidence_temperature = torch.ones(self.depth, dtype=torch.float64)
 
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
         """The speculators ``dspark`` layout vLLM 0.32 serves with method ``dspark``: the module's state dict already
