@@ -806,3 +806,67 @@ def test_a_folder_of_another_shape_is_refused_by_name(target, tmp_path, options,
     other, _ = make(target, **{"markov_rank": 8, **options})
     with pytest.raises(api.SpecframeError, match=says):
         imports.warm_start(other, tmp_path / "out", target.config, target.tokenizer)
+
+
+def deepspec_folder(drafter, target, path):
+    """A folder in DeepSpec's own layout (``Qwen3DSparkModel.save_pretrained``, deepseek-ai/DeepSpec
+    ``deepspec/modeling/dspark/qwen3``): the target's config plus the draft fields, DeepSpec's layer ids (output of
+    layer k = specframe's aux id k + 1), the module's weights under its names (vLLM took them from it)."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    cfg = {**target.config.to_dict(), "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3",
+           "num_target_layers": int(target.config.num_hidden_layers), "num_hidden_layers": drafter.options.layers,
+           "block_size": drafter.options.block_size, "tie_word_embeddings": False,
+           "layer_types": ["full_attention"] * drafter.options.layers, "mask_token_id": drafter.mask_token_id,
+           "target_layer_ids": [i - 1 for i in drafter.aux_layer_ids], "num_anchors": 512,
+           "enable_confidence_head": True, "confidence_head_with_markov": True,
+           "markov_rank": drafter.options.markov_rank, "markov_head_type": "vanilla"}
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.detach().contiguous().float() for k, v in drafter.module().state_dict().items()},
+              str(path / "model.safetensors"))
+    return cfg
+
+
+def test_a_deepspec_checkpoint_imports_as_dspark(target, tmp_path):
+    from specframe.drafter_folders import load_drafter
+    from specframe.layouts import imports
+
+    drafter, ex = make(target, markov_rank=8)
+    drafter.module().float()
+    folder = tmp_path / "deepspec"
+    deepspec_folder(drafter, target, folder)
+    assert imports.format_of(folder) == "deepspec"
+    back = load_drafter(folder, target.config)
+    assert back.aux_layer_ids == drafter.aux_layer_ids and back.mask_token_id == drafter.mask_token_id
+    assert (back.options.block_size, back.options.markov_rank, back.options.layers) == (4, 8, 2)
+    mine, theirs = drafter.module().state_dict(), back.module().state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    ctx = {k: v[:9].float() for k, v in ex.features.items()}
+    for d in (drafter, back):
+        d.module().eval()
+        d.start(ex.input_ids[:9], ctx)
+    assert torch.equal(drafter.propose(4).tokens, back.propose(4).tokens)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"markov_head_type": "gated"}, "markov_head_type is 'gated'"),
+    ({"markov_rank": 0}, "markov_rank is 0: a DeepSpec drafter without a Markov head"),
+    ({"target_layer_ids": None}, "lacks target_layer_ids"),
+    ("other rope theta", "rope_theta"),
+    ({"rms_norm_eps": 0.001}, "rms_norm_eps 0.001 differs from the target"),
+    ({"attention_bias": True}, "attention_bias is true"),
+])
+def test_a_deepspec_folder_it_cannot_hold_is_refused_by_name(target, tmp_path, change, says):
+    from specframe.drafter_folders import load_drafter
+
+    drafter, _ = make(target, markov_rank=8)
+    drafter.module().float()
+    folder = tmp_path / "deepspec"
+    cfg = deepspec_folder(drafter, target, folder)
+    if change == "other rope theta":  # however the target's config spells its RoPE
+        rope = cfg.get("rope_parameters") or {}
+        change = ({"rope_parameters": {**rope, "rope_theta": 1234.0}} if rope else {"rope_theta": 1234.0})
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(api.SpecframeError, match=f"cannot import {folder}: .*{says}"):
+        load_drafter(folder, target.config)

@@ -20,6 +20,15 @@ unpickles, and SafeAILab's published EAGLE-3 drafters are ``pytorch_model.bin`` 
   token to its trainer and does not save it, so a folder whose config lacks ``mask_token_id`` is refused with that
   reason (the mask slots' token cannot be guessed); one that records it imports.
 - ``pard``: a causal LM (``LlamaForCausalLM`` names) whose config has ``pard_token``, PARD's released layout.
+- ``deepspec``: a DSpark drafter as deepseek-ai/DeepSpec's trainer saves it (``Qwen3DSparkModel.save_pretrained``,
+  ``deepspec/modeling/dspark/qwen3``): the target's config with the draft fields (``num_hidden_layers`` the draft
+  layers, ``block_size``, ``mask_token_id``, ``target_layer_ids``, ``markov_rank``, ``markov_head_type``,
+  ``enable_confidence_head``, ``confidence_head_with_markov``) and no ``speculators_config``; the weights carry the
+  names vLLM's ``Qwen3DSparkModel`` took from it (``fc``, ``hidden_norm``, ``layers.N.*``, ``norm``,
+  ``embed_tokens``, ``lm_head``, ``markov_head.markov_w1`` / ``markov_w2``, ``confidence_head.proj``). DeepSpec's
+  layer id k is the output of target layer k (``hidden_states[k + 1]``, -1 the embeddings), specframe's aux id k + 1;
+  its anchor is the first prediction slot, as specframe's DSpark. Its gated Markov head has no specframe counterpart
+  and is refused.
 
 Layer variants specframe's drafter layers do not compute are refused, one line naming the field and both values:
 speculators' EAGLE 3.1 norms (``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``), Qwen3
@@ -54,10 +63,12 @@ import torch
 from specframe.errors import SpecframeError
 from specframe.layouts import export as layouts
 
-FORMATS = ("speculators", "eagle3-flat", "peagle-flat", "pard")
+FORMATS = ("speculators", "eagle3-flat", "peagle-flat", "pard", "deepspec")
 FLAT_EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 #: SpecForge's P-EAGLE drafter (``specforge/modeling/draft/peagle.py``), saved as a flat Llama config
 FLAT_PEAGLE_ARCHITECTURE = "PEagleDraftModel"
+#: DeepSpec's DSpark drafter (``deepspec/modeling/dspark/qwen3/modeling.py``), saved by transformers' save_pretrained
+DEEPSPEC_DSPARK_ARCHITECTURE = "Qwen3DSparkModel"
 #: the RoPE base transformers assumes when a config names none (``RotaryEmbeddingConfigMixin.default_theta``), which
 #: is also what SpecForge's drafters use (``getattr(config, "rope_theta", 10000)``)
 DEFAULT_ROPE_THETA = 10000.0
@@ -144,6 +155,8 @@ def format_of(directory: str | os.PathLike) -> str | None:
         return "eagle3-flat"
     if FLAT_PEAGLE_ARCHITECTURE in (cfg.get("architectures") or []):
         return "peagle-flat"
+    if DEEPSPEC_DSPARK_ARCHITECTURE in (cfg.get("architectures") or []):  # a speculators dspark folder returned above
+        return "deepspec"
     if layouts.layout_of(cfg) == "parallelspec":
         return "parallelspec"
     if "pard_token" in cfg:
@@ -181,8 +194,8 @@ def _read(directory: Path, target_config: Any) -> Imported:
     fmt = format_of(directory)
     if fmt is None:
         raise SpecframeError(
-            "not a drafter folder specframe imports (config.json with speculators_config, a LlamaForCausalLMEagle3 "
-            "architecture or pard_token)"
+            "not a drafter folder specframe imports (config.json with speculators_config, a LlamaForCausalLMEagle3, "
+            "PEagleDraftModel or Qwen3DSparkModel architecture, or pard_token)"
         )
     _refuse_pickles(directory)
     check_files(directory)
@@ -195,6 +208,8 @@ def _read(directory: Path, target_config: Any) -> Imported:
     elif fmt in ("pard", "parallelspec"):
         manifest, tensors, flat = layouts.check_layout(directory)
         imported = Imported(directory, fmt, manifest.layout, flat, tensors, None, manifest.drafter)
+    elif fmt == "deepspec":
+        imported = _read_deepspec(directory, target_config)
     else:
         imported = _read_flat_eagle3(directory, target_config, fmt)
     _refuse_layer_variants(directory, fmt)
@@ -293,6 +308,39 @@ def _read_flat_eagle3(directory: Path, target_config: Any, fmt: str = "eagle3-fl
         layout = "peagle"
         layouts._peagle_parts(tensors, flat, cfg.get("mask_token_id"))
     return Imported(directory, fmt, layout, flat, tensors, None, None)
+
+
+def _read_deepspec(directory: Path, target_config: Any) -> Imported:
+    """DeepSpec's DSpark folder (module docstring) as the ``dspark`` layout, checked as a speculators ``dspark``
+    export is (``layouts._dspark_parts``: every weight vLLM's model loads, shaped by the config)."""
+    cfg = json.loads((directory / "config.json").read_text())
+    ids = cfg.get("target_layer_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise SpecframeError("config.json lacks target_layer_ids (the target layers DeepSpec's DSpark reads)")
+    rank = cfg.get("markov_rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise SpecframeError(f"markov_rank is {rank!r}: a DeepSpec drafter without a Markov head is its DFlash, and "
+                             "specframe's dspark always has one")
+    head = cfg.get("markov_head_type", "vanilla")
+    if head != "vanilla":
+        raise SpecframeError(f"markov_head_type is {head!r}: specframe imports DeepSpec's vanilla Markov head only "
+                             "(its gated and RNN heads' weights have no counterpart in specframe's dspark)")
+    if cfg.get("sample_from_anchor") is False or cfg.get("dspark_bonus_anchor"):
+        raise SpecframeError("the drafter predicts from the mask slots only (a bonus-anchor block); specframe's DSpark "
+                             "predicts from the anchor slot (block_size draft tokens)")
+    skipped = ("architectures", "auto_map", "model_type", "target_layer_ids", "tie_word_embeddings")
+    flat = {k: v for k, v in cfg.items() if k not in skipped}
+    flat.update(
+        aux_hidden_state_layer_ids=[int(i) + 1 for i in ids], target_hidden_size=int(cfg["hidden_size"]),
+        draft_vocab_size=int(cfg["vocab_size"]), markov_head_type=head, sample_from_anchor=True,
+        enable_confidence_head=bool(cfg.get("enable_confidence_head", False)),
+        confidence_head_with_markov=bool(cfg.get("enable_confidence_head", False)
+                                         and cfg.get("confidence_head_with_markov", False)),
+    )
+    tensors = _load_weights(directory)
+    layers = None if target_config is None else int(target_config.num_hidden_layers)
+    tensors = layouts._dspark_parts(tensors, flat, layers)
+    return Imported(directory, "deepspec", "dspark", flat, tensors, None, None)
 
 
 def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
