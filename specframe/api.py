@@ -599,12 +599,13 @@ class Drafter(Component, ABC):
         return torch.sigmoid(torch.as_tensor(logits).double())
 
     def calibrate(self, logits: torch.Tensor, accepted: torch.Tensor) -> bool:
-        """API 8. Fit the drafter's confidence calibration on held-out data: called by the engine once, after the
-        final validation and before the final checkpoint, with the raw ``LossTerms.confidence`` logits and the top-1
-        verdicts (bool) of every held-out anchor with a full chain, as matrices [anchors, K]. Keep what it fits in
-        ``describe()`` / ``restore_checkpoint`` (or the weights), so it travels with the checkpoint. Return True when
-        something was fitted (the engine then reports the calibration and saves the checkpoint with it). Default:
-        nothing to fit."""
+        """API 8. Fit the drafter's confidence calibration on held-out data: called by the engine after the final
+        validation and before the final checkpoint, with the raw ``LossTerms.confidence`` logits and the top-1
+        verdicts (bool) of held-out anchors with a full chain, as matrices [anchors, K]. The engine calls it on half
+        of the validation sequences first (to measure the calibration on the other half), then on all of them: a
+        call replaces what an earlier one fitted. Keep the fit in ``describe()`` / ``restore_checkpoint`` (or the
+        weights), so it travels with the checkpoint. Return True when something was fitted (the engine then reports
+        the calibration and saves the checkpoint with it). Default: nothing to fit."""
         return False
 
     def describe(self) -> dict[str, Any]:

@@ -251,7 +251,8 @@ class Trainer:
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, self.total_steps // 10)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, self.total_steps))
         self.step = 0
-        self.held_out_confidence: tuple[torch.Tensor, torch.Tensor] | None = None  # the last validation's
+        # the last validation's held-out chains (confidence logits, verdicts, validation sequence of each), API 8
+        self.held_out_confidence: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.tokens_seen = 0  # training tokens (all ranks) so far: the drafter's token budget, kept across resumes
         if self.resume_from is not None:
             state = checkpoint.load_training_state(self.resume_from, self.optimizer, self.scheduler,
@@ -489,7 +490,7 @@ class Trainer:
         chained = True  # every segment returned per-element hits
         # [elements the draft-vocabulary position mask left out, elements of segments that report it]
         masked = torch.zeros(2)
-        held_out: list[tuple[torch.Tensor, torch.Tensor]] = []  # (confidence logits, verdicts) of full chains
+        held_out: list[tuple[torch.Tensor, ...]] = []  # (confidence logits, verdicts, sequence) of full chains
         for j, idx in enumerate(self.val_ids):
             if j % self.dist.world != self.dist.rank:
                 continue
@@ -519,7 +520,7 @@ class Trainer:
                 chain += torch.tensor([c.anchors, c.accepted_sum, *c.reached, *c.accepted], dtype=chain.dtype)
                 full = hits.ge(0).all(1) & logits.isfinite().all(1)  # anchors with a full chain and its confidence
                 if full.any():
-                    held_out.append((logits[full], hits[full].bool()))
+                    held_out.append((logits[full], hits[full].bool(), torch.full((int(full.sum()),), j)))
         flag = torch.tensor([0.0 if chained else 1.0])
         for t in (loss_sum, count, correct, total, chain, flag, masked):
             self.dist.sum_(t)
@@ -548,12 +549,12 @@ class Trainer:
             out["val_expected_al"] = product
             out["val_expected_al_method"] = "per-depth product"
         if self.held_out_confidence is not None:
-            out.update(self._confidence_figures(*self.held_out_confidence))
+            out.update(self._confidence_figures(*self.held_out_confidence[:2]))
         return out
 
-    def _gather_confidence(self, held_out: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...] | None:
-        """Every rank's held-out (confidence logits, verdicts) in one pair, on every rank (a calibration fitted on
-        them is then the same everywhere), or None when the drafter gave no confidence."""
+    def _gather_confidence(self, held_out: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...] | None:
+        """Every rank's held-out (confidence logits, verdicts, sequence) together, on every rank (a calibration
+        fitted on them is then the same everywhere), or None when the drafter gave no confidence."""
         parts = held_out
         if self.dist.world > 1:
             gathered: list[Any] = [None] * self.dist.world
@@ -561,7 +562,7 @@ class Trainer:
             parts = [pair for rank in gathered for pair in rank]
         if not parts:
             return None
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        return tuple(torch.cat([p[i] for p in parts]) for i in range(3))
 
     def _confidence_figures(self, logits: torch.Tensor, accepted: torch.Tensor) -> dict[str, Any]:
         from specframe.calibration import prefix_ece
@@ -571,16 +572,27 @@ class Trainer:
                 "val_confidence_anchors": ece["anchors"]}
 
     def calibrate(self) -> dict[str, Any] | None:
-        """API 8: hand the last validation's held-out confidence to the drafter's ``calibrate``; the calibration
-        record (ECE before and after) when it fitted something, else None."""
+        """API 8: fit the drafter's calibration on the last validation's held-out chains; the calibration record when
+        it fitted something, else None.
+
+        The ECE it reports is out of sample: the validation sequences are split in two (alternate sequences, so the
+        anchors of one sequence stay together), the drafter calibrates on one half and the other half is measured
+        before and after; the drafter then calibrates on every chain, which is the fit it keeps. With one validation
+        sequence there is no second half, and the figures are the fitted chains' own (``in_sample`` says which)."""
         if self.held_out_confidence is None:
             return None
-        logits, accepted = self.held_out_confidence
-        before = self._confidence_figures(logits, accepted)
-        if not self.drafter.calibrate(logits, accepted):
+        logits, accepted, sequence = self.held_out_confidence
+        check = (sequence % 2) == 1
+        in_sample = not bool(check.any()) or bool(check.all())
+        fit_rows, check_rows = (slice(None), slice(None)) if in_sample else (~check, check)
+        before = self._confidence_figures(logits[check_rows], accepted[check_rows])
+        if not self.drafter.calibrate(logits[fit_rows], accepted[fit_rows]):
             return None
-        after = self._confidence_figures(logits, accepted)
-        return {"step": self.step, "calibrated": True, "calibration_anchors": before["val_confidence_anchors"],
+        after = self._confidence_figures(logits[check_rows], accepted[check_rows])
+        if not in_sample:
+            self.drafter.calibrate(logits, accepted)  # the fit kept: on every held-out chain
+        return {"step": self.step, "calibrated": True, "calibration_anchors": int(logits.shape[0]),
+                "calibration_in_sample": in_sample, "calibration_checked_anchors": before["val_confidence_anchors"],
                 "confidence_ece_before": before["val_confidence_ece"],
                 "confidence_ece_after": after["val_confidence_ece"],
                 "confidence_ece_after_by_position": after["val_confidence_ece_by_position"]}
@@ -664,7 +676,9 @@ class Trainer:
             self.record(calibration)
             lines.emit_line(f"calibrated the confidence on {calibration['calibration_anchors']} held-out anchors: "
                             f"prefix ECE {calibration['confidence_ece_before']:.4f} -> "
-                            f"{calibration['confidence_ece_after']:.4f}")
+                            f"{calibration['confidence_ece_after']:.4f}"
+                            + (" (on the chains it was fitted on)" if calibration["calibration_in_sample"] else
+                               f" (on {calibration['calibration_checked_anchors']} anchors of other sequences)"))
             if last_eval is not None:
                 last_eval = {**last_eval, "val_confidence_ece_calibrated": calibration["confidence_ece_after"]}
         if calibration is not None or last_ckpt is None or last_ckpt.name != checkpoint.step_name(self.step):
