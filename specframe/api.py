@@ -611,9 +611,9 @@ class Drafter(Component, ABC):
     def describe(self) -> dict[str, Any]:
         """What ``save`` records beside the weights (``drafter`` and ``options`` at least; add what inference and
         export need)."""
-        import cattrs
+        from specframe.structuring import unstructure
 
-        return {"drafter": self.name, "options": cattrs.unstructure(self.options)}
+        return {"drafter": self.name, "options": unstructure(self.options)}
 
     def save(self, directory: Path) -> None:
         """Write the module's weights (safetensors) and ``describe()`` (JSON) into ``directory``."""
@@ -663,10 +663,11 @@ class Drafter(Component, ABC):
     @classmethod
     def from_checkpoint(cls, directory: Path, target_config: Any) -> Drafter:
         """A drafter rebuilt from ``save``'s files (options included) for the given target config."""
-        import cattrs
+        from specframe.structuring import structure_options
 
         info = cls.read_checkpoint_info(directory)
-        drafter = cls(target_config, cattrs.structure(info["options"], cls.Options))
+        # the one converter and error format (specframe.structuring): a damaged record names the option
+        drafter = cls(target_config, structure_options(info["options"], cls.Options, f"{directory}: drafter '{cls.name}'"))
         drafter.load(directory)
         return drafter
 
