@@ -10,7 +10,7 @@ import torch
 from specframe import api, plugins
 from specframe.elements import cod_sample, full_grid, position_docs
 from specframe.targets import load_target
-from specframe.testing import target_features
+from specframe.testing import accumulate_loss, gradients, target_features
 from tests.train_fixtures import build
 
 DRAFTERS = ("peagle", "eagle3", "pard", "parallelspec")
@@ -72,26 +72,9 @@ def elements(drafter: api.Drafter, example: api.TrainingExample, depth: int, see
     return full_grid(sup.shape[0], depth, doc), sup
 
 
-def accumulate(drafter, example, elems, sup, builder: str = "dense", partitioner: str = "none", parts: int = 1):
-    """Back-propagate one sequence as the engine does (segments, global count); returns the normalised loss."""
-    b = plugins.get("mask builder", builder)()
-    p = plugins.get("partitioner", partitioner)()
-    count = float(sup[elems.position].sum())
-    total = 0.0
-    for seg in p.partition(elems, parts):
-        sub = elems.subset(seg.elements)
-        terms = drafter.loss(example, elems, seg, b.build(sub, sub))
-        (terms.loss_sum / count).backward()
-        total += float(terms.loss_sum.detach())
-    return total / count
-
-
-def grads(drafter) -> dict[str, torch.Tensor]:
-    return {
-        n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-        for n, p in drafter.module().named_parameters()
-        if p.requires_grad
-    }
+# the engine's per-segment accumulation and the gradients it leaves: the plugin authors' test kit's, not a copy
+accumulate = accumulate_loss
+grads = gradients
 
 
 def zero_grads(drafter) -> None:
