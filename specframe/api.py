@@ -89,7 +89,8 @@ from specframe.layouts import export as vllm_layouts
 #:   element, beside ``hit``), ``Drafter.calibrated_confidence(logits)`` (its estimates as probabilities; default the
 #:   sigmoid) and ``Drafter.calibrate(logits, accepted)`` (fit on the held-out sequences once at the end of training,
 #:   kept with the checkpoint; default: nothing to fit), and ``api.calibration`` (``prefix_ece``,
-#:   ``fit_temperatures``). The engine reports ``val_confidence_ece`` for a drafter that returns confidence. A
+#:   ``fit_temperatures``); ``api.speculative_chain`` / ``chain_verification``, the chain speculative sampling the
+#:   ``sampling`` and ``scheduled`` verifiers share. The engine reports ``val_confidence_ece`` for a drafter that returns confidence. A
 #:   version-7 drafter returns none and is calibrated by nothing: it runs unchanged.
 API_VERSION = "8"
 
@@ -128,6 +129,8 @@ __all__ = [
     "residual_distribution",
     "rule_matrix",
     "sampling_distribution",
+    "speculative_chain",
+    "chain_verification",
     "shared_visibility",
     "modeling",
     "eagle",
@@ -356,6 +359,41 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     r = (p - q).clamp_min(0)
     total = r.sum()
     return r / total if total > 0 else p
+
+
+def speculative_chain(
+    logits: torch.Tensor, draft: Any, target: Any, generator: torch.Generator | None = None,
+    residual: Any = residual_distribution,
+) -> Verification:
+    """Speculative sampling over a chain (API 8; what the ``sampling`` verifier and DSpark's ``scheduled`` verifier
+    share). ``target(logits_row)`` is the target's law p at a slot; draft token d_i is accepted with probability
+    min(1, p(d_i) / q(d_i)), q being ``draft.probs`` when the drafter sampled and one-hot at d_i when it took the
+    argmax; at the first rejection the target's token is drawn from ``residual(p, q)`` and the round stops; after a
+    fully accepted chain a bonus token is drawn from p at the last slot. Every random draw comes from ``generator``,
+    one uniform per draft token tried and one categorical at the end, in that order."""
+    tokens = draft.tokens.tolist()
+    accepted: list[int] = []
+    for i, token in enumerate(tokens):
+        p = target(logits[i])
+        if draft.probs is not None:
+            q = draft.probs[i].float().cpu()
+        else:
+            q = torch.zeros_like(p)
+            q[token] = 1.0
+        ratio = p[token] / q[token] if q[token] > 0 else torch.tensor(0.0)
+        if torch.rand((), generator=generator) < ratio:
+            accepted.append(i)
+            continue
+        fix = int(torch.multinomial(residual(p, q), 1, generator=generator).item())
+        return chain_verification(accepted, tokens, fix)
+    bonus = int(torch.multinomial(target(logits[len(tokens)]), 1, generator=generator).item())
+    return chain_verification(accepted, tokens, bonus)
+
+
+def chain_verification(accepted: list[int], tokens: list[int], last: int) -> Verification:
+    """The ``Verification`` of a chain whose draft slots ``accepted`` (a prefix) were kept, then ``last`` emitted."""
+    emitted = [tokens[i] for i in accepted] + [last]
+    return Verification(torch.tensor(accepted, dtype=torch.long), torch.tensor(emitted, dtype=torch.long))
 
 
 @attrs.frozen

@@ -45,28 +45,7 @@ class SamplingVerifier(api.Verifier):
     def verify(self, logits: torch.Tensor, draft: api.Draft, generator: torch.Generator | None = None):
         if draft.branched:
             raise api.UsageError("the 'sampling' verifier verifies chains; use 'tree' for draft trees")
-        tokens = draft.tokens.tolist()
-        accepted: list[int] = []
-        for i, token in enumerate(tokens):
-            p = self.target(logits[i])
-            if draft.probs is not None:
-                q = draft.probs[i].float().cpu()
-            else:
-                q = torch.zeros_like(p)
-                q[token] = 1.0
-            ratio = p[token] / q[token] if q[token] > 0 else torch.tensor(0.0)
-            if torch.rand((), generator=generator) < ratio:
-                accepted.append(i)
-                continue
-            fix = torch.multinomial(self.residual(p, q), 1, generator=generator).item()
-            return _verification(accepted, tokens, fix)
-        bonus = torch.multinomial(self.target(logits[len(tokens)]), 1, generator=generator).item()
-        return _verification(accepted, tokens, bonus)
-
-
-def _verification(accepted: list[int], tokens: list[int], last: int) -> api.Verification:
-    emitted = [tokens[i] for i in accepted] + [last]
-    return api.Verification(torch.tensor(accepted, dtype=torch.long), torch.tensor(emitted, dtype=torch.long))
+        return api.speculative_chain(logits, draft, self.target, generator, residual=self.residual)
 
 
 @api.hookimpl

@@ -99,29 +99,10 @@ class ScheduledVerifier(api.Verifier):
             n = 0
             while n < len(tokens) and tokens[n] == best[n]:
                 n += 1
-            return _verification(list(range(n)), tokens, best[n])
+            return api.chain_verification(list(range(n)), tokens, best[n])
         o = self.options
-        accepted: list[int] = []
-        for i, token in enumerate(tokens):
-            p = api.sampling_distribution(logits[i], o.temperature, o.top_k, o.top_p).cpu()
-            if draft.probs is not None:
-                q = draft.probs[i].float().cpu()
-            else:
-                q = torch.zeros_like(p)
-                q[token] = 1.0
-            ratio = p[token] / q[token] if q[token] > 0 else torch.tensor(0.0)
-            if torch.rand((), generator=generator) < ratio:
-                accepted.append(i)
-                continue
-            fix = torch.multinomial(api.residual_distribution(p, q), 1, generator=generator).item()
-            return _verification(accepted, tokens, fix)
-        p = api.sampling_distribution(logits[len(tokens)], o.temperature, o.top_k, o.top_p).cpu()
-        return _verification(accepted, tokens, torch.multinomial(p, 1, generator=generator).item())
-
-
-def _verification(accepted: list[int], tokens: list[int], last: int) -> api.Verification:
-    emitted = [tokens[i] for i in accepted] + [last]
-    return api.Verification(torch.tensor(accepted, dtype=torch.long), torch.tensor(emitted, dtype=torch.long))
+        return api.speculative_chain(logits, draft, lambda row: api.sampling_distribution(
+            row, o.temperature, o.top_k, o.top_p).cpu(), generator)
 
 
 @torch.no_grad()
