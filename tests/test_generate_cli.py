@@ -189,9 +189,13 @@ def test_bench_acceptance_on_vllm(assets, tmp_path, monkeypatch):
             continue
         assert spec["lossless"] is True and spec["k"] == int(label[-1]), label
         assert 1.0 <= spec["acceptance_length"] <= spec["k"] + 1, label
-        # one ratio per repeat, unless a repeat stayed flagged (an outlier on a busy machine) and was left out
+        # one ratio per repeat, unless a repeat stayed flagged (an outlier on a busy machine) and was left out: then
+        # its reasons are reported, never its ratio (on a loaded machine both repeats may be; the test asserts the
+        # bookkeeping, not the machine's speed)
         kept, left_out = spec["speedup_interval"]["values"], spec.get("speedup_excluded_repeats", [])
-        assert len(kept) + len(left_out) == 2 and kept, label
+        assert len(kept) + len(left_out) == 2, label
+        flagged = {f["repeat"] for f in spec["speed_flags"] if f["reasons"]}
+        assert set(left_out) == flagged, label
     # every engine started once (interleaved, not restarted per repeat) and its threads pinned to one CPU
     assert set(summary["vllm_startup_seconds"]) == set(summary["methods"])
     assert summary["vllm_threads_bind"].isdigit()
