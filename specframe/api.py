@@ -90,8 +90,9 @@ from specframe.layouts import export as vllm_layouts
 #:   sigmoid) and ``Drafter.calibrate(logits, accepted)`` (fit on the held-out sequences once at the end of training,
 #:   kept with the checkpoint; default: nothing to fit), and ``api.calibration`` (``prefix_ece``,
 #:   ``fit_temperatures``); ``api.speculative_chain`` / ``chain_verification``, the chain speculative sampling the
-#:   ``sampling`` and ``scheduled`` verifiers share. The engine reports ``val_confidence_ece`` for a drafter that returns confidence. A
-#:   version-7 drafter returns none and is calibrated by nothing: it runs unchanged.
+#:   ``sampling`` and ``scheduled`` verifiers share; the folder ``import_weights`` is handed has ``block_state`` (the
+#:   DFlash / DSpark state dict, shared weights filled, checked). The engine reports ``val_confidence_ece`` for a
+#:   drafter that returns confidence. A version-7 drafter returns none and is calibrated by nothing: it runs unchanged.
 API_VERSION = "8"
 
 __all__ = [

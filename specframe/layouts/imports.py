@@ -131,6 +131,29 @@ class Imported:
         """``check_shape``: refuse a folder whose layers / aux layer ids / draft vocabulary differ from ``expected``."""
         check_shape(self, drafter, **expected)
 
+    def block_state(self, own: Mapping[str, torch.Tensor], *, own_shared_are_target: bool) -> dict[str, torch.Tensor]:
+        """``block_state``: the folder's DFlash / DSpark tensors as a full state dict for a module whose state dict is
+        ``own``, in its dtypes. A missing ``embed_tokens`` / ``lm_head`` (vLLM shares the target's; the reader filled
+        them from the target's files where it found them) is ``own``'s when ``own_shared_are_target`` (a prepared
+        drafter's are the target's); an extra, missing or misshapen tensor is one error naming it."""
+        where = f"cannot import {self.directory}"
+        tensors = dict(self.tensors)
+        for shared in ("embed_tokens.weight", "lm_head.weight"):
+            if shared not in tensors and own_shared_are_target:
+                tensors[shared] = own[shared]
+        extra, missing = sorted(set(tensors) - set(own)), sorted(set(own) - set(tensors))
+        if extra:
+            raise SpecframeError(f"{where}: tensor {extra[0]!r} has no place in the drafter")
+        if missing:
+            why = (" (the folder shares the target's, which was not found in a local safetensors folder)"
+                   if missing[0] in ("embed_tokens.weight", "lm_head.weight") else "")
+            raise SpecframeError(f"{where}: missing tensor {missing[0]!r}{why}")
+        for name, value in own.items():
+            if tuple(tensors[name].shape) != tuple(value.shape):
+                raise SpecframeError(f"{where}: tensor {name!r} has shape {list(tensors[name].shape)}, the "
+                                     f"drafter's is {list(value.shape)}")
+        return {k: tensors[k].to(own[k].dtype) for k in own}
+
     def eagle_state(self, own: Mapping[str, torch.Tensor], target_config: Any, *,
                     own_embedding_is_target: bool = False) -> dict[str, torch.Tensor]:
         """``eagle_state``: the folder's EAGLE tensors as a full state dict for a module whose state dict is ``own``."""

@@ -263,23 +263,9 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
             if theirs[key] != value:
                 raise api.SpecframeError(f"{where}: its {key} is {theirs[key]}, this dflash drafter's is {value} "
                                          f"(set drafter.{key} to match)")
-        own = self.model.state_dict()
-        tensors = dict(imported.tensors)
-        for shared in ("embed_tokens.weight", "lm_head.weight"):
-            if shared not in tensors and self.mask_token_id is not None:  # prepared: its own are the target's
-                tensors[shared] = own[shared]
-        extra, missing = sorted(set(tensors) - set(own)), sorted(set(own) - set(tensors))
-        if extra:
-            raise api.SpecframeError(f"{where}: tensor {extra[0]!r} has no place in the drafter")
-        if missing:
-            why = (" (the folder shares the target's, which was not found in a local safetensors folder)"
-                   if missing[0] in ("embed_tokens.weight", "lm_head.weight") else "")
-            raise api.SpecframeError(f"{where}: missing tensor {missing[0]!r}{why}")
-        for name, value in own.items():
-            if tuple(tensors[name].shape) != tuple(value.shape):
-                raise api.SpecframeError(f"{where}: tensor {name!r} has shape {list(tensors[name].shape)}, the "
-                                         f"drafter's is {list(value.shape)}")
-        self.model.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own})
+        # prepared: its own embed_tokens / lm_head are the target's
+        state = imported.block_state(self.model.state_dict(), own_shared_are_target=self.mask_token_id is not None)
+        self.model.load_state_dict(state)
         self.mask_token_id = imported.mask_token_id
 
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
