@@ -174,7 +174,9 @@ def write_results(
     path.parent.mkdir(parents=True, exist_ok=True)
     root = repository_root(path.parent) or repository_root(Path.cwd())
     if root is not None:
-        document = portable(document, root)
+        from specframe.home import specframe_home
+
+        document = portable(document, root, home=specframe_home())
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
@@ -200,21 +202,31 @@ def repository_root(where: Path) -> Path | None:
     return None
 
 
-def portable(value: Any, root: Path) -> Any:
+def portable(value: Any, root: Path, home: Path | None = None) -> Any:
     """``value`` (a results document or any part of it) with every absolute path under ``root`` written relative to
     it: a path on its own becomes ``runs/...``, and inside a command line ``--output /checkout/runs/x`` becomes
-    ``--output runs/x``. Paths outside ``root`` are left as they are."""
-    prefixes = {str(Path(root)), str(Path(root).resolve())}
+    ``--output runs/x``. A path under ``home`` (specframe's work folder, where a long benchmark keeps its cache and
+    checkpoints outside the checkout) becomes ``$SPECFRAME_HOME/...``: the file says which work folder, not whose.
+    Other paths are left as they are."""
+    replacements: dict[str, str] = {}
+    if home is not None:
+        replacements.update({str(Path(home)): "$SPECFRAME_HOME", str(Path(home).resolve()): "$SPECFRAME_HOME"})
+    # the checkout wins where it lies inside the work folder (a benchmark's git worktree): longest prefix first
+    replacements.update({str(Path(root)): ".", str(Path(root).resolve()): "."})
+    return _replace_prefixes(value, sorted(replacements.items(), key=lambda kv: len(kv[0]), reverse=True))
+
+
+def _replace_prefixes(value: Any, replacements: list[tuple[str, str]]) -> Any:
     if isinstance(value, str):
-        for prefix in sorted(prefixes, key=len, reverse=True):
+        for prefix, name in replacements:
             if value == prefix:
-                return "."
-            value = value.replace(prefix + os.sep, "")
+                return name
+            value = value.replace(prefix + os.sep, "" if name == "." else name + os.sep)
         return value
     if isinstance(value, dict):
-        return {k: portable(v, root) for k, v in value.items()}
+        return {k: _replace_prefixes(v, replacements) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [portable(v, root) for v in value]
+        return [_replace_prefixes(v, replacements) for v in value]
     return value
 
 

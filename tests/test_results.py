@@ -75,6 +75,25 @@ def test_writer_names_paths_inside_the_repository_relative_to_it(tmp_path, monke
     assert results._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
+def test_writer_names_the_work_folder_by_its_variable(tmp_path, monkeypatch):
+    # a long preset's cache and checkpoints live under $SPECFRAME_HOME, outside the checkout, and its job runs from a
+    # git worktree inside that same folder: the worktree's paths are relative, the work folder's are $SPECFRAME_HOME
+    home = tmp_path / "home"
+    repo = home / "worktrees" / "abc"
+    (repo / ".git").mkdir(parents=True)
+    monkeypatch.setenv("SPECFRAME_HOME", str(home))
+    cache = home / "bench" / "cpu-large" / "cache-1"
+    prov = results.provenance(target=TARGET, command=["pytest", "benchmarks", "--results-dir", str(repo / "r")])
+    path = results.write_results(repo / "benchmarks" / "results" / "r.json", kind="bench.training",
+                                 metrics={"m": 1}, per_prompt=[], provenance=prov,
+                                 config={"command": f"specframe train --cache {cache} --output={home}/bench/x"})
+    document = json.loads(path.read_text())
+    assert document["config"]["command"] == ("specframe train --cache $SPECFRAME_HOME/bench/cpu-large/cache-1 "
+                                             "--output=$SPECFRAME_HOME/bench/x")
+    assert document["provenance"]["command"] == "pytest benchmarks --results-dir r"
+    assert results.absolute_paths(document) == []
+
+
 def test_no_committed_results_file_holds_an_absolute_path():
     from pathlib import Path
 
