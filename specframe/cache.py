@@ -74,9 +74,13 @@ class PrepareReport:
     teacher_top_k: int = 0
     #: mean over tokens of the target's probability mass its top-k holds (what the compact teacher keeps)
     teacher_mass: float = 0.0
+    #: the parity gate's outcome (specframe.feature_gate.GateReport) when the states came from another engine
+    gate: Any = None
 
     def as_dict(self) -> dict:
-        d = attrs.asdict(self)
+        d = attrs.asdict(self, filter=lambda a, v: a.name != "gate")
+        if self.gate is not None:
+            d["gate"] = self.gate.as_dict()
         d["encode"] = attrs.asdict(self.encode) | {"skipped": self.encode.skipped}
         d["encode"].pop("skipped_ids")
         d["skipped_ids"] = self.encode.skipped_ids[:20]
@@ -124,6 +128,49 @@ def _top_k(final: Any, head: Any, k: int, rows: int = 256) -> tuple[Any, Any]:
     return torch.cat(ids), torch.cat(logp)
 
 
+def capture_spec(spec: FeatureSpec, teacher_top_k: int = 0) -> FeatureSpec:
+    """What the target must hand out for a cache of ``spec``: the teacher needs the final state even when the cache
+    does not store it."""
+    return attrs.evolve(spec, final_hidden=True) if teacher_top_k else spec
+
+
+def engine_layer_ids(spec: FeatureSpec, num_layers: int) -> tuple[int, ...]:
+    """The layer ids an engine must hand out for ``spec``: the aux ids in order, then ``num_layers`` (the last layer's
+    output before the final norm) when the final state is declared."""
+    return tuple(spec.aux_layers or ()) + ((num_layers,) if spec.final_hidden else ())
+
+
+def _engine_features(engine: Any, target: Any, prompts: list[list[int]], batch: list[int],
+                     spec: FeatureSpec) -> dict[int, tuple[Any, Any]]:
+    from specframe.features import apply_final_norm
+
+    n_aux = len(spec.aux_layers or ())
+    out = {}
+    for i, states in zip(batch, engine.extract(prompts)):
+        aux = states[:, :n_aux].flatten(-2) if n_aux else None
+        fin = apply_final_norm(target, states[:, n_aux]) if spec.final_hidden else None
+        out[i] = (aux, fin)
+    return out
+
+
+def _parity_gate(target: Any, prompts: list[list[int]], candidate: dict[int, tuple[Any, Any]],
+                 spec: FeatureSpec) -> Any:
+    """``specframe.feature_gate.compare`` of ``candidate`` (features per conversation index, in order) against the
+    target's own forward over each prompt alone."""
+    import torch
+
+    from specframe.feature_gate import compare
+
+    dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+        target.model.get_input_embeddings().weight.dtype, "fp32")
+    ref, got = [], []
+    for prompt, (aux, fin) in zip(prompts, (candidate[i] for i in sorted(candidate))):
+        f = capture_features(target, torch.tensor([prompt]), spec)
+        ref.append({"aux": None if f.aux is None else f.aux[0], "final": None if f.final is None else f.final[0]})
+        got.append({"aux": aux, "final": fin})
+    return compare(ref, got, tuple(spec.aux_layers or ()), dtype)
+
+
 def _batches(idx: list[int], lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
     """Greedy length-sorted batches of at most ``max_batch_tokens`` padded tokens (deterministic)."""
     order = sorted(idx, key=lambda i: (lengths[i], i))
@@ -154,6 +201,8 @@ def prepare_cache(
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
     teacher_top_k: int = 0,
+    engine: Any = None,
+    gate_sequences: int = 4,
     _after_shard: Callable[[int], None] | None = None,
 ) -> PrepareReport:
     """Build (or resume) a feature cache for ``records`` (``source``, ``id``, ``messages``) in ``output``.
@@ -165,6 +214,13 @@ def prepare_cache(
     (``Example.teacher_ids`` / ``teacher_logp``), computed from the final hidden state in the target's own precision
     with its head as its forward applies it (``specframe.target_head``: bias, logit scale, soft-capping), as the
     drafters' dense teacher is.
+
+    ``engine``: where the hidden states come from instead of the loaded target's transformers forward, an object
+    with ``layer_ids`` (``engine_layer_ids``), ``extract(prompts) -> [[T, len(layer_ids), H], ...]`` and
+    ``describe()`` (``specframe.vllm.states.VllmStates``); the final state is then the target's final norm of the
+    last layer's output (``specframe.features.apply_final_norm``), the teacher's top-K the target's head of it. Such a
+    cache must pass the parity gate (``specframe.feature_gate``) on its first ``gate_sequences`` conversations,
+    recomputed with transformers, before anything is written; its manifest records the engine and the gate's figures.
     """
     import torch
     from safetensors.torch import save_file
@@ -183,9 +239,15 @@ def prepare_cache(
     if teacher_top_k > target.vocab_size:
         raise SpecframeError(f"--teacher-top-k {teacher_top_k} exceeds the target's vocabulary of {target.vocab_size}")
     head = target_head(target) if teacher_top_k else None
-    # the teacher needs the final state even when the cache does not store it
-    capture = attrs.evolve(spec, final_hidden=True) if teacher_top_k else spec
+    capture = capture_spec(spec, teacher_top_k)
     rep = PrepareReport(teacher_top_k=teacher_top_k)
+    if engine is not None:
+        want = engine_layer_ids(capture, n_layers)
+        if tuple(engine.layer_ids) != want:
+            raise SpecframeError(f"the feature engine extracts layers {list(engine.layer_ids)}, the cache needs {list(want)}")
+        if isinstance(gate_sequences, bool) or not isinstance(gate_sequences, int) or gate_sequences < 1:
+            raise SpecframeError(f"the parity gate needs at least one sequence, got {gate_sequences!r}: a cache from "
+                                 "another engine is never accepted unchecked")
     examples = list(encode_dataset(tok, records, max_length=max_length, stats=rep.encode, workers=workers))
     if not examples:
         raise SpecframeError(f"no usable conversation in the data ({rep.encode.summary()})")
@@ -209,18 +271,48 @@ def prepare_cache(
         "num_supervised_tokens": sum(sum(e.loss_mask) for e in examples),
         "draft_vocab_size": draft_vocab or 0,
     }
+    if engine is not None:  # absent for transformers, so caches made before engines existed still match
+        config["engine"] = engine.name
     if teacher_top_k:  # absent rather than 0, so caches made before the option still match their manifests
         config["teacher_top_k"] = teacher_top_k
         if not head.plain:  # likewise absent for a plain head; a cache whose teacher skipped these is not resumed
             config["teacher_head"] = head.describe()
     n_shards = (len(examples) + shard_size - 1) // shard_size
+
+    def capture_batch(batch: list[int]) -> dict[int, tuple[Any, Any]]:
+        """(aux [T, A*H] or None, final [T, H] or None) per conversation, in the target's compute precision."""
+        if engine is not None:
+            return _engine_features(engine, target, [examples[i].input_ids for i in batch], batch, capture)
+        width = max(lengths[i] for i in batch)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, i in enumerate(batch):  # right padding: causal attention keeps real positions unaffected
+            ids[r, : lengths[i]] = torch.tensor(examples[i].input_ids)
+            attn[r, : lengths[i]] = 1
+        feats = capture_features(target, ids, capture, attention_mask=attn)
+        return {i: (None if feats.aux is None else feats.aux[r, : lengths[i]],
+                    None if feats.final is None else feats.final[r, : lengths[i]]) for r, i in enumerate(batch)}
+
+    lengths = [len(e.input_ids) for e in examples]
+    engine_record = None
+    if engine is not None:
+        first = list(range(min(gate_sequences, len(examples))))
+        gate = _parity_gate(target, [examples[i].input_ids for i in first], capture_batch(first), capture)
+        if not gate.passed:
+            raise SpecframeError(f"the {engine.name} features do not match the target's own ({gate.summary()}): "
+                                 + "; ".join(gate.failures) + ". Nothing was written.")
+        engine_record = engine.describe() | {"gate": gate.as_dict()}
+        rep.gate = gate
     finished: list[dict] = []
     man_path = out / MANIFEST
     if man_path.exists():
         old = read_json(man_path, "the feature cache's manifest")
-        diff = [k for k in config if old.get("config", {}).get(k) != config[k]]
+        had = old.get("config", {})
+        # both ways: a key only the old cache has (an engine, a teacher) differs as much as a changed value
+        diff = [k for k in [*config, *(k for k in had if k not in config)] if had.get(k) != config.get(k)]
         if diff:
-            details = "; ".join(f"{k}: cache has {old.get('config', {}).get(k)!r}, asked {config[k]!r}" for k in diff[:4])
+            details = "; ".join(f"{k}: cache has {had.get(k)!r}, asked {config.get(k)!r}" for k in diff[:4])
             raise SpecframeError(
                 f"{out} holds a feature cache made for another target/data/config ({details}); "
                 "use another --output or delete it"
@@ -246,12 +338,14 @@ def prepare_cache(
         rep.draft_vocab_size, rep.draft_vocab_coverage = dv.size, dv.coverage
 
     def write_manifest(complete: bool) -> None:
-        _atomic_json(man_path, {"config": config, "shards": finished, "complete": complete, "num_shards": n_shards})
+        man = {"config": config, "shards": finished, "complete": complete, "num_shards": n_shards}
+        if engine_record is not None:
+            man["engine"] = engine_record
+        _atomic_json(man_path, man)
 
     write_manifest(False)
     done_files = {s["file"] for s in finished}
     rep.shards_reused = len(done_files)
-    lengths = [len(e.input_ids) for e in examples]
     computed_tokens = 0
     t_compute = 0.0
     for k in range(n_shards):
@@ -266,22 +360,15 @@ def prepare_cache(
         fin_parts: dict[int, Any] = {}
         top_parts: dict[int, tuple[Any, Any]] = {}
         tc = time.perf_counter()
-        for batch in _batches(idx, lengths, max_batch_tokens):
-            width = max(lengths[i] for i in batch)
-            pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            attn = torch.zeros((len(batch), width), dtype=torch.long)
-            for r, i in enumerate(batch):  # right padding: causal attention keeps real positions unaffected
-                ids[r, : lengths[i]] = torch.tensor(examples[i].input_ids)
-                attn[r, : lengths[i]] = 1
-            feats = capture_features(target, ids, capture, attention_mask=attn)
-            for r, i in enumerate(batch):
-                if feats.aux is not None:
-                    aux_parts[i] = feats.aux[r, : lengths[i]].to(tdtype)
+        # an engine schedules a whole shard itself (continuous batching); transformers gets padded batches
+        for batch in [idx] if engine is not None else _batches(idx, lengths, max_batch_tokens):
+            for i, (aux, fin) in capture_batch(batch).items():
+                if aux is not None:
+                    aux_parts[i] = aux.to(tdtype)
                 if spec.final_hidden:
-                    fin_parts[i] = feats.final[r, : lengths[i]].to(tdtype)
+                    fin_parts[i] = fin.to(tdtype)
                 if teacher_top_k:
-                    top_parts[i] = _top_k(feats.final[r, : lengths[i]], head, teacher_top_k)
+                    top_parts[i] = _top_k(fin, head, teacher_top_k)
         t_compute += time.perf_counter() - tc
         tensors = {
             "input_ids": torch.tensor([t for i in idx for t in examples[i].input_ids], dtype=torch.int32),
@@ -342,6 +429,8 @@ class FeatureCache:
             )
         self.config: dict = m["config"]
         self.shards: list[dict] = m["shards"]
+        #: where the hidden states came from and the parity gate they passed (None: the target's transformers forward)
+        self.engine: dict | None = m.get("engine")
         self._starts = []
         n = 0
         for s in self.shards:

@@ -127,3 +127,21 @@ def target_logits(target: Any, final_hidden: Any, vocab_ids: Sequence[int] | Any
     if vocab_ids is not None:
         head = head.rows(vocab_ids)
     return head.logits(final_hidden.to(device=head.device, dtype=head.dtype)).float()
+
+
+def apply_final_norm(target: Any, last_layer_output: Any) -> Any:
+    """The post-norm final hidden state (what ``capture_features`` returns as ``final``) from the last decoder layer's
+    output [..., H] (id L, before the norm: what an engine such as vLLM hands out), through the target's own final
+    norm, in its dtype and on its device; returned on ``last_layer_output``'s device."""
+    import torch
+
+    model = target.model if hasattr(target, "model") and hasattr(target, "tokenizer") else target
+    norm = getattr(_base_model(model), "norm", None)
+    if norm is None:
+        raise SpecframeError(f"{type(model).__name__}: cannot find the final norm (expected .model.norm), so the "
+                             "final hidden state cannot be formed from the last layer's output")
+    weight = next(norm.parameters(), None)
+    device = weight.device if weight is not None else last_layer_output.device
+    dtype = weight.dtype if weight is not None else last_layer_output.dtype
+    with torch.no_grad():
+        return norm(last_layer_output.to(device=device, dtype=dtype)).to(last_layer_output.device)

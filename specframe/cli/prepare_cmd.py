@@ -48,9 +48,23 @@ from specframe.cli.target_options import target_loading
               help="Processes that tokenise the conversations (datasets' map). Default: 1 below 2,048 "
                    "conversations, else up to 8.")
 @click.option("--skip-bad-lines", is_flag=True, help="Skip (and count) malformed JSONL lines instead of stopping.")
+@click.option("--engine", type=click.Choice(["transformers", "vllm"]), default="transformers", show_default=True,
+              help="Where the hidden states come from: the target's transformers forward (the reference), or vLLM's "
+                   "offline engine (extract_hidden_states: tensor / pipeline parallel, every conversation of a shard "
+                   "in flight). A vLLM cache must first pass a parity gate against transformers (--gate-sequences).")
+@click.option("--gate-sequences", type=int, default=4, show_default=True,
+              help="--engine vllm: conversations recomputed with transformers and compared layer by layer before "
+                   "anything is written (at least 1).")
+@click.option("--max-num-seqs", type=int, default=None, help="vLLM: requests in flight (default: --shard-size).")
+@click.option("--tensor-parallel-size", type=int, default=1, show_default=True, help="vLLM: GPUs per layer.")
+@click.option("--pipeline-parallel-size", type=int, default=1, show_default=True, help="vLLM: pipeline stages.")
+@click.option("--gpu-memory-utilization", type=float, default=None,
+              help="vLLM: share of each GPU's memory the engine may take (default: vLLM's, 0.9).")
+@click.option("--kv-cache-gib", type=int, default=2, show_default=True, help="vLLM on the CPU: KV-cache size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dtype, max_length, shard_size, max_batch_tokens,
-            draft_vocab, threads, teacher_top_k, data_workers, skip_bad_lines, as_json, loading):
+            draft_vocab, threads, teacher_top_k, data_workers, skip_bad_lines, engine, gate_sequences, max_num_seqs,
+            tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, kv_cache_gib, as_json, loading):
     """Run the target over conversations and cache token ids, assistant-only loss masks and hidden states.
 
     Rerunning the same command after an interruption resumes: finished shards are kept. A cache folder made for
@@ -58,13 +72,24 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
     """
     import torch
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
-    from specframe.cache import prepare_cache
+    from specframe.cache import capture_spec, engine_layer_ids, prepare_cache
     from specframe.data.specs import load_data
     from specframe.errors import UsageError
     from specframe.features import FeatureSpec, default_aux_layers
 
+    # with --engine vllm the target is still loaded here (--device / --device-map place it): the parity gate's
+    # reference forward, the final norm and the teacher's head are its own
+    if engine == "vllm" and gate_sequences < 1:
+        raise UsageError(f"--gate-sequences must be at least 1, got {gate_sequences}: a cache from vLLM is never "
+                         "accepted unchecked")
     if threads:
         torch.set_num_threads(threads)
     tgt = loading.load(target)
@@ -86,17 +111,39 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
         if kill_after is not None and k == int(kill_after):
             os.kill(os.getpid(), signal.SIGKILL)
 
+    states = None
+    if engine == "vllm":  # started before the cache folder is touched: an unusable vLLM is refused with nothing written
+        from specframe.vllm.answer import AnswerOptions
+        from specframe.vllm.states import VllmStates
+
+        # each conversation is a prompt of at most --max-length tokens and one generated token, never used
+        limit_pos = getattr(tgt.config, "max_position_embeddings", None)
+        if limit_pos is not None and max_length + 1 > limit_pos:
+            raise UsageError(f"--engine vllm: --max-length {max_length} leaves no room for the one token vLLM must "
+                             f"generate per conversation within the target's {limit_pos} positions; use "
+                             f"--max-length {limit_pos - 1} or less")
+        states = VllmStates(tgt.path, engine_layer_ids(capture_spec(spec, teacher_top_k), tgt.num_layers),
+                            AnswerOptions(dtype=loading.dtype, max_model_len=max_length + 1,
+                                          max_num_seqs=max_num_seqs or shard_size,
+                                          tensor_parallel_size=tensor_parallel_size,
+                                          pipeline_parallel_size=pipeline_parallel_size,
+                                          gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
+                                          threads=threads))
     console = Console(stderr=True)
-    with Progress(TextColumn("prepare"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
-                  transient=True, disable=as_json or not console.is_terminal) as prog:
-        task = prog.add_task("shards", total=None)
-        rep = prepare_cache(
-            tgt, records, output, spec=spec, dtype=storage_dtype, max_length=max_length, shard_size=shard_size,
-            max_batch_tokens=max_batch_tokens, draft_vocab=draft_vocab or None,
-            data_name=f"{data}" + (f"[:{limit}]" if limit else ""),
-            progress=lambda i, n: prog.update(task, completed=i, total=n), workers=data_workers,
-            teacher_top_k=teacher_top_k, _after_shard=after_shard,
-        )
+    try:
+        with Progress(TextColumn("prepare"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+                      transient=True, disable=as_json or not console.is_terminal) as prog:
+            task = prog.add_task("shards", total=None)
+            rep = prepare_cache(
+                tgt, records, output, spec=spec, dtype=storage_dtype, max_length=max_length, shard_size=shard_size,
+                max_batch_tokens=max_batch_tokens, draft_vocab=draft_vocab or None,
+                data_name=f"{data}" + (f"[:{limit}]" if limit else ""),
+                progress=lambda i, n: prog.update(task, completed=i, total=n), workers=data_workers,
+                teacher_top_k=teacher_top_k, engine=states, gate_sequences=gate_sequences, _after_shard=after_shard,
+            )
+    finally:
+        if states is not None:
+            states.close()
     d = rep.as_dict() | {"bad_lines_skipped": load_stats["bad_lines"], "output": str(output), "target": tgt.id, "aux_layers": list(aux or []), "dtype": storage_dtype, "target_dtype": loading.dtype}
     if as_json:
         click.echo(json.dumps(d, indent=1))
@@ -109,5 +156,6 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
             f"{rep.draft_vocab_size} covers {rep.draft_vocab_coverage:.2%} of assistant tokens"
             + (f"; teacher top-{rep.teacher_top_k} holds {rep.teacher_mass:.2%} of the target's probability mass"
                if rep.teacher_top_k else "")
+            + (f"; features from {states.name}, {rep.gate.summary()}" if rep.gate is not None else "")
         )
     sys.stdout.flush()

@@ -169,6 +169,14 @@ def train(ctx: click.Context, resume: str | None, config_file: str | None, print
     # --json, whose stdout is the result alone)
     bar = not as_json and sys.stdout.isatty()
     lines = None if bar else (lambda line: click.echo(line, err=as_json))
+    engine_record = None
+    if cfg.cache:  # a cache filled by another engine says so, with the parity gate it passed
+        from specframe.cache import FeatureCache
+        from specframe.feature_gate import describe_engine
+
+        engine_record = FeatureCache(cfg.cache).engine
+        if engine_record is not None:
+            click.echo(f"cache {cfg.cache}: {describe_engine(engine_record)}", err=as_json)
     result = run_training(cfg, resume=resume, progress=bar, log_lines=lines, profile=profile)
     summary = {
         "steps": result.steps,
@@ -176,6 +184,8 @@ def train(ctx: click.Context, resume: str | None, config_file: str | None, print
         "final_train_loss": result.final_train_loss,
         "eval": result.last_eval,
     }
+    if engine_record is not None:
+        summary["cache_engine"] = engine_record
     if result.profile is not None:
         summary["profile"] = result.profile
         summary["profile_seconds"] = result.profile_seconds

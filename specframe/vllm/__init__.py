@@ -7,9 +7,12 @@
   from token ids and turns vLLM's spec-decode counters into specframe's metrics (``specframe.metrics``).
 - ``specframe.vllm.answer``: the target's greedy answers to many prompts at once (``regenerate --engine vllm``).
 - ``specframe.vllm.parity``: compares vLLM's greedy tokens and acceptance with the reference engine's.
+- ``specframe.vllm.states``: the target's hidden states at given layer ids from vLLM's ``extract_hidden_states``
+  method (``prepare --engine vllm``), written per request by ``specframe.vllm.states_connector`` (a KV connector vLLM
+  loads by module path; it imports vLLM at import time); the parity gate they must pass is ``specframe.feature_gate``.
 
-vLLM is optional (``make setup VLLM=cpu|gpu``); only ``engine`` and ``answer`` need it, and ``vllm_available`` says whether it
-imports.
+vLLM is optional (``make setup VLLM=cpu|gpu``); only ``engine``, ``answer``, ``states`` and ``states_connector`` need
+it, and ``vllm_available`` says whether it imports.
 """
 
 from __future__ import annotations
