@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -197,6 +198,20 @@ class Workspace:
         attempts = []
         from specframe.engine import checkpoint
 
+        # a run folder is resumed only under the key it was started with: `train --resume` continues any checkpoint
+        # of the drafter, so a folder left by other preset settings (more steps: another learning-rate schedule)
+        # would otherwise go on as a silently different run. Such a folder is set aside, not deleted.
+        marker = self.root / "train" / f"{drafter}.bench-key"
+        if out.exists() and (not marker.exists() or marker.read_text().strip() != key):
+            old = marker.read_text().strip() if marker.exists() else "unknown"
+            stale = out.with_name(f"{drafter}.stale-{old}")
+            if stale.exists():
+                shutil.rmtree(stale)
+            out.rename(stale)
+            print(f"\n{drafter}: {out} was started under other settings (key {old}, now {key}); moved to {stale}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(key + "\n")
+
         while True:
             resume = ["--resume", str(out)] if checkpoint.has_checkpoint(out) else []
             child = run_cli([*args, *resume], threads=self.preset.threads, log=log)
@@ -219,6 +234,19 @@ class Workspace:
             record["beside_cores"] = None if None in loads else max(loads)
         record_path.write_text(json.dumps(record, indent=1))
         return record
+
+
+def too_few_tokens(preset: Preset, record: dict[str, Any]) -> str | None:
+    """Why a finished training run falls short of the preset's ``min_train_tokens`` (None: it does not, or was
+    refused by the budget and trained nothing)."""
+    if not preset.min_train_tokens or "refused" in record:
+        return None
+    seen = int(record.get("train_tokens") or 0)
+    if seen >= preset.min_train_tokens:
+        return None
+    return (f"{record.get('drafter')} trained on {seen:,} tokens, fewer than the {preset.name} preset's "
+            f"{preset.min_train_tokens:,}: its {preset.steps} steps x {preset.batch_size} x {preset.seq_len} slots are "
+            "only partly filled by packing; raise the preset's steps")
 
 
 def training_figures(out: Path) -> dict[str, Any]:

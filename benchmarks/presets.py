@@ -1,5 +1,5 @@
 """The scales the comparison suites run at: ``ci`` (tiny target, minutes), ``cpu`` (SmolLM2 on a laptop-class CPU,
-about 2.5 hours), ``cpu-large`` (the same target trained on 1M tokens of the large self-distilled set per drafter,
+about 2.5 hours), ``cpu-large`` (the same target trained on at least 1M tokens of the large self-distilled set per drafter,
 each drafter one resumable job: about 2.5 hours per drafter) and ``gpu`` (a scale worth publishing, for a machine with
 one).
 
@@ -90,6 +90,10 @@ class Preset:
     speed_concurrency: tuple[int, ...] = (1, 4)
     #: the EAGLE-2 tree on the reference engine, for drafters that build trees: MT-Bench questions (a subset)
     tree_prompts: int = 5
+    #: per-drafter jobs: the fewest training tokens each drafter must have seen. The steps give steps x batch x
+    #: seq_len slots, which packing fills only in part (whole conversations, never split), so this is checked on the
+    #: tokens the run reports, before anything is measured (harness.too_few_tokens)
+    min_train_tokens: int = 0
 
     def train_options(self, drafter: str, depth: int | None = None) -> dict:
         """The drafter's options: its architecture from ``drafters``, plus the preset's shared draft vocabulary,
@@ -178,17 +182,20 @@ PRESETS = {
         memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=5, eval_every=30, mask_builder=None,
     ),
     # The budget that answers (issue 29): the large self-distilled set (the target's own greedy answers, so the
-    # drafters learn what the target says), 4,500 distinct conversations (about 1.3M tokens) packed into full 512-token sequences and
-    # read once: 500 steps x 4 x 512 = 1,024,000 training tokens per drafter, validated at 10 points on one token
-    # axis. At the cpu preset's rates on 2 AMD EPYC cores (72-251 tokens/s) that is 70-90 minutes of training per
-    # drafter (DFlash about 4 hours). Each drafter is one job (train, whole-set acceptance in vLLM, batch-1 speed in
+    # drafters learn what the target says), 4,500 distinct conversations (about 1.3M tokens) packed into 512-token
+    # sequences and read once. Packing whole conversations fills a sequence with 354 tokens on average (measured:
+    # 500 steps gave P-EAGLE 708,319 tokens, not the 1,024,000 slots), so 720 steps x 4 sequences (2,880 of the
+    # 3,457 packed training sequences: still one pass) give about 1.02M tokens, and min_train_tokens holds every job
+    # to 1M; validated at 14 points on one token axis. At 240 tokens/s (P-EAGLE on 2 AMD EPYC cores) that is about
+    # 70 minutes of training per drafter (DFlash several hours). Each drafter is one job (train, whole-set acceptance in vLLM, batch-1 speed in
     # vLLM) that resumes from its last checkpoint (save_every = eval_every) in the work folder under
     # $SPECFRAME_HOME, which a fresh checkout keeps; a drafter whose results are complete is skipped.
     "cpu-large": Preset(
-        name="cpu-large", description="SmolLM2-135M-Instruct on the large self-distilled set, 1.02M training tokens "
-        "per drafter (one pass), learning curves at 10 points; one resumable job per drafter, about 2.5 hours each "
-        "on 2 cores",
-        target="default", data="large", train_examples=4500, val_examples=64, seq_len=512, depth=7, steps=500,
+        name="cpu-large", description="SmolLM2-135M-Instruct on the large self-distilled set, at least 1M training "
+        "tokens per drafter (one pass), learning curves at 14 points; one resumable job per drafter, about 2.5 hours "
+        "each on 2 cores",
+        target="default", data="large", train_examples=4500, val_examples=64, seq_len=512, depth=7, steps=720,
+        min_train_tokens=1_000_000,
         batch_size=4, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED, pack=True,
         eval_every=50, mask_builder=None, memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=3,
         per_drafter_jobs=True, vllm_ks=(2, 3, 5), speed_k=3, vllm_repeats=3, speed_prompts=10,

@@ -47,3 +47,26 @@ def test_a_child_run_reports_exit_memory_time_and_the_load_beside_it(tmp_path):
     assert child.beside_cores > 0.3
     failed = run_cli(["train", "--drafter", "no-such-drafter"], threads=1, log=tmp_path / "bad.log")
     assert failed.exit != 0
+
+
+@pytest.mark.slow
+def test_a_run_folder_left_by_other_settings_is_set_aside_not_resumed(tmp_path):
+    """`train --resume` continues any checkpoint of the drafter, so a run started under more or fewer steps (another
+    learning-rate schedule) must not be continued as if it were this preset's run."""
+    import attrs
+
+    from harness import Workspace
+    from presets import PRESETS
+
+    p = attrs.evolve(PRESETS["ci"], steps=2, eval_every=0)
+    first = Workspace(p, tmp_path / "work", tmp_path / "results").trained("peagle")
+    assert not first["attempts"][0]["resumed"] and first["steps"] == 2
+    longer = attrs.evolve(p, steps=3)
+    # the finished record holds another key, and without the harness's check its checkpoint would be resumed
+    second = Workspace(longer, tmp_path / "work", tmp_path / "results").trained("peagle")
+    assert not second["attempts"][0]["resumed"] and second["steps"] == 3
+    stale = list((tmp_path / "work" / "train").glob("peagle.stale-*"))
+    assert len(stale) == 1 and (stale[0] / "latest").exists()
+    # the same settings again: the finished run is reused as it is
+    again = Workspace(longer, tmp_path / "work", tmp_path / "results").trained("peagle")
+    assert again == second

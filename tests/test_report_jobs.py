@@ -119,13 +119,23 @@ def test_a_finished_job_is_skipped_only_under_its_own_key(tmp_path):
 def test_the_large_presets_drafters_train_on_a_million_tokens_of_distinct_conversations():
     from presets import PRESETS
 
+    from harness import too_few_tokens
+
     p = PRESETS["cpu-large"]
     assert p.data == "large" and p.pack and p.per_drafter_jobs and p.committed
-    assert p.steps * p.batch_size * p.seq_len >= 1_000_000
+    # the floor is on the tokens a run reports (packing fills the steps' slots only in part), checked by every job
+    assert p.min_train_tokens >= 1_000_000
+    # 354 tokens per packed 512-token sequence: what 500 steps gave P-EAGLE (708,319 tokens, at c69048f)
+    assert p.steps * p.batch_size * 354 >= p.min_train_tokens
     assert p.steps // p.eval_every >= 8  # validation along one token axis at no fewer than 8 points
     # packed one pass: the conversations hold more tokens than the steps read (about 290 tokens each in the set)
-    assert p.train_examples * 250 >= p.steps * p.batch_size * p.seq_len
+    assert p.train_examples * 250 >= p.steps * p.batch_size * 354
     assert "cpu-long" not in PRESETS
+    record = {"drafter": "peagle", "train_tokens": 708_319}
+    assert "peagle trained on 708,319 tokens, fewer than the cpu-large preset's 1,000,000" in too_few_tokens(p, record)
+    assert too_few_tokens(p, record | {"train_tokens": 1_000_000}) is None
+    assert too_few_tokens(p, record | {"refused": "memory budget"}) is None  # the budget's refusal trains nothing
+    assert too_few_tokens(PRESETS["cpu"], record) is None  # a preset without a floor
 
 
 def test_a_drafter_has_one_colour_in_every_figure_and_the_curves_a_log_token_axis(partial):
