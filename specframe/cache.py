@@ -141,12 +141,26 @@ def engine_layer_ids(spec: FeatureSpec, num_layers: int) -> tuple[int, ...]:
 
 
 def _engine_features(engine: Any, target: Any, prompts: list[list[int]], batch: list[int],
-                     spec: FeatureSpec) -> dict[int, tuple[Any, Any]]:
+                     spec: FeatureSpec, names: list[str] | None = None) -> dict[int, tuple[Any, Any]]:
+    """Each conversation's (aux, final) from ``engine``. ``names`` given: each one's states are checked first (the
+    parity gate, which checks its own conversations against the reference, passes none)."""
+    import torch
+
     from specframe.features import apply_final_norm
 
     n_aux = len(spec.aux_layers or ())
+    ids = list(engine.layer_ids)
     out = {}
-    for i, states in zip(batch, engine.extract(prompts)):
+    for k, (i, states) in enumerate(zip(batch, engine.extract(prompts))):
+        # the gate compared the first conversations; every later one is still checked for the silent failures
+        # (NaN, zeroed rows) before its shard is written. id 0 is the embeddings, where a zero row can be real.
+        bad = [ids[j] for j in range(states.shape[1]) if not bool(torch.isfinite(states[:, j]).all())]
+        zero = [ids[j] for j in range(states.shape[1]) if ids[j] != 0 and bool((states[:, j] == 0).all(-1).any())]
+        if names is not None and (bad or zero):
+            what = (f"non-finite values at layer id(s) {bad}" if bad else
+                    f"all-zero positions at layer id(s) {zero}")
+            raise SpecframeError(f"the {engine.name} states of conversation {names[k]} hold {what}; the shards finished "
+                                 "before it are kept (the same command resumes after them)")
         aux = states[:, :n_aux].flatten(-2) if n_aux else None
         fin = apply_final_norm(target, states[:, n_aux]) if spec.final_hidden else None
         out[i] = (aux, fin)
@@ -160,15 +174,30 @@ def _parity_gate(target: Any, prompts: list[list[int]], candidate: dict[int, tup
     import torch
 
     from specframe.feature_gate import compare
+    from specframe.features import apply_final_norm
 
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
         target.model.get_input_embeddings().weight.dtype, "fp32")
-    ref, got = [], []
-    for prompt, (aux, fin) in zip(prompts, (candidate[i] for i in sorted(candidate))):
-        f = capture_features(target, torch.tensor([prompt]), spec)
-        ref.append({"aux": None if f.aux is None else f.aux[0], "final": None if f.final is None else f.final[0]})
-        got.append({"aux": aux, "final": fin})
-    return compare(ref, got, tuple(spec.aux_layers or ()), dtype)
+    n_layers = target.num_layers
+    aux = tuple(spec.aux_layers or ())
+    # each declared state's neighbouring layers, which a wrong id would hand out instead: the streams entering the
+    # layers before and after it; for the final state, the stream entering the last layer through the final norm
+    near = {f"aux {k}": [j for j in (k - 1, k + 1) if 0 <= j < n_layers] for k in aux}
+    if spec.final_hidden and n_layers > 1:
+        near["final"] = [n_layers - 1]
+    wanted = sorted(set(aux) | {j for js in near.values() for j in js})
+    ref_spec = attrs.evolve(spec, aux_layers=tuple(wanted) or None)
+    ref, got, neighbours = [], [], []
+    for prompt, (aux_got, fin) in zip(prompts, (candidate[i] for i in sorted(candidate))):
+        f = capture_features(target, torch.tensor([prompt]), ref_spec)
+        streams = {} if f.aux is None else dict(zip(wanted, f.aux[0].unflatten(-1, (len(wanted), -1)).unbind(1)))
+        ref.append({"aux": torch.cat([streams[k] for k in aux], -1) if aux else None,
+                    "final": None if f.final is None else f.final[0]})
+        got.append({"aux": aux_got, "final": fin})
+        neighbours.append({name: {(f"layer {j}" if name != "final" else f"layer {j} through the final norm"):
+                                  (streams[j] if name != "final" else apply_final_norm(target, streams[j]))
+                                  for j in js} for name, js in near.items()})
+    return compare(ref, got, aux, dtype, neighbours)
 
 
 def _batches(idx: list[int], lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
@@ -279,10 +308,11 @@ def prepare_cache(
             config["teacher_head"] = head.describe()
     n_shards = (len(examples) + shard_size - 1) // shard_size
 
-    def capture_batch(batch: list[int]) -> dict[int, tuple[Any, Any]]:
+    def capture_batch(batch: list[int], checked: bool = True) -> dict[int, tuple[Any, Any]]:
         """(aux [T, A*H] or None, final [T, H] or None) per conversation, in the target's compute precision."""
         if engine is not None:
-            return _engine_features(engine, target, [examples[i].input_ids for i in batch], batch, capture)
+            names = [f"{examples[i].source}/{examples[i].id}" for i in batch] if checked else None
+            return _engine_features(engine, target, [examples[i].input_ids for i in batch], batch, capture, names)
         width = max(lengths[i] for i in batch)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
@@ -298,7 +328,7 @@ def prepare_cache(
     engine_record = None
     if engine is not None:
         first = list(range(min(gate_sequences, len(examples))))
-        gate = _parity_gate(target, [examples[i].input_ids for i in first], capture_batch(first), capture)
+        gate = _parity_gate(target, [examples[i].input_ids for i in first], capture_batch(first, checked=False), capture)
         if not gate.passed:
             raise SpecframeError(f"the {engine.name} features do not match the target's own ({gate.summary()}): "
                                  + "; ".join(gate.failures) + ". Nothing was written.")

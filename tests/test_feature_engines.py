@@ -55,7 +55,7 @@ class HFStates:
             states = torch.stack([last["h"][0] if i == n else hs[i][0] for i in ids], dim=1)
             if self.fault == "zero":  # what the hybrid-model bug left: some positions all zeros
                 states[2:4] = 0
-            if self.fault == "nan":
+            if self.fault == "nan" or (self.fault == "late nan" and len(self.calls) >= 3):
                 states[1, 0, 0] = float("nan")
             out.append(states)
         return out
@@ -118,7 +118,7 @@ def test_teacher_needs_the_last_layer_even_when_the_cache_stores_no_final_state(
 
 
 @pytest.mark.parametrize("fault, layer, reason", [
-    ("shift", "aux 2", "min cosine"),
+    ("shift", "aux 2", r"closer to layer 3 \(mean cosine 1.000000\) than to its own layer"),
     ("zero", "aux 1", r"8 position\(s\) whose state is all zeros"),
     ("nan", "aux 1", "non-finite"),
 ])
@@ -128,6 +128,24 @@ def test_gate_stops_a_faulty_engine_naming_the_layer_and_writes_nothing(tmp_path
     with pytest.raises(SpecframeError, match=rf"{layer}: {reason}.*Nothing was written"):
         prepare_cache(tiny, chat_records(6), tmp_path / "c", spec=spec, shard_size=4, engine=engine)
     assert not (tmp_path / "c").exists()
+
+
+def test_a_fault_after_the_gate_stops_at_its_shard_and_the_rest_resumes(tmp_path, tiny):  # noqa: F811
+    """The gate compares the first conversations only; later ones are still checked for NaN and zeroed rows before
+    their shard is written, and the shards finished before stay (the run resumes after them)."""
+    recs = chat_records(10)
+    spec = FeatureSpec(aux_layers=(1, 2, 3), final_hidden=True)
+    ids = engine_layer_ids(spec, tiny.num_layers)
+    # calls: the gate, shard 0, then shard 1 (conversations 4-7), where the fault starts
+    with pytest.raises(SpecframeError, match=r"states of conversation toy/\d hold non-finite values at layer id\(s\) "
+                                             r"\[1\]; the shards finished before it are kept"):
+        prepare_cache(tiny, recs, tmp_path / "c", spec=spec, dtype="float32", shard_size=4, draft_vocab=32,
+                      engine=HFStates(tiny, ids, fault="late nan"))
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert not manifest["complete"] and len(manifest["shards"]) == 1
+    rep = prepare_cache(tiny, recs, tmp_path / "c", spec=spec, dtype="float32", shard_size=4, draft_vocab=32,
+                        engine=HFStates(tiny, ids))
+    assert rep.shards_reused == 1 and rep.shards == 3
 
 
 def test_a_cache_from_an_engine_is_never_accepted_unchecked(tmp_path, tiny):  # noqa: F811
@@ -164,6 +182,21 @@ def test_gate_bounds_by_dtype():
         compare(ref, ref, (1, 2), "int8")
     with pytest.raises(SpecframeError, match="3 reference sequences, 2 to check"):
         compare(ref, ref[:2], (1, 2), "fp32")
+
+
+def test_a_state_nearer_its_neighbour_fails_inside_a_loose_bound():
+    """Deep targets' middle layers can sit within bf16's bound of each other: the neighbour check still names the
+    wrong layer."""
+    g = torch.Generator().manual_seed(3)
+    own = torch.randn(40, 16, generator=g)
+    nxt = own + 0.05 * torch.randn(40, 16, generator=g)  # a neighbour within the bf16 bound of its own layer
+    ref, near = [{"final": own}], [{"final": {"layer 3 through the final norm": nxt}}]
+    assert compare(ref, [{"final": nxt}], (), "bf16").passed  # the bound alone lets the wrong layer through
+    rep = compare(ref, [{"final": nxt}], (), "bf16", near)
+    assert rep.failures == [f"final: closer to layer 3 through the final norm (mean cosine 1.000000) than to its own "
+                            f"layer ({rep.layers[0].mean_cosine:.6f}), as a layer id off by one gives"]
+    honest = compare(ref, [{"final": own + 1e-3 * torch.randn(40, 16, generator=g)}], (), "bf16", near)
+    assert honest.passed and honest.layers[0].neighbour_cosine < honest.layers[0].mean_cosine
 
 
 def test_prepare_refuses_an_unusable_vllm_before_writing(tmp_path, monkeypatch, tiny):  # noqa: F811
@@ -243,7 +276,7 @@ def test_vllm_cache_matches_transformers_and_trains_alike_and_the_gate_catches_a
     engine = VllmStates(path, wrong, opts)
     engine.layer_ids = tuple(ids)  # it claims the ids the cache needs and hands out a neighbour's stream
     try:
-        with pytest.raises(SpecframeError, match=rf"aux {ids[0]}: min cosine.*Nothing was written"):
+        with pytest.raises(SpecframeError, match=rf"aux {ids[0]}: closer to layer {wrong[0]} .*Nothing was written"):
             prepare_cache(target, records, tmp_path / "w", spec=spec, dtype="float32", engine=engine)
     finally:
         engine.close()
