@@ -35,6 +35,7 @@ import attrs
 
 from specframe.data.chat import Encoded, EncodeStats, encode_dataset
 from specframe.errors import SpecframeError, read_json
+from specframe.feature_engines import check_engine, engine_features, gate_engine
 from specframe.features import FeatureSpec, capture_features
 from specframe.vocab import DraftVocab, build_draft_vocab, count_tokens, vocab_metadata
 
@@ -134,72 +135,6 @@ def capture_spec(spec: FeatureSpec, teacher_top_k: int = 0) -> FeatureSpec:
     return attrs.evolve(spec, final_hidden=True) if teacher_top_k else spec
 
 
-def engine_layer_ids(spec: FeatureSpec, num_layers: int) -> tuple[int, ...]:
-    """The layer ids an engine must hand out for ``spec``: the aux ids in order, then ``num_layers`` (the last layer's
-    output before the final norm) when the final state is declared."""
-    return tuple(spec.aux_layers or ()) + ((num_layers,) if spec.final_hidden else ())
-
-
-def _engine_features(engine: Any, target: Any, prompts: list[list[int]], batch: list[int],
-                     spec: FeatureSpec, names: list[str] | None = None) -> dict[int, tuple[Any, Any]]:
-    """Each conversation's (aux, final) from ``engine``. ``names`` given: each one's states are checked first (the
-    parity gate, which checks its own conversations against the reference, passes none)."""
-    import torch
-
-    from specframe.features import apply_final_norm
-
-    n_aux = len(spec.aux_layers or ())
-    ids = list(engine.layer_ids)
-    out = {}
-    for k, (i, states) in enumerate(zip(batch, engine.extract(prompts))):
-        # the gate compared the first conversations; every later one is still checked for the silent failures
-        # (NaN, zeroed rows) before its shard is written. id 0 is the embeddings, where a zero row can be real.
-        bad = [ids[j] for j in range(states.shape[1]) if not bool(torch.isfinite(states[:, j]).all())]
-        zero = [ids[j] for j in range(states.shape[1]) if ids[j] != 0 and bool((states[:, j] == 0).all(-1).any())]
-        if names is not None and (bad or zero):
-            what = (f"non-finite values at layer id(s) {bad}" if bad else
-                    f"all-zero positions at layer id(s) {zero}")
-            raise SpecframeError(f"the {engine.name} states of conversation {names[k]} hold {what}; the shards finished "
-                                 "before it are kept (the same command resumes after them)")
-        aux = states[:, :n_aux].flatten(-2) if n_aux else None
-        fin = apply_final_norm(target, states[:, n_aux]) if spec.final_hidden else None
-        out[i] = (aux, fin)
-    return out
-
-
-def _parity_gate(target: Any, prompts: list[list[int]], candidate: dict[int, tuple[Any, Any]],
-                 spec: FeatureSpec) -> Any:
-    """``specframe.feature_gate.compare`` of ``candidate`` (features per conversation index, in order) against the
-    target's own forward over each prompt alone."""
-    import torch
-
-    from specframe.feature_gate import compare
-    from specframe.features import apply_final_norm
-
-    dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
-        target.model.get_input_embeddings().weight.dtype, "fp32")
-    n_layers = target.num_layers
-    aux = tuple(spec.aux_layers or ())
-    # each declared state's neighbouring layers, which a wrong id would hand out instead: the streams entering the
-    # layers before and after it; for the final state, the stream entering the last layer through the final norm
-    near = {f"aux {k}": [j for j in (k - 1, k + 1) if 0 <= j < n_layers] for k in aux}
-    if spec.final_hidden and n_layers > 1:
-        near["final"] = [n_layers - 1]
-    wanted = sorted(set(aux) | {j for js in near.values() for j in js})
-    ref_spec = attrs.evolve(spec, aux_layers=tuple(wanted) or None)
-    ref, got, neighbours = [], [], []
-    for prompt, (aux_got, fin) in zip(prompts, (candidate[i] for i in sorted(candidate))):
-        f = capture_features(target, torch.tensor([prompt]), ref_spec)
-        streams = {} if f.aux is None else dict(zip(wanted, f.aux[0].unflatten(-1, (len(wanted), -1)).unbind(1)))
-        ref.append({"aux": torch.cat([streams[k] for k in aux], -1) if aux else None,
-                    "final": None if f.final is None else f.final[0]})
-        got.append({"aux": aux_got, "final": fin})
-        neighbours.append({name: {(f"layer {j}" if name != "final" else f"layer {j} through the final norm"):
-                                  (streams[j] if name != "final" else apply_final_norm(target, streams[j]))
-                                  for j in js} for name, js in near.items()})
-    return compare(ref, got, aux, dtype, neighbours)
-
-
 def _batches(idx: list[int], lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
     """Greedy length-sorted batches of at most ``max_batch_tokens`` padded tokens (deterministic)."""
     order = sorted(idx, key=lambda i: (lengths[i], i))
@@ -271,12 +206,7 @@ def prepare_cache(
     capture = capture_spec(spec, teacher_top_k)
     rep = PrepareReport(teacher_top_k=teacher_top_k)
     if engine is not None:
-        want = engine_layer_ids(capture, n_layers)
-        if tuple(engine.layer_ids) != want:
-            raise SpecframeError(f"the feature engine extracts layers {list(engine.layer_ids)}, the cache needs {list(want)}")
-        if isinstance(gate_sequences, bool) or not isinstance(gate_sequences, int) or gate_sequences < 1:
-            raise SpecframeError(f"the parity gate needs at least one sequence, got {gate_sequences!r}: a cache from "
-                                 "another engine is never accepted unchecked")
+        check_engine(engine, capture, n_layers, gate_sequences, "the cache")
     examples = list(encode_dataset(tok, records, max_length=max_length, stats=rep.encode, workers=workers))
     if not examples:
         raise SpecframeError(f"no usable conversation in the data ({rep.encode.summary()})")
@@ -308,11 +238,11 @@ def prepare_cache(
             config["teacher_head"] = head.describe()
     n_shards = (len(examples) + shard_size - 1) // shard_size
 
-    def capture_batch(batch: list[int], checked: bool = True) -> dict[int, tuple[Any, Any]]:
+    def capture_batch(batch: list[int]) -> dict[int, tuple[Any, Any]]:
         """(aux [T, A*H] or None, final [T, H] or None) per conversation, in the target's compute precision."""
         if engine is not None:
-            names = [f"{examples[i].source}/{examples[i].id}" for i in batch] if checked else None
-            return _engine_features(engine, target, [examples[i].input_ids for i in batch], batch, capture, names)
+            names = [f"conversation {examples[i].source}/{examples[i].id}" for i in batch]
+            return engine_features(engine, target, [examples[i].input_ids for i in batch], batch, capture, names)
         width = max(lengths[i] for i in batch)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
@@ -327,11 +257,8 @@ def prepare_cache(
     lengths = [len(e.input_ids) for e in examples]
     engine_record = None
     if engine is not None:
-        first = list(range(min(gate_sequences, len(examples))))
-        gate = _parity_gate(target, [examples[i].input_ids for i in first], capture_batch(first, checked=False), capture)
-        if not gate.passed:
-            raise SpecframeError(f"the {engine.name} features do not match the target's own ({gate.summary()}): "
-                                 + "; ".join(gate.failures) + ". Nothing was written.")
+        gate = gate_engine(engine, target, [e.input_ids for e in examples[:gate_sequences]], capture,
+                           "Nothing was written.")
         engine_record = engine.describe() | {"gate": gate.as_dict()}
         rep.gate = gate
     finished: list[dict] = []

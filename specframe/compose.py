@@ -155,4 +155,28 @@ def feature_source(cfg: Any, target: Any, spec: Any) -> Any:
 
     if cfg.cache is not None:
         return CacheSource(cfg.cache, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack)
-    return OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack, cfg.data_workers)
+    return OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack, cfg.data_workers,
+                        engine=feature_engine(cfg, target, spec), gate_sequences=cfg.gate_sequences)
+
+
+def feature_engine(cfg: Any, target: Any, spec: Any) -> Any:
+    """The engine computing the online features in place of the target's transformers forward (None: that
+    forward). vLLM is imported only when asked for."""
+    if cfg.feature_engine == "transformers":
+        return None
+    import os
+
+    from specframe.feature_engines import engine_layer_ids
+    from specframe.vllm.answer import AnswerOptions
+    from specframe.vllm.states import VllmStates, model_len
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("--feature-engine vllm starts one engine in the trainer's process; under torchrun every rank "
+                         "would start its own: prepare a feature cache with `specframe prepare --engine vllm` in one "
+                         "process, then train from it (--cache) on many")
+    if target.path is None:
+        raise UsageError("--feature-engine vllm needs the target as a model folder vLLM can load")
+    return VllmStates(target.path, engine_layer_ids(spec, target.num_layers), AnswerOptions(
+        dtype=cfg.dtype, max_model_len=model_len(target.config, cfg.seq_len, "--seq-len"), max_num_seqs=32,
+        tensor_parallel_size=cfg.vllm_tensor_parallel_size, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        kv_cache_gib=cfg.vllm_kv_cache_gib))

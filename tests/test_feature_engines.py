@@ -14,8 +14,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from specframe.cache import FeatureCache, engine_layer_ids, prepare_cache
+from specframe.cache import FeatureCache, prepare_cache
 from specframe.errors import SpecframeError
+from specframe.feature_engines import engine_layer_ids
 from specframe.feature_gate import BOUNDS, GateReport, compare, describe_engine
 from specframe.features import FeatureSpec, apply_final_norm
 from specframe.vllm import vllm_available
@@ -193,8 +194,9 @@ def test_a_state_nearer_its_neighbour_fails_inside_a_loose_bound():
     ref, near = [{"final": own}], [{"final": {"layer 3 through the final norm": nxt}}]
     assert compare(ref, [{"final": nxt}], (), "bf16").passed  # the bound alone lets the wrong layer through
     rep = compare(ref, [{"final": nxt}], (), "bf16", near)
-    assert rep.failures == [f"final: closer to layer 3 through the final norm (mean cosine 1.000000) than to its own "
-                            f"layer ({rep.layers[0].mean_cosine:.6f}), as a layer id off by one gives"]
+    want = ("final: closer to layer 3 through the final norm (mean cosine 1.000000) than to its own layer "
+            f"({rep.layers[0].mean_cosine:.6f}), as a layer id off by one gives")
+    assert rep.failures == [want]
     honest = compare(ref, [{"final": own + 1e-3 * torch.randn(40, 16, generator=g)}], (), "bf16", near)
     assert honest.passed and honest.layers[0].neighbour_cosine < honest.layers[0].mean_cosine
 
@@ -281,3 +283,75 @@ def test_vllm_cache_matches_transformers_and_trains_alike_and_the_gate_catches_a
     finally:
         engine.close()
     assert not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------------------------------------- online, in `train`
+
+
+def test_online_features_from_an_engine_equal_the_transformers_ones_after_the_gate(tmp_path, tiny):  # noqa: F811
+    from specframe.engine.data import OnlineSource
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in chat_records(9)))
+    spec = FeatureSpec(aux_layers=(1, 2, 3), final_hidden=True)
+    engine = HFStates(tiny, engine_layer_ids(spec, tiny.num_layers))
+    engine.closed = False
+    engine.close = lambda: setattr(engine, "closed", True)
+    via = OnlineSource(str(data), tiny, spec, 160, None, True, engine=engine, gate_sequences=2)
+    ref = OnlineSource(str(data), tiny, spec, 160, None, True)
+    assert via.gate.passed and via.gate.sequences == 2 and engine.calls == [2]
+    assert len(via) == len(ref) and len(via) < 9  # packed: several conversations per sequence
+    for i in range(len(ref)):
+        a, b = via.example(i).features, ref.example(i).features
+        assert set(a) == set(b) == {"aux_hidden", "final_hidden"}
+        assert torch.allclose(a["aux_hidden"], b["aux_hidden"], atol=1e-5)
+        assert torch.allclose(a["final_hidden"], b["final_hidden"], atol=1e-5)
+    assert engine.calls[1:] == [len(g) for g in via.groups]  # one call per sequence, its conversations together
+    via.close()
+    assert engine.closed
+    with pytest.raises(SpecframeError, match=r"aux 2: closer to layer 3 .*Nothing was trained"):
+        OnlineSource(str(data), tiny, spec, 160, None, True, engine=HFStates(tiny, engine.layer_ids, fault="shift"))
+
+
+def test_the_feature_engine_is_for_online_features_and_one_process():
+    from specframe.engine import TrainConfig
+    from specframe.errors import UsageError
+
+    with pytest.raises(UsageError, match="--feature-engine vllm computes features online from --data; a --cache"):
+        TrainConfig(drafter="peagle", output="o", data=None, cache="c", feature_engine="vllm")
+    with pytest.raises(UsageError, match="--feature-engine must be one of transformers, vllm, got 'sglang'"):
+        TrainConfig(drafter="peagle", output="o", feature_engine="sglang")
+    with pytest.raises(UsageError, match="--gate-sequences must be positive"):
+        TrainConfig(drafter="peagle", output="o", feature_engine="vllm", gate_sequences=0)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_train_with_vllm_features_gives_the_transformers_losses(tmp_path):
+    """`train --feature-engine vllm` on the tiny vLLM-layout target: P-EAGLE's losses and weights equal those of the
+    run fed by the target's transformers forward, within the fp32 bound; the start line shows the gate."""
+    from safetensors.torch import load_file
+
+    from specframe.engine import TrainConfig, train
+    from specframe.engine import checkpoint as ckpt
+    from tests.train_fixtures import small_options, write_chat
+    from tests.vllm_fixtures import build_target
+
+    path = build_target(tmp_path / "target")
+    write_chat(tmp_path / "chat.jsonl")
+    lines = []
+
+    def run(out, **kw):
+        return train(TrainConfig(drafter="peagle", output=str(tmp_path / out), target=str(path),
+                                 data=str(tmp_path / "chat.jsonl"), seq_len=48, max_steps=3, batch_size=2, lr=3e-3,
+                                 val_examples=2, drafter_options=small_options(k_train=3), vllm_kv_cache_gib=1, **kw),
+                     progress=False, log_lines=lines.append)
+
+    a, b = run("v", feature_engine="vllm"), run("t")
+    assert any(line.startswith("features from vllm: parity gate on 4 sequences") and "passed" in line
+               for line in lines), lines
+    la, lb = [m["train_loss"] for m in a.metrics], [m["train_loss"] for m in b.metrics]
+    assert la == pytest.approx(lb, rel=1e-3), (la, lb)
+    wa = load_file(str(ckpt.resolve(a.checkpoint) / "model.safetensors"))
+    wb = load_file(str(ckpt.resolve(b.checkpoint) / "model.safetensors"))
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-4, rtol=1e-3) for k in wa)

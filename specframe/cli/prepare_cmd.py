@@ -80,9 +80,10 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
         TimeRemainingColumn,
     )
 
-    from specframe.cache import capture_spec, engine_layer_ids, prepare_cache
+    from specframe.cache import capture_spec, prepare_cache
     from specframe.data.specs import load_data
     from specframe.errors import UsageError
+    from specframe.feature_engines import engine_layer_ids
     from specframe.features import FeatureSpec, default_aux_layers
 
     # with --engine vllm the target is still loaded here (--device / --device-map place it): the parity gate's
@@ -114,16 +115,11 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
     states = None
     if engine == "vllm":  # started before the cache folder is touched: an unusable vLLM is refused with nothing written
         from specframe.vllm.answer import AnswerOptions
-        from specframe.vllm.states import VllmStates
+        from specframe.vllm.states import VllmStates, model_len
 
         # each conversation is a prompt of at most --max-length tokens and one generated token, never used
-        limit_pos = getattr(tgt.config, "max_position_embeddings", None)
-        if limit_pos is not None and max_length + 1 > limit_pos:
-            raise UsageError(f"--engine vllm: --max-length {max_length} leaves no room for the one token vLLM must "
-                             f"generate per conversation within the target's {limit_pos} positions; use "
-                             f"--max-length {limit_pos - 1} or less")
         states = VllmStates(tgt.path, engine_layer_ids(capture_spec(spec, teacher_top_k), tgt.num_layers),
-                            AnswerOptions(dtype=loading.dtype, max_model_len=max_length + 1,
+                            AnswerOptions(dtype=loading.dtype, max_model_len=model_len(tgt.config, max_length, "--max-length"),
                                           max_num_seqs=max_num_seqs or shard_size,
                                           tensor_parallel_size=tensor_parallel_size,
                                           pipeline_parallel_size=pipeline_parallel_size,

@@ -50,6 +50,19 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
               help="Compute the next step's target features (online: the target's forward; --cache: the read) in a "
                    "background thread while this step trains. Default: on for CUDA (a side stream overlaps the "
                    "drafter's kernels), off on CPU (both would share the same cores).")
+@click.option("--feature-engine", type=click.Choice(["transformers", "vllm"]), default=None,
+              help="Where online features (--data) come from: the target's transformers forward (default), or vLLM's "
+                   "hidden-state extraction, an engine in this process whose states must first pass a parity gate "
+                   "against transformers (--gate-sequences). With --cache: fill the cache with `specframe prepare "
+                   "--engine vllm` instead.")
+@click.option("--gate-sequences", type=int, default=None,
+              help="--feature-engine vllm: conversations checked against transformers before training (default 4).")
+@click.option("--vllm-kv-cache-gib", type=int, default=None, help="--feature-engine vllm on the CPU: KV cache (GiB, "
+              "default 2).")
+@click.option("--vllm-tensor-parallel-size", type=int, default=None,
+              help="--feature-engine vllm: GPUs per layer (default 1).")
+@click.option("--vllm-gpu-memory-utilization", type=float, default=None,
+              help="--feature-engine vllm: share of each GPU's memory the engine may take (default: vLLM's, 0.9).")
 @click.option("--depth", type=int, default=None, help="Training depth K (elements per anchor). Default: the "
               "drafter's own k_train (`specframe plugins --options DRAFTER`; peagle and pard 8, eagle3 7, "
               "parallelspec 5).")

@@ -59,6 +59,15 @@ class TrainConfig:
     #: compute the next step's features in a background thread while this step trains (None: on CUDA, where the
     #: target's kernels overlap the drafter's on a side stream; off on CPU, where both would share the same cores)
     prefetch: bool | None = None
+    #: where online features (--data) come from: the target's transformers forward, or vLLM's hidden-state
+    #: extraction (an engine in the trainer's process, its states checked against transformers on the first
+    #: gate_sequences conversations before training starts); a --cache was filled when it was prepared
+    feature_engine: str = attrs.field(default="transformers", validator=lambda i, a, v: _check_feature_engine(v))
+    gate_sequences: int = attrs.field(default=4, validator=_positive)
+    #: feature_engine = vllm: its KV cache on the CPU (GiB), GPUs per layer, and share of each GPU's memory
+    vllm_kv_cache_gib: int = attrs.field(default=2, validator=_positive)
+    vllm_tensor_parallel_size: int = attrs.field(default=1, validator=_positive)
+    vllm_gpu_memory_utilization: float | None = None
     #: shard the drafter's weights and AdamW state across the torchrun processes with FSDP2
     #: (specframe.engine.sharding) instead of replicating them under DDP
     fsdp: bool = False
@@ -89,8 +98,19 @@ class TrainConfig:
     def __attrs_post_init__(self) -> None:
         if (self.data is None) == (self.cache is None):
             raise UsageError("give exactly one of --data and --cache")
+        if self.feature_engine != "transformers" and self.cache is not None:
+            raise UsageError(f"--feature-engine {self.feature_engine} computes features online from --data; a --cache "
+                             "already holds them (fill one from vLLM with `specframe prepare --engine vllm`)")
         if self.max_steps is not None and self.epochs is not None:
             raise UsageError("give at most one of --max-steps and --epochs (one of them decides the run's length)")
+
+
+FEATURE_ENGINES = ("transformers", "vllm")
+
+
+def _check_feature_engine(value: Any) -> None:
+    if value not in FEATURE_ENGINES:
+        raise UsageError(f"--feature-engine must be one of {', '.join(FEATURE_ENGINES)}, got {value!r}")
 
 
 def _check_dtype(value: Any) -> None:

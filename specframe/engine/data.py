@@ -173,8 +173,14 @@ def _record_on_current_stream(feats: dict[str, torch.Tensor]) -> None:
 
 
 class OnlineSource(_Sequences):
+    """Conversations of ``spec`` with the target's features computed as they are needed: by its transformers
+    forward, one conversation at a time, or, given ``engine`` (``specframe.feature_engines``: vLLM's hidden-state
+    extraction), by that engine, a sequence's conversations in one call, after its states passed the parity gate on
+    the first ``gate_sequences`` conversations."""
+
     def __init__(self, spec: str, target: Any, feature_spec: Any, seq_len: int, limit: int | None,
-                 pack: bool = True, workers: int | None = None) -> None:
+                 pack: bool = True, workers: int | None = None, *, engine: Any = None,
+                 gate_sequences: int = 4) -> None:
         from specframe.data.chat import EncodeStats, encode_dataset
         from specframe.data.specs import load_data
 
@@ -191,6 +197,38 @@ class OnlineSource(_Sequences):
         if not conversations:
             raise SpecframeError(f"data '{spec}' has no conversation with assistant tokens within --seq-len {seq_len}")
         super().__init__(conversations, seq_len, pack, self._conversation_features)
+        self.engine = engine
+        self.gate = None
+        if engine is not None:
+            from specframe.feature_engines import check_engine, gate_engine
+
+            check_engine(engine, feature_spec, target.num_layers, gate_sequences, "the drafter")
+            self.gate = gate_engine(engine, target, [c.input_ids.tolist() for c in conversations[:gate_sequences]],
+                                    feature_spec, "Nothing was trained.")
+
+    def _gather(self, i: int) -> dict[str, torch.Tensor]:
+        if self.engine is None:
+            return super()._gather(i)
+        from specframe.feature_engines import engine_features
+
+        group = self.groups[i]
+        with self._compute_lock:  # one request per conversation of the sequence, all in flight at once
+            got = engine_features(self.engine, self.target, [self.conversations[j].input_ids.tolist() for j in group],
+                                  group, self.feature_spec, names=[f"training conversation {j}" for j in group],
+                                  after="training stops here (--resume continues from the last checkpoint)")
+        device = self._device()
+        feats = {}
+        for key, part in (("aux_hidden", 0), ("final_hidden", 1)):
+            pieces = [got[j][part] for j in group]
+            if pieces[0] is not None:
+                feats[key] = torch.cat(pieces).to(device=device, dtype=torch.float32)
+        return feats
+
+    def close(self) -> None:
+        super().close()
+        if self.engine is not None and hasattr(self.engine, "close"):
+            self.engine.close()
+            self.engine = None
 
     def _device(self) -> torch.device | None:
         model = getattr(self.target, "model", self.target)

@@ -797,6 +797,9 @@ class ProgressLines:
             f"conversations {packed} {len(trainer.train_ids)} training + {len(trainer.val_ids)} validation "
             f"sequences of at most {trainer.cfg.seq_len} tokens{resumed}"
         )
+        gate = getattr(trainer.source, "gate", None)
+        if gate is not None:  # online features from another engine: the check they passed
+            self.emit(f"features from {trainer.source.engine.name}: {gate.summary()}")
 
     def step(self, entry: dict[str, Any]) -> None:
         if self.emit is None:

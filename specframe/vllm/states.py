@@ -38,6 +38,17 @@ CONNECTOR_MODULE = "specframe.vllm.states_connector"
 WAIT_SECONDS = 600.0
 
 
+def model_len(config: Any, max_length: int, flag: str) -> int:
+    """vLLM's ``max_model_len`` for prompts of at most ``max_length`` tokens: one more, for the single token each
+    request must generate; a ``SpecframeError`` naming ``flag`` when the target's positions do not reach it."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and max_length + 1 > limit:
+        raise SpecframeError(f"--engine vllm: {flag} {max_length} leaves no room for the one token vLLM must generate "
+                             f"per conversation within the target's {limit} positions; use {flag} {limit - 1} or "
+                             "less")
+    return max_length + 1
+
+
 def extraction_problem(target: str | os.PathLike) -> str | None:
     """Why the installed vLLM cannot extract hidden states from ``target`` here (None: nothing known against it)."""
     try:
