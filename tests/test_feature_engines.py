@@ -78,6 +78,7 @@ def test_final_norm_of_the_last_layer_output_is_the_post_norm_state(tiny):  # no
     assert torch.allclose(apply_final_norm(tiny, pre), post, atol=1e-6)
 
 
+@pytest.mark.slow  # about 10 s: kept out of make test-fast, which is near its limit
 def test_cache_from_an_engine_equals_the_transformers_cache_and_records_the_gate(tmp_path, tiny):  # noqa: F811
     recs = chat_records(10)
     spec = FeatureSpec(aux_layers=(1, 2, 3), final_hidden=True)
@@ -288,6 +289,7 @@ def test_vllm_cache_matches_transformers_and_trains_alike_and_the_gate_catches_a
 # ------------------------------------------------------------------------------------------- online, in `train`
 
 
+@pytest.mark.slow  # about 10 s: kept out of make test-fast, which is near its limit
 def test_online_features_from_an_engine_equal_the_transformers_ones_after_the_gate(tmp_path, tiny):  # noqa: F811
     from specframe.engine.data import OnlineSource
 
