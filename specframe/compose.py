@@ -155,8 +155,14 @@ def feature_source(cfg: Any, target: Any, spec: Any) -> Any:
 
     if cfg.cache is not None:
         return CacheSource(cfg.cache, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack)
-    return OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack, cfg.data_workers,
-                        engine=feature_engine(cfg, target, spec), gate_sequences=cfg.gate_sequences)
+    engine = feature_engine(cfg, target, spec)
+    try:
+        return OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack, cfg.data_workers,
+                            engine=engine, gate_sequences=cfg.gate_sequences)
+    except BaseException:
+        if engine is not None:  # a refused source (a failed gate, no usable data) releases the engine it started
+            engine.close()
+        raise
 
 
 def feature_engine(cfg: Any, target: Any, spec: Any) -> Any:

@@ -235,6 +235,15 @@ CASES = [
          lambda c: ["train", "--drafter", "peagle", "--target", "{other_target}", "--cache", "{cache}",
                     "--seq-len", 48, "--output", "{out}", "--config", "{config}", "--mask-builder", "dense",
                     "--max-steps", 1]),
+    Case("feature-engine-with-cache", "--feature-engine vllm with --cache",
+         "error: --feature-engine vllm computes features online from --data; a --cache already holds them (fill one "
+         "from vLLM with 'specframe prepare --engine vllm')",
+         lambda c: ["train", "--drafter", "peagle", "--target", "{target}", "--cache", "{cache}", "--seq-len", 48,
+                    "--output", "{out}", "--feature-engine", "vllm"]),
+    Case("feature-engine-with-budget", "--feature-engine vllm with --memory-budget",
+         "error: --memory-budget cannot be kept with --feature-engine vllm: the engine shares the trainer's process "
+         "and its memory; prepare a cache ('specframe prepare --engine vllm') and train from it under the budget",
+         lambda c: train(c, "--feature-engine", "vllm", "--memory-budget", "3GiB")),
     Case("resume-other-drafter", "--resume a peagle checkpoint as eagle3",
          "error: --resume {checkpoint} is a checkpoint of drafter 'peagle', not 'eagle3' (nothing was "
          "overwritten)",

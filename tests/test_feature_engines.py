@@ -323,6 +323,8 @@ def test_the_feature_engine_is_for_online_features_and_one_process():
         TrainConfig(drafter="peagle", output="o", data=None, cache="c", feature_engine="vllm")
     with pytest.raises(UsageError, match="--feature-engine must be one of transformers, vllm, got 'sglang'"):
         TrainConfig(drafter="peagle", output="o", feature_engine="sglang")
+    with pytest.raises(UsageError, match="--memory-budget cannot be kept with --feature-engine vllm"):
+        TrainConfig(drafter="peagle", output="o", feature_engine="vllm", memory_budget="3GiB")
     with pytest.raises(UsageError, match="--gate-sequences must be positive"):
         TrainConfig(drafter="peagle", output="o", feature_engine="vllm", gate_sequences=0)
 

@@ -100,7 +100,13 @@ class TrainConfig:
             raise UsageError("give exactly one of --data and --cache")
         if self.feature_engine != "transformers" and self.cache is not None:
             raise UsageError(f"--feature-engine {self.feature_engine} computes features online from --data; a --cache "
-                             "already holds them (fill one from vLLM with `specframe prepare --engine vllm`)")
+                             "already holds them (fill one from vLLM with 'specframe prepare --engine vllm')")
+        if self.feature_engine != "transformers" and self.memory_budget is not None:
+            # the guard reads the process's peak (RSS, or torch's allocator on CUDA), which would hold the engine's
+            # weights and KV cache as if they were the drafter's
+            raise UsageError(f"--memory-budget cannot be kept with --feature-engine {self.feature_engine}: the engine "
+                             "shares the trainer's process and its memory; prepare a cache ('specframe prepare "
+                             "--engine vllm') and train from it under the budget")
         if self.max_steps is not None and self.epochs is not None:
             raise UsageError("give at most one of --max-steps and --epochs (one of them decides the run's length)")
 
