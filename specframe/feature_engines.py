@@ -36,14 +36,15 @@ def engine_features(engine: Any, target: Any, prompts: list[list[int]], batch: l
     ids = list(engine.layer_ids)
     out = {}
     for k, (i, states) in enumerate(zip(batch, engine.extract(prompts))):
-        # the gate compared the first conversations; every later one is still checked for the silent failures
-        # (NaN, zeroed rows) before its shard is written. id 0 is the embeddings, where a zero row can be real.
-        bad = [ids[j] for j in range(states.shape[1]) if not bool(torch.isfinite(states[:, j]).all())]
-        zero = [ids[j] for j in range(states.shape[1]) if ids[j] != 0 and bool((states[:, j] == 0).all(-1).any())]
-        if names is not None and (bad or zero):
-            what = (f"non-finite values at layer id(s) {bad}" if bad else
-                    f"all-zero positions at layer id(s) {zero}")
-            raise SpecframeError(f"the {engine.name} states of {names[k]} hold {what}; {after}")
+        if names is not None:
+            # the gate compared the first conversations; every later one is still checked for the silent failures
+            # (NaN, zeroed rows) before it is used. id 0 is the embeddings, where a zero row can be real.
+            bad = [ids[j] for j in range(states.shape[1]) if not bool(torch.isfinite(states[:, j]).all())]
+            zero = [ids[j] for j in range(states.shape[1]) if ids[j] != 0 and bool((states[:, j] == 0).all(-1).any())]
+            if bad or zero:
+                what = (f"non-finite values at layer id(s) {bad}" if bad else
+                        f"all-zero positions at layer id(s) {zero}")
+                raise SpecframeError(f"the {engine.name} states of {names[k]} hold {what}; {after}")
         aux = states[:, :n_aux].flatten(-2) if n_aux else None
         fin = apply_final_norm(target, states[:, n_aux]) if spec.final_hidden else None
         out[i] = (aux, fin)
@@ -56,11 +57,12 @@ def parity_gate(target: Any, prompts: list[list[int]], candidate: dict[int, tupl
     target's own forward over each prompt alone."""
     import torch
 
+    from specframe.devices import DTYPES
     from specframe.feature_gate import compare
     from specframe.features import apply_final_norm
 
-    dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
-        target.model.get_input_embeddings().weight.dtype, "fp32")
+    spelled = {getattr(torch, full): short for short, full in DTYPES.items()}  # torch.bfloat16 -> "bf16"
+    dtype = spelled.get(target.model.get_input_embeddings().weight.dtype, "fp32")
     n_layers = target.num_layers
     aux = tuple(spec.aux_layers or ())
     # each declared state's neighbouring layers, which a wrong id would hand out instead: the streams entering the

@@ -138,8 +138,13 @@ class _Sequences:
 
     def _gather(self, i: int) -> dict[str, torch.Tensor]:
         with self._compute_lock:
-            per = [self._features(j) for j in self.groups[i]]
+            per = self._group_features(self.groups[i])
         return {key: torch.cat([f[key] for f in per]) for key in per[0]} if len(per) > 1 else per[0]
+
+    def _group_features(self, group: list[int]) -> list[dict[str, torch.Tensor]]:
+        """The features of one sequence's conversations, in order (a source that computes them together overrides
+        this)."""
+        return [self._features(j) for j in group]
 
     def _remember(self, i: int, feats: dict[str, torch.Tensor]) -> None:
         if self._keep is None or i in self._keep:
@@ -206,23 +211,19 @@ class OnlineSource(_Sequences):
             self.gate = gate_engine(engine, target, [c.input_ids.tolist() for c in conversations[:gate_sequences]],
                                     feature_spec, "Nothing was trained.")
 
-    def _gather(self, i: int) -> dict[str, torch.Tensor]:
+    def _group_features(self, group: list[int]) -> list[dict[str, torch.Tensor]]:
         if self.engine is None:
-            return super()._gather(i)
+            return super()._group_features(group)
         from specframe.feature_engines import engine_features
 
-        group = self.groups[i]
-        with self._compute_lock:  # one request per conversation of the sequence, all in flight at once
-            got = engine_features(self.engine, self.target, [self.conversations[j].input_ids.tolist() for j in group],
-                                  group, self.feature_spec, names=[f"training conversation {j}" for j in group],
-                                  after="training stops here (--resume continues from the last checkpoint)")
+        # one request per conversation of the sequence, all in flight at once
+        got = engine_features(self.engine, self.target, [self.conversations[j].input_ids.tolist() for j in group],
+                              group, self.feature_spec, names=[f"training conversation {j}" for j in group],
+                              after="training stops here (--resume continues from the last checkpoint)")
         device = self._device()
-        feats = {}
-        for key, part in (("aux_hidden", 0), ("final_hidden", 1)):
-            pieces = [got[j][part] for j in group]
-            if pieces[0] is not None:
-                feats[key] = torch.cat(pieces).to(device=device, dtype=torch.float32)
-        return feats
+        return [{key: t.to(device=device, dtype=torch.float32)
+                 for key, t in (("aux_hidden", got[j][0]), ("final_hidden", got[j][1])) if t is not None}
+                for j in group]
 
     def close(self) -> None:
         super().close()
