@@ -427,3 +427,20 @@ def test_smollm2_cache_from_vllm_matches_transformers_within_the_fp32_bound(tmp_
     got = [{"aux": x.aux_hidden, "final": x.final_hidden} for x in FeatureCache(tmp_path / "v")]
     whole = compare(ref, got, spec.aux_layers, "fp32")
     assert whole.passed and len(ref) == rep.examples >= 4, whole.failures
+
+
+@pytest.mark.slow
+def test_train_prints_and_reports_the_engine_a_cache_came_from(tmp_path, tiny):  # noqa: F811
+    from specframe.cli import main
+
+    spec = FeatureSpec.eagle(tiny.num_layers)
+    prepare_cache(tiny, chat_records(8), tmp_path / "c", spec=spec, dtype="float32", draft_vocab=None,
+                  engine=HFStates(tiny, engine_layer_ids(spec, tiny.num_layers)), gate_sequences=2)
+    res = CliRunner().invoke(main, ["train", "--drafter", "peagle", "--target", str(tiny.path), "--cache",
+                                    str(tmp_path / "c"), "--seq-len", "48", "--max-steps", "1", "--val-examples", "1",
+                                    "--output", str(tmp_path / "r"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert (f"cache {tmp_path / 'c'}: features from hf-stand-in (fp32); parity gate on 2 sequences"
+            in res.output), res.output
+    summary = json.loads(res.stdout[res.stdout.index("{"):])
+    assert summary["cache_engine"]["engine"] == "hf-stand-in" and summary["cache_engine"]["gate"]["passed"]
