@@ -244,6 +244,16 @@ CASES = [
          "error: --memory-budget cannot be kept with --feature-engine vllm: the engine shares the trainer's process "
          "and its memory; prepare a cache ('specframe prepare --engine vllm') and train from it under the budget",
          lambda c: train(c, "--feature-engine", "vllm", "--memory-budget", "3GiB")),
+    Case("capture-needs-vllm", "regenerate --capture with the transformers engine",
+         "error: --capture takes the states from vLLM's answering pass: use it with --engine vllm (with transformers, "
+         "'specframe prepare' computes them)",
+         lambda c: ["regenerate", "--target", "{target}", "--data", "{chat}", "--output", "{out}/a.jsonl",
+                    "--capture", "{out}/cache"]),
+    Case("capture-sharded", "regenerate --capture in one of several processes (--shard 0/2)",
+         "error: --capture runs as one process (--shard 0/1): the cache is written from every answer; spread a large "
+         "target with --tensor-parallel-size / --pipeline-parallel-size",
+         lambda c: ["regenerate", "--target", "{target}", "--data", "{chat}", "--output", "{out}/a.jsonl",
+                    "--engine", "vllm", "--shard", "0/2", "--capture", "{out}/cache"]),
     Case("resume-other-drafter", "--resume a peagle checkpoint as eagle3",
          "error: --resume {checkpoint} is a checkpoint of drafter 'peagle', not 'eagle3' (nothing was "
          "overwritten)",

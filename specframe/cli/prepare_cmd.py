@@ -12,6 +12,23 @@ import click
 from specframe.cli.target_options import target_loading
 
 
+def feature_spec(aux_layers: str, num_layers: int, *, final_hidden: bool = True):
+    """The ``FeatureSpec`` of an ``--aux-layers`` value ('default', 'none' or comma-separated ids)."""
+    from specframe.errors import UsageError
+    from specframe.features import FeatureSpec, default_aux_layers
+
+    if aux_layers == "default":
+        aux = default_aux_layers(num_layers)
+    elif aux_layers == "none":
+        aux = None
+    else:
+        try:
+            aux = tuple(int(x) for x in aux_layers.split(","))
+        except ValueError:
+            raise UsageError(f"--aux-layers must be 'default', 'none' or comma-separated integers, not '{aux_layers}'") from None
+    return FeatureSpec(aux_layers=aux, final_hidden=final_hidden)
+
+
 @click.command("prepare")
 @click.option("--target", default="default", show_default=True, help="Target: 'default', a model folder or a hub id.")
 @click.option(
@@ -84,7 +101,6 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
     from specframe.data.specs import load_data
     from specframe.errors import UsageError
     from specframe.feature_engines import engine_layer_ids
-    from specframe.features import FeatureSpec, default_aux_layers
 
     # with --engine vllm the target is still loaded here (--device / --device-map place it): the parity gate's
     # reference forward, the final norm and the teacher's head are its own
@@ -94,16 +110,8 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
     if threads:
         torch.set_num_threads(threads)
     tgt = loading.load(target)
-    if aux_layers == "default":
-        aux = default_aux_layers(tgt.num_layers)
-    elif aux_layers == "none":
-        aux = None
-    else:
-        try:
-            aux = tuple(int(x) for x in aux_layers.split(","))
-        except ValueError:
-            raise UsageError(f"--aux-layers must be 'default', 'none' or comma-separated integers, not '{aux_layers}'") from None
-    spec = FeatureSpec(aux_layers=aux, final_hidden=not no_final_hidden)
+    spec = feature_spec(aux_layers, tgt.num_layers, final_hidden=not no_final_hidden)
+    aux = spec.aux_layers
     load_stats: dict = {"bad_lines": 0}
     records = load_data(data, limit=limit, skip_bad_lines=skip_bad_lines, stats=load_stats)
     kill_after = os.environ.get("SPECFRAME_TEST_KILL_AFTER_SHARD")  # test hook: SIGKILL ourselves after shard N

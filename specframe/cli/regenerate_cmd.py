@@ -78,11 +78,27 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
 @click.option("--gpu-memory-utilization", type=float, default=None,
               help="vLLM: share of each GPU's memory the engine may take (default: vLLM's, 0.9).")
 @click.option("--kv-cache-gib", type=int, default=2, show_default=True, help="vLLM on the CPU: KV-cache size.")
+@click.option("--capture", "capture", type=click.Path(file_okay=False), default=None,
+              help="--engine vllm: also write the answered conversations' feature cache to this folder, the states "
+              "taken from the answering pass (prefix caching: only each conversation's closing tail is computed "
+              "again); the same cache `specframe prepare` writes, parity gate included. Resumable with the answers.")
+@click.option("--aux-layers", default="default", show_default=True,
+              help="--capture: aux layer ids, as `specframe prepare --aux-layers`.")
+@click.option("--storage-dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16",
+              show_default=True, help="--capture: dtype the cache stores the states in.")
+@click.option("--draft-vocab", type=int, default=16384, show_default=True,
+              help="--capture: draft vocabulary size saved with the cache (0 = none).")
+@click.option("--teacher-top-k", type=int, default=0, show_default=True,
+              help="--capture: also store the target's K most likely next tokens, as `specframe prepare`.")
+@click.option("--gate-sequences", type=int, default=4, show_default=True,
+              help="--capture: conversations recomputed with transformers and compared layer by layer before the cache "
+              "is written (at least 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @target_loading
 def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, shard, finalize_only,
                keep_dir, threads, engine, max_num_seqs, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,
-               kv_cache_gib, as_json, loading):
+               kv_cache_gib, capture, aux_layers, storage_dtype, draft_vocab, teacher_top_k, gate_sequences, as_json,
+               loading):
     """Answer prompts greedily with the target; resumable (rerun the same command after a kill)."""
     import torch
     from rich.progress import Progress
@@ -97,21 +113,55 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
     if engine == "vllm" and loading.device_map is not None:
         raise UsageError("--device-map places a transformers model; vLLM spreads a target with "
                          "--tensor-parallel-size / --pipeline-parallel-size")
-    if threads and engine == "transformers":
+    if capture is not None:
+        if engine != "vllm":
+            raise UsageError("--capture takes the states from vLLM's answering pass: use it with --engine vllm "
+                             "(with transformers, 'specframe prepare' computes them)")
+        if shard != "0/1":
+            raise UsageError("--capture runs as one process (--shard 0/1): the cache is written from every answer; "
+                             "spread a large target with --tensor-parallel-size / --pipeline-parallel-size")
+        if gate_sequences < 1:
+            raise UsageError(f"--gate-sequences must be at least 1, got {gate_sequences}: a cache from vLLM is never "
+                             "accepted unchecked")
+    if threads and (engine == "transformers" or capture is not None):
         torch.set_num_threads(threads)
-    # vLLM reads the weights itself: only the tokenizer (prompt ids, decoding) and the weights' hash are needed here
-    tgt = loading.load(target, weights=engine == "transformers")
+    # vLLM reads the weights itself: only the tokenizer (prompt ids, decoding) and the weights' hash are needed here,
+    # unless a cache is captured (its gate's reference forward, final norm and teacher are the target's own)
+    tgt = loading.load(target, weights=engine == "transformers" or capture is not None)
     from specframe.data.regenerate import TransformersAnswerer
 
     answerer = TransformersAnswerer(tgt) if engine == "transformers" else None
+    spec = staged = None
+    if capture is not None:
+        from specframe.cache import capture_spec
+        from specframe.cli.prepare_cmd import feature_spec
+        from specframe.feature_engines import engine_layer_ids
+        from specframe.vllm.capture import CLOSING_TOKENS, StagedStates, staging_folder
+
+        spec = feature_spec(aux_layers, tgt.num_layers)
+        capture_length = max_prompt_tokens + max_new_tokens + CLOSING_TOKENS
+        staged = StagedStates(staging_folder(capture),
+                              engine_layer_ids(capture_spec(spec, teacher_top_k), tgt.num_layers))
     if engine == "vllm" and not finalize_only:
         from specframe.vllm.answer import AnswerOptions, VllmAnswerer
 
-        answerer = VllmAnswerer(str(tgt.path), AnswerOptions(
+        options = AnswerOptions(
             dtype=loading.dtype, max_model_len=max_prompt_tokens + max_new_tokens,
             max_num_seqs=max_num_seqs or batch_size, tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_gib=kv_cache_gib, threads=threads))
+            kv_cache_gib=kv_cache_gib, threads=threads)
+        if capture is None:
+            answerer = VllmAnswerer(str(tgt.path), options)
+        else:
+            import attrs
+
+            from specframe.vllm.capture import VllmCapture
+            from specframe.vllm.states import model_len
+
+            answerer = VllmCapture(tgt.path, staged.layer_ids, attrs.evolve(
+                options, max_model_len=model_len(tgt.config, capture_length, "--max-prompt-tokens + --max-new-tokens")),
+                tokenizer=tgt.tokenizer, max_length=capture_length, staging=staged)
+            staged.fallback = answerer
     records = []
     for d in data:
         if d == "default-prompts":
@@ -153,6 +203,7 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             shard=(k, w),
             also_done=parts,
             answerer=answerer,
+            on_batch=answerer.capture if staged is not None and answerer is not None else None,
         )
     runs_log = out.with_name(out.name + ".runs.jsonl")
     with open(runs_log, "a", encoding="utf-8") if not finalize_only else open(os.devnull, "w") as f:
@@ -183,12 +234,22 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
     else:
         tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, out)
+    captured = None
+    if capture is not None:
+        from specframe.vllm.capture import write_captured_cache
+
+        captured = write_captured_cache(tgt, records, rows, capture, staged, spec, data_name=f"regenerate:{out.name}",
+                                        max_length=capture_length, dtype=storage_dtype,
+                                        draft_vocab=draft_vocab or None, teacher_top_k=teacher_top_k,
+                                        gate_sequences=gate_sequences)
+    if answerer is not None and hasattr(answerer, "close"):
+        answerer.close()
     summary = rep.as_dict() | {
         "output": str(out),
         "records": len(rows),
         "bytes": out.stat().st_size,
         "wall_seconds": round(time.time() - t0, 1),
-    }
+    } | ({"capture": captured} if captured is not None else {})
     if provenance:
         counts: dict[str, int] = {}
         for r in rows:
@@ -225,6 +286,8 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             f"({rep.answer_tokens} tokens in {rep.seconds:.0f} s), {rep.already_done} already done, "
             f"{rep.skipped_long} prompts over --max-prompt-tokens, {rep.skipped_empty} empty"
         )
+        if captured is not None:
+            click.echo(captured["line"])
 
 
 def _natural(s: str):

@@ -135,14 +135,19 @@ def regenerate(
     shard: tuple[int, int] = (0, 1),
     also_done: Iterable[str | os.PathLike] = (),
     answerer: Any = None,
+    on_batch: Callable[[list[dict]], None] | None = None,
 ) -> RegenerateReport:
     """Answer the first user turn of every record greedily with ``target``; append to ``output`` (resumable).
 
     ``answerer`` generates a batch (default ``TransformersAnswerer(target)``; ``VllmAnswerer`` for vLLM): its
     ``answer(prompts, max_new_tokens, stop_ids)`` returns each prompt's new tokens and whether the engine stopped on
     a stop id. ``shard=(k, w)`` takes only batches ``k, k+w, k+2w, ...`` (w processes in parallel, each with its own
-    output); ids answered in any ``also_done`` file (the other workers' outputs) are skipped as well."""
+    output); ids answered in any ``also_done`` file (the other workers' outputs) are skipped as well. ``on_batch``
+    gets each finished batch's new conversations (``source``, ``id``, ``messages``: the prompt, then the answer)
+    before the batch is appended, so what it keeps for them (``--capture``'s states) exists for every answer a
+    resumed run finds."""
     tok = target.tokenizer
+    records = list(records)
     check_chat_template(tok)
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,6 +166,8 @@ def regenerate(
     rep.already_done = sum(1 for _, s, i, _ in items if (s, i) in done)
     stop_ids = stop_token_ids(target)
     answerer = answerer if answerer is not None else TransformersAnswerer(target)
+    prompts = {(str(r["source"]), str(r["id"])): prompt_messages(list(r["messages"])) for r in records} \
+        if on_batch else {}
     t0 = time.perf_counter()
     with open(out, "a", encoding="utf-8") as f:
         for bi, batch in enumerate(todo):
@@ -183,6 +190,8 @@ def regenerate(
                 }
                 lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
                 rep.generated += 1
+            if on_batch:
+                on_batch([conversation(prompts[(r["source"], r["id"])], r) for r in map(json.loads, lines)])
             f.write("".join(lines))
             f.flush()
             os.fsync(f.fileno())
@@ -196,6 +205,13 @@ def regenerate(
     if rep.total and not items:
         raise SpecframeError("no prompt left to answer (all empty or over --max-prompt-tokens)")
     return rep
+
+
+def conversation(prompt: list[dict], answer: dict) -> dict:
+    """The training conversation of an answer record: its prompt's messages, then the answer as the assistant's turn
+    (as ``specframe.data.default.load_default`` joins them)."""
+    return {"source": answer["source"], "id": answer["id"],
+            "messages": [*prompt, {"role": "assistant", "content": answer["answer"]}]}
 
 
 def plan_prompts(tok: Any, records: Iterable[dict], max_prompt_tokens: int,

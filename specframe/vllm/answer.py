@@ -39,6 +39,11 @@ class AnswerOptions:
     threads: int | None = None
     seed: int = 0
     enforce_eager: bool = True
+    #: reuse the KV (and, with extract_hidden_states, the hidden-state) blocks of an earlier request that shares a
+    #: prefix: ``regenerate --capture`` asks for a whole conversation's states right after answering its prompt
+    prefix_caching: bool = False
+    #: tokens per KV block (None: vLLM's; 128 on the CPU): a prefix is reused in whole blocks only
+    block_size: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.dtype not in VLLM_DTYPES:
@@ -48,6 +53,8 @@ class AnswerOptions:
                 raise SpecframeError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise SpecframeError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.block_size is not None and self.block_size < 1:
+            raise SpecframeError(f"vLLM's block size must be positive, got {self.block_size}")
         if self.kv_cache_gib < 1:
             raise SpecframeError(f"--kv-cache-gib must be a whole number of GiB, at least 1, got {self.kv_cache_gib}")
 
@@ -61,8 +68,10 @@ class AnswerOptions:
             "seed": self.seed,
             "enforce_eager": self.enforce_eager,
             # answers are independent: a shared-prefix cache would only change which kernels ran, not the answers
-            "enable_prefix_caching": False,
+            "enable_prefix_caching": self.prefix_caching,
         }
+        if self.block_size is not None:
+            kw["block_size"] = self.block_size
         if self.gpu_memory_utilization is not None:
             kw["gpu_memory_utilization"] = self.gpu_memory_utilization
         return kw
@@ -88,17 +97,24 @@ class VllmAnswerer:
 
     def answer(self, prompts: list[list[int]], max_new_tokens: int, stop_ids: list[int]) -> list[tuple[list[int], bool]]:
         """Each prompt's new tokens (the stop id included when vLLM keeps it) and whether it ended on a stop id."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        return [(tokens, stopped) for tokens, stopped, _ in generate_answers(self.llm, prompts, max_new_tokens,
+                                                                              stop_ids)]
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True,
-                                stop_token_ids=list(stop_ids), detokenize=False)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], params,
-                                 use_tqdm=False)
-        if len(outs) != len(prompts):
-            raise SpecframeError(f"vLLM answered {len(outs)} of {len(prompts)} prompts")
-        result = []
-        for out in outs:  # LLM.generate returns outputs in the order of its inputs
-            c = out.outputs[0]
-            result.append(([int(t) for t in c.token_ids], c.finish_reason == "stop"))
-        return result
+
+def generate_answers(llm: Any, prompts: list[list[int]], max_new_tokens: int,
+                     stop_ids: list[int]) -> list[tuple[list[int], bool, Any]]:
+    """Greedy answers of ``llm`` (a ``vllm.LLM``) to every prompt at once: each one's new tokens, whether it ended on
+    a stop id, and vLLM's output (its ``kv_transfer_params`` name a hidden-states file when the engine extracts)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True,
+                            stop_token_ids=list(stop_ids), detokenize=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], params, use_tqdm=False)
+    if len(outs) != len(prompts):
+        raise SpecframeError(f"vLLM answered {len(outs)} of {len(prompts)} prompts")
+    result = []
+    for out in outs:  # LLM.generate returns outputs in the order of its inputs
+        c = out.outputs[0]
+        result.append(([int(t) for t in c.token_ids], c.finish_reason == "stop", out))
+    return result

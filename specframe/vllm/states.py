@@ -107,6 +107,8 @@ class VllmStates:
             raise SpecframeError(f"vLLM's hidden-state extraction needs distinct layer ids, got {list(self.layer_ids)}")
         self.options = options
         self.model = str(model)
+        #: positions extracted, and how many of them vLLM took from its prefix cache (computed by an earlier request)
+        self.tokens = self.cached_tokens = 0
         problem = extraction_problem(self.model)
         if problem:
             raise SpecframeError(f"--engine vllm cannot prepare features for {self.model}: {problem}")
@@ -138,7 +140,6 @@ class VllmStates:
 
     def extract(self, prompts: Sequence[Sequence[int]]) -> list[Any]:
         """Each prompt's states, float tensors [T, len(layer_ids), H] in the engine's dtype, in the prompts' order."""
-        from safetensors.torch import load_file
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -156,12 +157,12 @@ class VllmStates:
                 raise SpecframeError(f"vLLM returned no hidden-states file for request {out.request_id}; is the "
                                      "extract_hidden_states method active?")
             paths.append(path)
+            self.tokens += len(out.prompt_token_ids or ())
+            self.cached_tokens += int(out.num_cached_tokens or 0)
         self._drain()
         states = []
         for prompt, path in zip(prompts, paths):
-            self._wait(path)
-            data = load_file(path)
-            os.unlink(path)
+            data = self._take(path)
             ids = [int(t) for t in data["token_ids"].tolist()]
             if ids != [int(t) for t in prompt]:
                 raise SpecframeError(f"vLLM's states file {os.path.basename(path)} holds {len(ids)} tokens that are "
@@ -172,6 +173,15 @@ class VllmStates:
                                      f"[{len(ids)}, {len(self.layer_ids)}, hidden]")
             states.append(h)
         return states
+
+    def _take(self, path: str) -> dict[str, Any]:
+        """The states file ``path`` once written (read, then removed)."""
+        from safetensors.torch import load_file
+
+        self._wait(path)
+        data = load_file(path)
+        os.unlink(path)
+        return data
 
     def _drain(self) -> None:
         """Step an in-process engine until no finished request still holds blocks: a request's states are written in

@@ -61,7 +61,7 @@ def read_answers(path: str | Path = ANSWERS) -> list[dict]:
 
 def load_default(limit: int | None = None, *, path: str | Path = ANSWERS) -> Any:
     """The default training set as a ``datasets.Dataset`` (source, id, messages = [prompt..., answer])."""
-    from specframe.data.regenerate import prompt_messages
+    from specframe.data.regenerate import conversation, prompt_messages
     from specframe.data.sources import _dataset, iter_sharegpt_raw, load_gsm8k, normalize_messages
 
     answers = interleave_sources(read_answers(path))
@@ -88,6 +88,5 @@ def load_default(limit: int | None = None, *, path: str | Path = ANSWERS) -> Any
         key = (a["source"], a["id"])
         if key not in prompts:
             raise SpecframeError(f"default set: prompt for {a['source']} record {a['id']} not found in its source")
-        msgs = prompts[key] + [{"role": "assistant", "content": a["answer"]}]
-        records.append({"source": a["source"], "id": a["id"], "messages": msgs})
+        records.append(conversation(prompts[key], a))
     return _dataset(records)
