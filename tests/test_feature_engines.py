@@ -333,7 +333,8 @@ def test_the_feature_engine_is_for_online_features_and_one_process():
 @needs_vllm
 def test_train_with_vllm_features_gives_the_transformers_losses(tmp_path):
     """`train --feature-engine vllm` on the tiny vLLM-layout target: P-EAGLE's losses and weights equal those of the
-    run fed by the target's transformers forward, within the fp32 bound; the start line shows the gate."""
+    run fed by the target's transformers forward, within the fp32 bound; the start line shows the gate; with
+    ``--prefetch`` (the engine called from the prefetch thread) the losses are the same."""
     from safetensors.torch import load_file
 
     from specframe.engine import TrainConfig, train
@@ -356,6 +357,9 @@ def test_train_with_vllm_features_gives_the_transformers_losses(tmp_path):
                for line in lines), lines
     la, lb = [m["train_loss"] for m in a.metrics], [m["train_loss"] for m in b.metrics]
     assert la == pytest.approx(lb, rel=1e-3), (la, lb)
+    # --prefetch: the engine is asked for the next step's sequences from the prefetch thread while this step trains
+    p = run("p", feature_engine="vllm", prefetch=True)
+    assert [m["train_loss"] for m in p.metrics] == pytest.approx(la, rel=1e-5)
     wa = load_file(str(ckpt.resolve(a.checkpoint) / "model.safetensors"))
     wb = load_file(str(ckpt.resolve(b.checkpoint) / "model.safetensors"))
     assert all(torch.allclose(wa[k], wb[k], atol=1e-4, rtol=1e-3) for k in wa)
