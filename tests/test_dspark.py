@@ -870,3 +870,181 @@ def test_a_deepspec_folder_it_cannot_hold_is_refused_by_name(target, tmp_path, c
     (folder / "config.json").write_text(json.dumps({**cfg, **change}))
     with pytest.raises(api.SpecframeError, match=f"cannot import {folder}: .*{says}"):
         load_drafter(folder, target.config)
+
+
+# SpecForge (sgl-project/SpecForge): DSparkDraftModel, saved by specforge.export.to_hf
+SPECFORGE_LAYOUTS = ("main", "first release", "torchspec port", "nested heads")
+
+
+def specforge_folder(drafter, target, path, layout="main"):
+    """A folder as SpecForge saves its DSpark drafter (``specforge.export.to_hf``: the draft built from the config it
+    trained with, in bf16, ``save_pretrained``, then ``apply_legacy_rope_scaling``'s top-level ``rope_theta``): a
+    transformers ``Qwen3Config`` with ``block_size``, ``num_target_layers``, ``draft_vocab_size`` and the DSpark fields
+    in ``dflash_config``, SpecForge's layer ids (output of layer k = specframe's aux id k + 1), and the module's
+    weights without ``embed_tokens`` / ``lm_head`` (SpecForge's draft has none: it runs the target's). ``layout``:
+    SpecForge's main line, its first release (``DFlashDraftModel`` with ``projector_type`` dspark), the unmerged
+    TorchSpec port (head fields at the top level) or heads saved under ``logit_head.`` (which SpecForge loads). The
+    drafter's weights are rounded to bf16 and its embedding / head set to the target's files' (what the import reads)."""
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config
+
+    from specframe.layouts import imports
+
+    t, opts, module = target.config, drafter.options, drafter.module()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+        module.embed_tokens.weight.copy_(imports.target_embedding(t))
+        module.lm_head.weight.copy_(imports.target_lm_head(t))
+    heads = {"markov_rank": opts.markov_rank, "markov_head_type": opts.markov_head_type, "confidence_head_alpha": 1.0,
+             "enable_confidence_head": opts.confidence_head,
+             "confidence_head_with_markov": opts.confidence_head_with_markov}
+    method = {"attention_mode": "gqa", "mask_token_id": drafter.mask_token_id,
+              "target_layer_ids": [i - 1 for i in drafter.aux_layer_ids], "projector_type": "dspark"}
+    top = heads if layout == "torchspec port" else {}
+    method.update({} if layout == "torchspec port" else heads)
+    architecture, source = ("DFlashDraftModel", "dflash") if layout == "first release" else ("DSparkDraftModel", "dspark")
+    config = Qwen3Config(
+        architectures=[architecture], auto_map={"AutoModel": f"{source}.{architecture}"}, vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, hidden_act=t.hidden_act,
+        rms_norm_eps=t.rms_norm_eps, max_position_embeddings=t.max_position_embeddings,
+        rope_parameters=dict(t.rope_parameters), num_hidden_layers=opts.layers,
+        layer_types=["full_attention"] * opts.layers, max_window_layers=opts.layers, tie_word_embeddings=False,
+        block_size=opts.block_size, num_target_layers=t.num_hidden_layers, draft_vocab_size=t.vocab_size,
+        dflash_config=method, dtype="bfloat16", **top)
+    cfg = json.loads(config.to_json_string(use_diff=True))
+    cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    weights = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in module.state_dict().items()
+               if k not in ("embed_tokens.weight", "lm_head.weight")}
+    if layout == "nested heads":
+        weights = {("logit_head." + k if k.startswith(("markov_head.", "confidence_head.")) else k): v
+                   for k, v in weights.items()}
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return cfg
+
+
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+@pytest.mark.parametrize("layout", SPECFORGE_LAYOUTS)
+def test_a_specforge_checkpoint_imports_as_dspark(target, tmp_path, layout, head):
+    """SpecForge's folder opens as the dspark drafter it came from: shape, aux layers (its layer ids + 1), mask token,
+    every weight (embedding and head from the target's files) and the tokens and confidences it drafts."""
+    from specframe.drafter_folders import load_drafter
+    from specframe.layouts import imports
+
+    drafter, ex = make(target, markov_rank=8, markov_head_type=head)
+    drafter.module().float()
+    folder = tmp_path / "specforge"
+    specforge_folder(drafter, target, folder, layout)
+    assert imports.format_of(folder) == "specforge-dspark"
+    back = load_drafter(folder, target.config)
+    assert back.aux_layer_ids == drafter.aux_layer_ids == [1, 3] and back.mask_token_id == drafter.mask_token_id
+    assert (back.options.block_size, back.options.markov_rank, back.options.layers) == (4, 8, 2)
+    assert back.options.markov_head_type == head
+    assert back.options.confidence_head and back.options.confidence_head_with_markov
+    mine, theirs = drafter.module().state_dict(), back.module().state_dict()
+    assert set(mine) == set(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    ctx = {k: v[:9].float() for k, v in ex.features.items()}
+    drafts = []
+    for d in (drafter, back):
+        d.module().eval()
+        d.start(ex.input_ids[:9], ctx)
+        drafts.append(d.propose(4))
+    assert torch.equal(drafts[0].tokens, drafts[1].tokens)
+    assert torch.allclose(drafts[0].confidence, drafts[1].confidence)
+
+
+def test_specforge_defaults_fill_what_its_config_leaves_out(target, tmp_path):
+    """Without target_layer_ids SpecForge reads build_target_layer_ids(num_target_layers, layers) (one draft layer:
+    the middle output L // 2, specframe's aux id L // 2 + 1); without enable_confidence_head the head exists when
+    confidence_head_alpha > 0, and confidence_head_with_markov defaults to false."""
+    from specframe.drafter_folders import load_drafter
+    from specframe.layouts import imports
+
+    assert imports._specforge_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # SpecForge's Qwen3-8B / 4B DSpark configs
+    assert imports._specforge_layer_ids(7, 3) == [1, 2, 4]  # 2.5 rounds to 2, as Python's round in SpecForge's code
+    drafter, ex = make(target, markov_rank=8, layers=1, aux_layer_ids=[3], confidence_head_with_markov=False)
+    drafter.module().float()
+    folder = tmp_path / "specforge"
+    cfg = specforge_folder(drafter, target, folder)
+    for key in ("target_layer_ids", "enable_confidence_head", "confidence_head_with_markov"):
+        del cfg["dflash_config"][key]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    back = load_drafter(folder, target.config)
+    assert back.aux_layer_ids == [3] and back.options.confidence_head and not back.options.confidence_head_with_markov
+    ctx = {k: v[:9].float() for k, v in ex.features.items()}
+    for d in (drafter, back):
+        d.module().eval()
+        d.start(ex.input_ids[:9], ctx)
+    assert torch.equal(drafter.propose(4).tokens, back.propose(4).tokens)
+
+
+def test_format_of_tells_specforge_dspark_from_the_other_folders(target, tmp_path):
+    """SpecForge's DFlash and Domino folders (DFlashDraftModel without projector_type dspark) are none of the formats;
+    a DeepSpec folder and specframe's speculators export keep theirs."""
+    from specframe.layouts import imports
+
+    drafter, _ = make(target, markov_rank=8)
+    drafter.module().float()
+    cfg = specforge_folder(drafter, target, tmp_path / "specforge", "first release")
+    for projector in (None, "domino"):
+        other = tmp_path / f"specforge-{projector}"
+        other.mkdir()
+        (other / "config.json").write_text(json.dumps(
+            {**cfg, "dflash_config": {**cfg["dflash_config"], "projector_type": projector}}))
+        assert imports.format_of(other) is None
+    deepspec_folder(drafter, target, tmp_path / "deepspec")
+    assert imports.format_of(tmp_path / "deepspec") == "deepspec"
+    drafter.export_vllm(tmp_path / "export", target.tokenizer)
+    assert imports.format_of(tmp_path / "export") == "speculators"
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"markov_head_type": "gated"}, "markov_head_type is 'gated'"),
+    ({"markov_rank": 0}, "markov_rank is 0: a SpecForge DSpark drafter without a Markov head"),
+    ({"mask_token_id": None}, "records no dflash_config.mask_token_id"),
+    ({"attention_mode": "mla"}, "attention mode 'mla'"),
+    ({"projector_type": "domino"}, "projector_type is 'domino'"),
+    ({"target_layer_ids": [-1, 2]}, r"target_layer_ids is \[-1, 2\]"),
+    ({"top": {"num_target_layers": 36}}, "num_target_layers 36 differs from the target's 4"),
+    ({"top": {"block_size": None}}, "block_size is None"),
+    ({"top": {"markov_rank": 16}}, "dflash_config.markov_rank is 8 and the top-level markov_rank is 16"),
+    ({"target_layer_ids": None, "top": {"num_target_layers": None}}, "neither dflash_config.target_layer_ids nor"),
+    ({"top": {"rope_theta": 1234.0, "rope_parameters": {"rope_theta": 1234.0, "rope_type": "default"}}}, "rope_theta"),
+    ({"top": {"rms_norm_eps": 0.001}}, "rms_norm_eps 0.001 differs from the target"),
+    ({"top": {"attention_bias": True}}, "attention_bias is true"),
+    ({"top": {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0,
+              "layer_types": ["sliding_attention"] * 2}}, "sliding_window 8"),
+    ("d2t", "tensor 'd2t': SpecForge's DSpark drafts over the target's whole vocabulary"),
+    ("gate_proj", "markov_head.gate_proj"),
+])
+def test_a_specforge_folder_it_cannot_hold_is_refused_by_name(target, tmp_path, change, says):
+    from safetensors.torch import load_file, save_file
+
+    from specframe.drafter_folders import load_drafter
+
+    drafter, _ = make(target, markov_rank=8)
+    drafter.module().float()
+    folder = tmp_path / "specforge"
+    cfg = specforge_folder(drafter, target, folder)
+    if change in ("d2t", "gate_proj"):  # a draft vocabulary; the gated head's weights with its type
+        weights = load_file(str(folder / "model.safetensors"))
+        if change == "d2t":
+            weights["d2t"] = torch.zeros(target.config.vocab_size, dtype=torch.long)
+        else:
+            weights["markov_head.gate_proj.weight"] = torch.zeros(8, 8 + target.config.hidden_size)
+            cfg["dflash_config"]["markov_head_type"] = "gated"
+        save_file(weights, str(folder / "model.safetensors"))
+        change = {}
+    change = dict(change)
+    for where, values in ((cfg, change.pop("top", {})), (cfg["dflash_config"], change)):
+        for key, value in values.items():
+            if value is None:
+                where.pop(key, None)
+            else:
+                where[key] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(api.SpecframeError, match=f"cannot import {folder}: .*{says}"):
+        load_drafter(folder, target.config)
