@@ -44,6 +44,17 @@ def collect(clone: Path, preset: str, checkout: Path = HERE.parent) -> list[Path
         tmp.write_text(text)
         tmp.replace(target)
         written.append(target)
+    # the gzip copies a run keeps beside its results (plain vLLM's answers to each set, harness.kept_document) hold
+    # token ids only: copied as they are
+    for path in sorted(source.glob("*/*.json.gz")):
+        target = checkout / path.relative_to(clone)
+        if target.exists() and target.read_bytes() == path.read_bytes():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(path.read_bytes())
+        tmp.replace(target)
+        written.append(target)
     return written
 
 

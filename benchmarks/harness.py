@@ -291,6 +291,33 @@ def training_figures(out: Path) -> dict[str, Any]:
     }
 
 
+def kept_document(path: Path, kept: Path, compute: Any) -> dict[str, Any]:
+    """A deterministic document kept twice: ``path`` in the work folder, and a gzip copy ``kept`` beside the
+    committed results (small enough to commit), so a run on a fresh machine, whose work folder is gone, reads the
+    committed copy instead of recomputing it. Read from whichever exists (the work folder first), else ``compute()``;
+    each missing copy is then written atomically (the gzip copy byte-for-byte reproducible: no name, no time)."""
+    import gzip
+
+    document = None
+    if path.exists():
+        document = json.loads(path.read_text())
+    elif kept.exists():
+        document = json.loads(gzip.decompress(kept.read_bytes()))
+    else:
+        document = compute()
+    text = json.dumps(document)
+    if not path.exists():
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    if not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        tmp = kept.with_name(kept.name + ".tmp")
+        tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+        os.replace(tmp, kept)
+    return document
+
+
 def saved_metrics(path: Path, key: str) -> dict[str, Any] | None:
     """The metrics of the results file at ``path`` if it was written for exactly ``key`` (its ``config.key``): a
     restarted suite reuses a finished measurement instead of repeating it."""

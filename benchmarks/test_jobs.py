@@ -28,7 +28,6 @@ whole answer and its checkpoint need not outlive the job.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shlex
 import tempfile
@@ -39,8 +38,8 @@ from typing import Any
 import attrs
 import pytest
 
-from harness import (beside_cores, busy_cpu_seconds, command, fingerprint, saved_metrics, target_provenance,
-                     too_few_tokens)
+from harness import (beside_cores, busy_cpu_seconds, command, fingerprint, kept_document, saved_metrics,
+                     target_provenance, too_few_tokens)
 from presets import exportable, resolve
 from specframe import bench
 
@@ -77,23 +76,24 @@ def _source(workspace) -> str:
 
 def contexts(workspace, dataset: str) -> tuple[dict[str, list[int]], dict[str, Any]]:
     """Every prompt turn's ids for ``dataset`` (later turns after plain vLLM's answers) and plain's generations,
-    computed once per preset and set and kept in the work folder (deterministic: recomputed the same if lost)."""
+    computed once per preset and set (deterministic: recomputed the same if lost), kept in the work folder and, as
+    gzip (about 70 KB a set), beside the baselines' results, so a fresh machine's run reads the committed copy
+    instead of answering every set in vLLM again (about 20 minutes on 2 cores)."""
     from specframe.vllm.acceptance import prompt_contexts
     from specframe.vllm.engine import Conversation, VllmGeneration
 
     p = workspace.preset
     prompts = bench.load_prompts(dataset, p.acceptance_prompts)
     key = fingerprint([dataset, [q.id for q in prompts], p.acceptance_max_new_tokens, p.target, JOB_SCHEMA])
-    path = workspace.root / f"contexts-{dataset}-{key}.json"
-    if path.exists():
-        saved = json.loads(path.read_text())
-        return saved["contexts"], {k: VllmGeneration.from_dict(g) for k, g in saved["plain"].items()}
-    ctx, plain = prompt_contexts(_source(workspace), [Conversation(q.id, tuple(q.turns)) for q in prompts],
-                                 max_new_tokens=p.acceptance_max_new_tokens, options=_engine_options(p))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"contexts": ctx, "plain": {k: g.as_dict() for k, g in plain.items()}}))
-    os.replace(tmp, path)
-    return ctx, plain
+    name = f"contexts-{dataset}-{key}.json"
+
+    def compute() -> dict[str, Any]:
+        ctx, plain = prompt_contexts(_source(workspace), [Conversation(q.id, tuple(q.turns)) for q in prompts],
+                                     max_new_tokens=p.acceptance_max_new_tokens, options=_engine_options(p))
+        return {"contexts": ctx, "plain": {k: g.as_dict() for k, g in plain.items()}}
+
+    saved = kept_document(workspace.root / name, workspace.results / "baselines" / f"{name}.gz", compute)
+    return saved["contexts"], {k: VllmGeneration.from_dict(g) for k, g in saved["plain"].items()}
 
 
 def _acceptance(workspace, target, dataset: str, jobs: dict, path: Path, config: dict, provenance: dict) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from harness import beside_cores, busy_cpu_seconds, run_cli  # noqa: E402
+from harness import beside_cores, busy_cpu_seconds, kept_document, run_cli  # noqa: E402
 
 
 def test_load_beside_a_child_is_the_machines_busy_time_less_the_childs_own():
@@ -70,3 +70,24 @@ def test_a_run_folder_left_by_other_settings_is_set_aside_not_resumed(tmp_path):
     # the same settings again: the finished run is reused as it is
     again = Workspace(longer, tmp_path / "work", tmp_path / "results").trained("peagle")
     assert again == second
+
+
+def test_a_kept_document_is_read_from_the_committed_copy_when_the_work_folder_lost_it(tmp_path):
+    import gzip
+    import json
+
+    work, kept = tmp_path / "work" / "contexts-x.json", tmp_path / "results" / "baselines" / "contexts-x.json.gz"
+    work.parent.mkdir()
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"contexts": {"q#0": [1, 2, 3]}}
+
+    first = kept_document(work, kept, compute)
+    assert calls == [1] and json.loads(work.read_text()) == first == json.loads(gzip.decompress(kept.read_bytes()))
+    copy = kept.read_bytes()
+    work.unlink()  # a fresh machine: the work folder is gone, the committed copy is not
+    assert kept_document(work, kept, compute) == first and calls == [1] and work.exists()
+    kept.unlink()  # the other way round: the work folder's copy rewrites the committed one, byte for byte
+    assert kept_document(work, kept, compute) == first and calls == [1] and kept.read_bytes() == copy

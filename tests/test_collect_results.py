@@ -46,6 +46,13 @@ def test_a_new_file_is_written_portable_and_an_unchanged_one_is_left_alone(folde
 
     source.write_text(json.dumps({**_document(clone, home), "per_prompt": [1]}))
     assert collect(clone, "cpu-large", checkout) == [target]
+    # a kept gzip copy (plain vLLM's answers to a set) is copied byte for byte
+    kept = clone / "benchmarks" / "results" / "cpu-large" / "baselines" / "contexts-mt-bench-k.json.gz"
+    kept.parent.mkdir()
+    kept.write_bytes(b"\x1f\x8bdata")
+    copied = checkout / "benchmarks" / "results" / "cpu-large" / "baselines" / "contexts-mt-bench-k.json.gz"
+    assert collect(clone, "cpu-large", checkout) == [copied] and copied.read_bytes() == b"\x1f\x8bdata"
+    assert collect(clone, "cpu-large", checkout) == []
 
 
 def test_a_file_with_a_foreign_absolute_path_is_refused_and_nothing_is_half_written(folders):
