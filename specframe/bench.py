@@ -177,6 +177,9 @@ class Method:
     checkpoint: str | None = None
     checkpoint_hash: str | None = None
     token_budget: int | None = None
+    #: this method's own verifier (None: the run's): one drafter under two verifiers side by side, e.g. DSpark's
+    #: block verified whole and through its confidence schedule
+    verifier: api.Verifier | None = None
 
     @property
     def slots(self) -> int:
@@ -299,7 +302,8 @@ class Trial:
 
 def decode(model: Any, prompt_ids: torch.Tensor, verifier: api.Verifier, method: Method, *,
            max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, eos_token_id: Any = None, seed: int = 0) -> Trial:
-    """Decode one prompt with ``method`` (seeded generator, no autograd)."""
+    """Decode one prompt with ``method`` (seeded generator, no autograd), under its own verifier if it has one."""
+    verifier = method.verifier if method.verifier is not None else verifier
     timed = _TimedDrafter(method.drafter) if method.drafter is not None else None
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -448,6 +452,8 @@ class Comparison:
                 entry["speedup_interval"] = self.ratio(m.label, exclude=excluded).as_dict()
                 if self.greedy:
                     entry["lossless"] = not self.mismatches(m.label)
+                if m.verifier is not None:
+                    entry["verifier"] = m.verifier.name
             methods[m.label] = entry
         drafted = [m.label for m in self.methods if m.label != PLAIN]
         ratios = {}
@@ -567,7 +573,9 @@ def compare(
                 decode(model, first, verifier, method, max_new_tokens=min(max_new_tokens, 16), seed=seed)
     for repeat in range(repeats):
         run_repeat(repeat)
-    comparison = Comparison(list(every), records, repeats, is_greedy(verifier))
+    # outputs must equal plain decoding's only where every verifier in the run is greedy
+    greedy = is_greedy(verifier) and all(is_greedy(m.verifier) for m in methods if m.verifier is not None)
+    comparison = Comparison(list(every), records, repeats, greedy)
     remeasure(comparison, run_repeat, max_remeasure, progress)
     return comparison
 

@@ -261,3 +261,34 @@ def test_drafters_without_trees_are_measured_and_labelled_as_chains(target):
 
     _label([m])
     assert m.label == "ngram/k4"
+
+
+def test_a_method_under_its_own_verifier_runs_beside_the_same_drafter_under_the_runs(target, prompt_file):
+    prompts = bench.load_prompts(str(prompt_file), 2)
+    greedy = bench.make_verifier("greedy")
+
+    class OneToken(type(greedy)):
+        """Greedy, verifying only the first draft token of each round (a schedule, as DSpark's verifier makes)."""
+
+        name = "one-token"
+
+        def schedule(self, draft):
+            return min(1, len(draft))
+
+    base = bench.plugin_method("ngram", target.config, k=4, label="ngram")
+    import attrs
+
+    twin = attrs.evolve(base, label="ngram+one-token", verifier=OneToken(greedy.options))
+    result = bench.compare(target.model, target.tokenizer, prompts, [base, twin], greedy, repeats=1,
+                           max_new_tokens=24, max_remeasure=0)
+    summary = result.summary()
+    one, whole = summary["methods"]["ngram+one-token"], summary["methods"]["ngram"]
+    assert summary["greedy"] and one["lossless"] and whole["lossless"]
+    assert one["verifier"] == "one-token" and "verifier" not in whole
+    # the twin really ran under its own verifier: never more than one draft token accepted per round
+    assert list(one["per_slot"][1:]) == [0.0] * 3 and whole["per_slot"][1] > 0 and one["acceptance_length"] <= 2.0
+    # a sampling twin makes the run's outputs free to differ from plain decoding's: no lossless claim is made
+    sampled = attrs.evolve(base, label="ngram+sampling", verifier=bench.make_verifier("sampling", temperature=1.0))
+    loose = bench.compare(target.model, target.tokenizer, prompts[:1], [base, sampled], greedy, repeats=1,
+                          max_new_tokens=8, max_remeasure=0, warmup=0).summary()
+    assert not loose["greedy"] and "lossless" not in loose["methods"]["ngram"]

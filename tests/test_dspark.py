@@ -591,6 +591,11 @@ def test_the_engine_verifies_the_scheduled_prefix_and_stays_lossless(target):
         generate(target.model, prompt, scheduled(), blind, k=4, max_new_tokens=4, eos_token_id=())
 
 
+def test_the_schedule_declares_itself_greedy_exactly_under_the_greedy_rule():
+    # bench checks every greedy run's output against plain decoding's: a greedy schedule must say it is one
+    assert scheduled().greedy and not scheduled(rule="sampling").greedy
+
+
 def test_the_cost_curve_is_measured_on_the_model():
     from specframe_dspark.scheduled import measure_cost_curve
 
@@ -720,6 +725,28 @@ def test_the_engine_calibrates_on_the_held_out_chains_and_the_checkpoint_keeps_i
     assert reloaded.confidence_temperature.tolist() == fitted.tolist()
     logits = torch.tensor([[1.0, -1.0, 2.0, 0.5]])
     assert reloaded.calibrated_confidence(logits).tolist() == torch.sigmoid(logits.double() / fitted).tolist()
+
+
+@pytest.mark.slow  # trains a drafter; per-method verifiers are fast-tested in tests/test_bench.py
+def test_bench_measures_the_block_whole_and_scheduled_side_by_side(tmp_path):
+    """`bench acceptance --verifier greedy --also-verifier scheduled`: the same DSpark checkpoint decoded under both
+    verifiers in one interleaved run, both lossless, the scheduled one labelled and reported as such."""
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+
+    _, out, _ = _train_dspark(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "add the fox"}]}) + "\n")
+    res = CliRunner().invoke(main, ["bench", "acceptance", "--checkpoint", str(out), "--dataset", str(prompts),
+                                    "--max-new-tokens", "12", "--also-verifier", "scheduled", "--json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output[res.output.index("{"):])
+    whole = [label for label in summary["methods"] if label.startswith("dspark/") and "+" not in label]
+    assert len(whole) == 1 and f"{whole[0]}+scheduled" in summary["methods"]
+    scheduled_ = summary["methods"][f"{whole[0]}+scheduled"]
+    assert scheduled_["verifier"] == "scheduled" and scheduled_["lossless"] and summary["methods"][whole[0]]["lossless"]
 
 
 def test_without_calibration_the_head_is_kept_as_trained(tmp_path):

@@ -147,6 +147,12 @@ def test_clear_errors(assets, tmp_path):
                      "--engine", "vllm", "--verifier", "sampling")
     assert code == 2 and "greedy chain drafting only" in text
     code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
+                     "--also-verifier", "sampling")
+    assert code == 2 and "--also-verifier measures trained drafters again" in text
+    code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
+                     "--engine", "vllm", "--also-verifier", "sampling")
+    assert code == 2 and "--also-verifier runs on the reference engine" in text
+    code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,
                      "--k", 2, "--k", 2)
     assert code == 2 and "--k repeats a value" in text
     code, text = run("bench", "acceptance", "--drafter", "ngram", "--dataset", prompts, "--target", target,

@@ -45,6 +45,11 @@ def bench() -> None:
               help="Untimed short decodes of the first prompt by every method before measuring.")
 @click.option("--detail", is_flag=True,
               help="Also print per-slot and conditional acceptance and the drafter's time per round.")
+@click.option("--also-verifier", "also_verifiers", multiple=True,
+              help="Reference engine: measure every --checkpoint again under this verifier (its default options), "
+                   "labelled '<label>+NAME', interleaved with the rest: one drafter under two verifiers side by side, "
+                   "e.g. DSpark's block verified whole (--verifier greedy) and through its confidence schedule "
+                   "(--also-verifier scheduled). Repeatable.")
 @decoding_options(bench=True)
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
               help="Write the results file (JSON with metrics, per-prompt figures and provenance).")
@@ -52,7 +57,8 @@ def bench() -> None:
 @target_loading
 def acceptance(
     checkpoints: tuple[str, ...], drafters: tuple[str, ...], baselines: tuple[str, ...], dataset: str,
-    num_prompts: int, repeats: int, engine: str, concurrency: int, warmup: int, detail: bool, target: str | None,
+    num_prompts: int, repeats: int, engine: str, concurrency: int, warmup: int, detail: bool,
+    also_verifiers: tuple[str, ...], target: str | None,
     k: tuple[int, ...], verifier: str,
     tree_depth: int | None, tree_top_k: int | None, tree_tokens: int | None, max_new_tokens: int,
     temperature: float | None, top_k: int | None, top_p: float | None, seed: int, threads: int | None,
@@ -98,6 +104,11 @@ def acceptance(
     if engine == "vllm":
         if tree is not None or not core.is_greedy(verify):
             raise UsageError("--engine vllm runs greedy chain drafting only: drop --tree-* and sampling options")
+        if also_verifiers:
+            raise UsageError("--also-verifier runs on the reference engine: vLLM verifies with its own rule")
+    if also_verifiers and not checkpoints:
+        raise UsageError("--also-verifier measures trained drafters again: give --checkpoint DIR")
+    others = {name: core.make_verifier(name) for name in dict.fromkeys(also_verifiers)}
     # on the vLLM engine the target loaded here only gives the config and the weights' hash for provenance
     tgt = loading.load(target)
     methods = []
@@ -106,6 +117,10 @@ def acceptance(
         for name in (*drafters, *baselines):
             methods.append(core.plugin_method(name, tgt.config, k=5 if ks is None else ks, tree=tree))
     _label(methods)
+    import attrs
+
+    methods += [attrs.evolve(m, label=f"{m.label}+{name}", verifier=other)
+                for name, other in others.items() for m in list(methods) if m.checkpoint is not None]
     if engine == "vllm":
         result = core.compare_vllm(target, prompts, methods, repeats=repeats, max_new_tokens=max_new_tokens,
                                    warmup=warmup, threads=threads, chat_template=loading.chat_template,
@@ -127,7 +142,7 @@ def acceptance(
             "tree": None if tree is None else {"depth": tree.depth, "top_k": tree.top_k,
                                                "total_tokens": tree.total_tokens},
             "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads, "checkpoints": list(checkpoints),
-            "drafters": list(drafters), "baselines": list(baselines),
+            "drafters": list(drafters), "baselines": list(baselines), "also_verifiers": list(others),
             "token_budget_rule": "recorded tokens, else steps x batch_size x seq_len (an upper bound)",
         }
         prov = core.results_provenance(tgt_info, methods, command_line(click.get_current_context()))

@@ -90,6 +90,12 @@ class ScheduledVerifier(api.Verifier):
             kept = j
         return kept
 
+    @property
+    def greedy(self) -> bool:
+        # declared (API 6): the legacy default reads a temperature option of 0, and this one's temperature (1 by
+        # default) only applies to rule 'sampling', so a greedy schedule would never be checked as lossless
+        return self.options.rule == "greedy"
+
     def verify(self, logits: torch.Tensor, draft: api.Draft, generator: torch.Generator | None = None):
         if draft.branched:
             raise api.UsageError("the 'scheduled' verifier verifies chains; use 'tree' for draft trees")
