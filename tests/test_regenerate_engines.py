@@ -77,8 +77,11 @@ def test_vllm_options_pass_parallelism_through_and_refuse_nonsense():
     assert (kw["tensor_parallel_size"], kw["pipeline_parallel_size"], kw["gpu_memory_utilization"]) == (4, 2, 0.8)
     assert kw["max_num_seqs"] == 64 and kw["dtype"] == "bfloat16"
     assert "gpu_memory_utilization" not in AnswerOptions().llm_kwargs()  # vLLM's own default unless given
+    assert AnswerOptions(distributed_executor_backend="ray").llm_kwargs()["distributed_executor_backend"] == "ray"
+    assert "distributed_executor_backend" not in AnswerOptions().llm_kwargs()
     for bad, match in [({"gpu_memory_utilization": 1.5}, "gpu-memory-utilization"), ({"tensor_parallel_size": 0},
-                       "tensor-parallel-size"), ({"dtype": "int8"}, "dtype"), ({"kv_cache_gib": 0}, "kv-cache-gib")]:
+                       "tensor-parallel-size"), ({"dtype": "int8"}, "dtype"), ({"kv_cache_gib": 0}, "kv-cache-gib"),
+                       ({"distributed_executor_backend": "slurm"}, "distributed-executor-backend")]:
         with pytest.raises(SpecframeError, match=match):
             AnswerOptions(**bad)
 
@@ -153,3 +156,31 @@ def test_vllm_answers_smollm2_as_transformers_does(tmp_path, default_target):  #
     same = sum(hf[k]["answer"] == vl[k]["answer"] for k in hf) / len(hf)
     print(f"identical answers, SmolLM2: {same:.3f} of {len(hf)}")
     assert same >= 0.75
+
+
+@pytest.mark.parametrize("command", ["regenerate", "prepare"])
+def test_the_cli_hands_vllm_its_parallelism_and_executor(tmp_path, tiny, monkeypatch, command):  # noqa: F811
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+    from specframe.vllm import answer, states
+
+    seen = {}
+
+    def stop(self, model, *args, **kwargs):  # the options the engine would start with; nothing is started
+        seen["options"] = next(a for a in (*args, *kwargs.values()) if isinstance(a, answer.AnswerOptions))
+        raise SpecframeError("stopped before vLLM starts")
+
+    monkeypatch.setattr(answer.VllmAnswerer, "__init__", stop)
+    monkeypatch.setattr(states.VllmStates, "__init__", stop)
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps(chat_records(1)[0]) + "\n")
+    out = ["--output", str(tmp_path / "o.jsonl")] if command == "regenerate" else \
+        ["--output", str(tmp_path / "cache"), "--max-length", "512"]
+    res = CliRunner().invoke(main, [command, "--target", str(tiny.path), "--data", str(data), *out, "--engine", "vllm",
+                                    "--tensor-parallel-size", "4", "--pipeline-parallel-size", "2",
+                                    "--gpu-memory-utilization", "0.7", "--distributed-executor-backend", "ray"])
+    assert "stopped before vLLM starts" in res.output, res.output
+    o = seen["options"]
+    assert (o.tensor_parallel_size, o.pipeline_parallel_size, o.gpu_memory_utilization,
+            o.distributed_executor_backend) == (4, 2, 0.7, "ray")

@@ -77,11 +77,15 @@ def feature_spec(aux_layers: str, num_layers: int, *, final_hidden: bool = True)
 @click.option("--pipeline-parallel-size", type=int, default=1, show_default=True, help="vLLM: pipeline stages.")
 @click.option("--gpu-memory-utilization", type=float, default=None,
               help="vLLM: share of each GPU's memory the engine may take (default: vLLM's, 0.9).")
+@click.option("--distributed-executor-backend", type=click.Choice(["mp", "ray", "uni", "external_launcher"]),
+              default=None, help="vLLM: how its workers run (default: vLLM's choice); ray spreads the target over "
+              "several nodes of a Ray cluster.")
 @click.option("--kv-cache-gib", type=int, default=2, show_default=True, help="vLLM on the CPU: KV-cache size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dtype, max_length, shard_size, max_batch_tokens,
             draft_vocab, threads, teacher_top_k, data_workers, skip_bad_lines, engine, gate_sequences, max_num_seqs,
-            tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, kv_cache_gib, as_json, loading):
+            tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, distributed_executor_backend, kv_cache_gib,
+            as_json, loading):
     """Run the target over conversations and cache token ids, assistant-only loss masks and hidden states.
 
     Rerunning the same command after an interruption resumes: finished shards are kept. A cache folder made for
@@ -131,8 +135,9 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
                                           max_num_seqs=max_num_seqs or shard_size,
                                           tensor_parallel_size=tensor_parallel_size,
                                           pipeline_parallel_size=pipeline_parallel_size,
-                                          gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
-                                          threads=threads))
+                                          gpu_memory_utilization=gpu_memory_utilization,
+                                          distributed_executor_backend=distributed_executor_backend,
+                                          kv_cache_gib=kv_cache_gib, threads=threads))
     console = Console(stderr=True)
     try:
         with Progress(TextColumn("prepare"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,

@@ -77,6 +77,9 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
 @click.option("--pipeline-parallel-size", type=int, default=1, show_default=True, help="vLLM: pipeline stages.")
 @click.option("--gpu-memory-utilization", type=float, default=None,
               help="vLLM: share of each GPU's memory the engine may take (default: vLLM's, 0.9).")
+@click.option("--distributed-executor-backend", type=click.Choice(["mp", "ray", "uni", "external_launcher"]),
+              default=None, help="vLLM: how its workers run (default: vLLM's choice); ray spreads the target over "
+              "several nodes of a Ray cluster.")
 @click.option("--kv-cache-gib", type=int, default=2, show_default=True, help="vLLM on the CPU: KV-cache size.")
 @click.option("--capture", "capture", type=click.Path(file_okay=False), default=None,
               help="--engine vllm: also write the answered conversations' feature cache to this folder, the states "
@@ -97,8 +100,8 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
 @target_loading
 def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, shard, finalize_only,
                keep_dir, threads, engine, max_num_seqs, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,
-               kv_cache_gib, capture, aux_layers, storage_dtype, draft_vocab, teacher_top_k, gate_sequences, as_json,
-               loading):
+               distributed_executor_backend, kv_cache_gib, capture, aux_layers, storage_dtype, draft_vocab, teacher_top_k,
+               gate_sequences, as_json, loading):
     """Answer prompts greedily with the target; resumable (rerun the same command after a kill)."""
     import torch
     from rich.progress import Progress
@@ -149,7 +152,7 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
             dtype=loading.dtype, max_model_len=max_prompt_tokens + max_new_tokens,
             max_num_seqs=max_num_seqs or batch_size, tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_gib=kv_cache_gib, threads=threads)
+            distributed_executor_backend=distributed_executor_backend, kv_cache_gib=kv_cache_gib, threads=threads)
         if capture is None:
             answerer = VllmAnswerer(str(tgt.path), options)
         else:

@@ -23,6 +23,9 @@ from specframe.errors import SpecframeError
 from specframe.vllm.engine import EngineOptions, configure_environment, cpu_binding, import_llm
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: vLLM's distributed executors: ``mp`` (processes on one node), ``ray`` (a Ray cluster: several nodes), ``uni`` (one
+#: process), ``external_launcher`` (one engine per torchrun rank)
+EXECUTORS = ("mp", "ray", "uni", "external_launcher")
 
 
 @attrs.frozen
@@ -35,6 +38,8 @@ class AnswerOptions:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     gpu_memory_utilization: float | None = None
+    #: vLLM's ``distributed_executor_backend`` (None: vLLM's choice); ``ray`` spreads a target over several nodes
+    distributed_executor_backend: str | None = None
     kv_cache_gib: int = 2
     threads: int | None = None
     seed: int = 0
@@ -53,6 +58,9 @@ class AnswerOptions:
                 raise SpecframeError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise SpecframeError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.distributed_executor_backend not in (None, *EXECUTORS):
+            raise SpecframeError(f"--distributed-executor-backend must be one of {', '.join(EXECUTORS)}, not "
+                                 f"'{self.distributed_executor_backend}'")
         if self.block_size is not None and self.block_size < 1:
             raise SpecframeError(f"vLLM's block size must be positive, got {self.block_size}")
         if self.kv_cache_gib < 1:
@@ -74,6 +82,8 @@ class AnswerOptions:
             kw["block_size"] = self.block_size
         if self.gpu_memory_utilization is not None:
             kw["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.distributed_executor_backend is not None:
+            kw["distributed_executor_backend"] = self.distributed_executor_backend
         return kw
 
 
