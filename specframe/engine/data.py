@@ -203,6 +203,10 @@ class OnlineSource(_Sequences):
             raise SpecframeError(f"data '{spec}' has no conversation with assistant tokens within --seq-len {seq_len}")
         super().__init__(conversations, seq_len, pack, self._conversation_features)
         self.engine = engine
+        # one call into the engine at a time: with --prefetch the prefetch thread and the caller (a sequence not
+        # prefetched) can both ask, and vLLM's offline engine is not safe to drive from two threads (a full-suite
+        # run hung there)
+        self._engine_lock = threading.Lock()
         self.gate = None
         if engine is not None:
             from specframe.feature_engines import check_engine, gate_engine
@@ -217,9 +221,10 @@ class OnlineSource(_Sequences):
         from specframe.feature_engines import engine_features
 
         # one request per conversation of the sequence, all in flight at once
-        got = engine_features(self.engine, self.target, [self.conversations[j].input_ids.tolist() for j in group],
-                              group, self.feature_spec, names=[f"training conversation {j}" for j in group],
-                              after="training stops here (--resume continues from the last checkpoint)")
+        with self._engine_lock:
+            got = engine_features(self.engine, self.target, [self.conversations[j].input_ids.tolist() for j in group],
+                                  group, self.feature_spec, names=[f"training conversation {j}" for j in group],
+                                  after="training stops here (--resume continues from the last checkpoint)")
         device = self._device()
         return [{key: t.to(device=device, dtype=torch.float32)
                  for key, t in (("aux_hidden", got[j][0]), ("final_hidden", got[j][1])) if t is not None}
