@@ -83,6 +83,7 @@ def test_estimate_matches_measured_peak_precomputed_partitioned():
                      drafter_options={"layers": 2, "draft_vocab_size": 200}))
 
 
+@pytest.mark.slow  # measures a real training peak (about 15-30 s): make test-fast sat at its 5-minute limit
 def test_estimate_is_not_short_for_a_drafter_that_runs_whole_blocks():
     """DFlash runs every slot of each anchor's block (``Drafter.forwarded_rows``: 16 rows per anchor, whatever the
     depth) through its own layer class, not ``DecoderLayer``. Counting one row per element and no layers, the estimate
