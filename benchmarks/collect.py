@@ -28,31 +28,25 @@ def collect(clone: Path, preset: str, checkout: Path = HERE.parent) -> list[Path
     source = clone / "benchmarks" / "results" / preset
     if not source.is_dir():
         raise SystemExit(f"error: {source} does not exist (is {clone} the clone that runs the {preset} preset?)")
-    written = []
+    files: list[tuple[Path, bytes]] = []
     # one level down only: pytest-benchmark's own JSON at the top holds timings of the whole session, not results
     for path in sorted(source.glob("*/*.json")):
         document = portable(json.loads(path.read_text()), clone, home=specframe_home())
         left = absolute_paths(document)
         if left:
             raise SystemExit(f"error: {path} still holds absolute paths after rewriting: {left[:3]}")
-        text = json.dumps(document, indent=2) + "\n"
-        target = checkout / path.relative_to(clone)
-        if target.exists() and target.read_text() == text:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(target)
-        written.append(target)
+        files.append((path, (json.dumps(document, indent=2) + "\n").encode()))
     # the gzip copies a run keeps beside its results (plain vLLM's answers to each set, harness.kept_document) hold
     # token ids only: copied as they are
-    for path in sorted(source.glob("*/*.json.gz")):
+    files += [(path, path.read_bytes()) for path in sorted(source.glob("*/*.json.gz"))]
+    written = []
+    for path, data in files:
         target = checkout / path.relative_to(clone)
-        if target.exists() and target.read_bytes() == path.read_bytes():
+        if target.exists() and target.read_bytes() == data:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_bytes(path.read_bytes())
+        tmp.write_bytes(data)
         tmp.replace(target)
         written.append(target)
     return written

@@ -799,17 +799,8 @@ def test_an_export_imports_back_as_the_same_drafter(target, tmp_path):
     assert back.name == "dspark" and back.mask_token_id == drafter.mask_token_id
     assert (back.options.block_size, back.options.markov_rank, back.options.k_infer) == (4, 8, 4)
     assert back.aux_layer_ids == drafter.aux_layer_ids and back.options.confidence_head
-    mine, theirs = drafter.module().state_dict(), back.module().state_dict()
-    assert set(mine) == set(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert back.confidence_temperature.tolist() == [1.0] * 4
-    ctx = {k: v[:9].float() for k, v in ex.features.items()}
-    drafts = []
-    for d in (drafter, back):
-        d.module().eval()
-        d.start(ex.input_ids[:9], ctx)
-        drafts.append(d.propose(4))
-    assert torch.equal(drafts[0].tokens, drafts[1].tokens)
-    assert torch.allclose(drafts[0].confidence, drafts[1].confidence)
+    assert_same_drafter(drafter, back, ex)
 
     weights = load_file(str(out / "model.safetensors"))
     del weights["embed_tokens.weight"], weights["lm_head.weight"]
@@ -833,6 +824,21 @@ def test_a_folder_of_another_shape_is_refused_by_name(target, tmp_path, options,
     other, _ = make(target, **{"markov_rank": 8, **options})
     with pytest.raises(api.SpecframeError, match=says):
         imports.warm_start(other, tmp_path / "out", target.config, target.tokenizer)
+
+
+def assert_same_drafter(drafter, back, ex):
+    """``back`` (an imported folder) holds ``drafter``'s weights, name for name, and drafts the same tokens with the
+    same confidences from the same context."""
+    mine, theirs = drafter.module().state_dict(), back.module().state_dict()
+    assert set(mine) == set(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    ctx = {k: v[:9].float() for k, v in ex.features.items()}
+    drafts = []
+    for d in (drafter, back):
+        d.module().eval()
+        d.start(ex.input_ids[:9], ctx)
+        drafts.append(d.propose(4))
+    assert torch.equal(drafts[0].tokens, drafts[1].tokens)
+    assert torch.allclose(drafts[0].confidence, drafts[1].confidence)
 
 
 def deepspec_folder(drafter, target, path):
@@ -971,16 +977,7 @@ def test_a_specforge_checkpoint_imports_as_dspark(target, tmp_path, layout, head
     assert (back.options.block_size, back.options.markov_rank, back.options.layers) == (4, 8, 2)
     assert back.options.markov_head_type == head
     assert back.options.confidence_head and back.options.confidence_head_with_markov
-    mine, theirs = drafter.module().state_dict(), back.module().state_dict()
-    assert set(mine) == set(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
-    ctx = {k: v[:9].float() for k, v in ex.features.items()}
-    drafts = []
-    for d in (drafter, back):
-        d.module().eval()
-        d.start(ex.input_ids[:9], ctx)
-        drafts.append(d.propose(4))
-    assert torch.equal(drafts[0].tokens, drafts[1].tokens)
-    assert torch.allclose(drafts[0].confidence, drafts[1].confidence)
+    assert_same_drafter(drafter, back, ex)
 
 
 def test_specforge_defaults_fill_what_its_config_leaves_out(target, tmp_path):
