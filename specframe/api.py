@@ -34,7 +34,7 @@ from specframe import block
 # (API 8).
 from specframe import calibration
 from specframe.declarations import (Training, legacy_comparison_options, legacy_greedy, legacy_import_options,
-                                    legacy_training)
+                                    legacy_training, positive_int, unit_interval)
 from specframe.drafts import Draft
 from specframe.elements import VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility, visible
 from specframe.modeling import expand_kv  # noqa: F401  (api.expand_kv, for drafters' attention)
@@ -143,26 +143,6 @@ __all__ = [
     "visible",
     "vllm_layouts",
 ]
-
-
-def positive_int(owner: str) -> Any:
-    """An attrs validator for options that must be a positive integer; errors name ``owner``'s option."""
-
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(f"{owner} option '{attribute.name}' must be a positive integer, got {value!r}")
-
-    return check
-
-
-def unit_interval(owner: str) -> Any:
-    """An attrs validator for options that must be a number in [0, 1] (ratios); errors name ``owner``'s option."""
-
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-            raise UsageError(f"{owner} option '{attribute.name}' must be in [0, 1], got {value!r}")
-
-    return check
 
 
 @attrs.define

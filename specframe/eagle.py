@@ -15,20 +15,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 
 from specframe import modeling
-from specframe.declarations import Training
+from specframe.declarations import Training, positive_int, unit_interval
 from specframe.errors import SpecframeError, UsageError
 from specframe.features import default_aux_layers
 from specframe.target_head import TargetHead, as_target_head, target_head
-from specframe.vocab import build_draft_vocab, count_tokens, mask_token_ids
+from specframe.vocab import (
+    DEFAULT_DRAFT_VOCAB,
+    build_draft_vocab,
+    count_tokens,
+    mask_token_ids,
+)
 
 __all__ = [
     "TEACHER_IDS",
     "TEACHER_LOGP",
     "EagleBackbone",
+    "FamilyFields",
     "TargetHead",
     "PendingInputs",
     "QueuedInference",
@@ -126,9 +133,67 @@ class EagleBackbone(nn.Module):
         return self.lm_head(self.norm(out))
 
 
+class FamilyFields:
+    """The option fields the EAGLE family's drafters share (``k_infer``, ``draft_vocab_size``, ``aux_layer_ids``,
+    ``train_embedding``, ``cod_ratio``, ``cod_min_ratio``, ``activation_checkpointing``, ``loss_chunk``,
+    ``vocab_position_mask``), defined once: type, validator, default and help. A drafter's ``Options`` class takes
+    each with ``fields.loss_chunk()`` where it wants it, after a one-line ``fields = api.eagle.FamilyFields("name")``.
+
+    Why fields and not a base class: attrs puts a base class's fields before the subclass's own, which would reorder
+    every drafter's options as the recorded ``config.json``, ``--print-config`` and the bad-input catalogue's "known
+    options" lists show them (and the option order users read). ``note`` adds a drafter's own remark to the shared
+    help; ``default`` is given where the drafters' papers differ (the COD keep ratio)."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.positive = positive_int(owner)
+        self.unit = unit_interval(owner)
+
+    @staticmethod
+    def _help(text: str, note: str) -> dict[str, str]:
+        return {"help": f"{text}; {note}" if note else text}
+
+    def k_infer(self, note: str = "") -> Any:
+        return attrs.field(default=5, validator=self.positive, metadata=self._help(
+            "tokens drafted per round at inference", note))
+
+    def draft_vocab_size(self, note: str = "") -> Any:
+        return attrs.field(default=DEFAULT_DRAFT_VOCAB, validator=self.positive, metadata=self._help(
+            "reduced draft vocabulary (most frequent training tokens), clamped to the target's", note))
+
+    def aux_layer_ids(self, note: str = "") -> Any:
+        return attrs.field(default=None, metadata=self._help(
+            "target aux layer ids (hidden state entering that decoder layer); null: vLLM's (2, L//2, L-3)", note))
+
+    def train_embedding(self, note: str = "") -> Any:
+        return attrs.field(default=False, metadata=self._help(
+            "train the token embedding (initialised from the target's) instead of keeping it frozen", note))
+
+    def cod_ratio(self, default: float, note: str = "") -> Any:
+        return attrs.field(default=default, validator=self.unit, metadata=self._help(
+            "COD keep ratio r: depth d keeps a share max(r**d, cod_min_ratio) of the positions (1: full grid)", note))
+
+    def cod_min_ratio(self) -> Any:
+        return attrs.field(default=0.2, validator=self.unit, metadata=self._help(
+            "COD floor r_min: the least share of positions any depth keeps", ""))
+
+    def activation_checkpointing(self) -> Any:
+        return attrs.field(default=False, metadata=self._help(
+            "recompute each layer in backward (less activation memory, about one more forward of time)", ""))
+
+    def loss_chunk(self, note: str = "") -> Any:
+        return attrs.field(default=256, validator=self.positive, metadata=self._help(
+            "rows per chunk of the loss over the drafter's vocabulary (bounds the logits' memory)", note))
+
+    def vocab_position_mask(self) -> Any:
+        return attrs.field(default=True, metadata=self._help(
+            "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as the "
+            "EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped", ""))
+
+
 def family_training(options: Any, depth: int) -> Training:
     """``Drafter.training`` (API 6) for the EAGLE family's drafters (P-EAGLE, EAGLE-3, PARD, ParallelSpec), whose
-    options carry the family's shared fields ``k_infer``, ``cod_ratio``, ``cod_min_ratio``,
+    options carry the family's shared fields (``FamilyFields``) ``k_infer``, ``cod_ratio``, ``cod_min_ratio``,
     ``activation_checkpointing`` and ``loss_chunk``; ``depth`` is the drafter's default training depth, which each
     spells its own way (EAGLE-3's is its number of test-time-training passes)."""
     return Training(depth=depth, k=options.k_infer, cod_ratio=options.cod_ratio, cod_min_ratio=options.cod_min_ratio,

@@ -252,3 +252,40 @@ def test_the_built_in_declarations():
     assert ngram.vllm_speculative_config(3) == {"method": "ngram", "num_speculative_tokens": 3,
                                                 "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     assert api.Drafter.vllm_speculative_config(ngram, 3) is None  # the default: vLLM serves exported weights only
+
+
+#: the built-in drafters whose options are the EAGLE family's (``api.eagle.family_training`` reads them)
+EAGLE_FAMILY = ("peagle", "eagle3", "pard", "parallelspec")
+
+
+@pytest.mark.parametrize("name", EAGLE_FAMILY)
+def test_the_eagle_familys_shared_options_are_defined_once(name):
+    """Each family drafter takes its shared fields from ``api.eagle.FamilyFields``: the shared help, default and
+    validator, and an error that names the drafter. Fails when a drafter spells one of them out again (a copied field
+    without its validator, or with another default or help) or ``family_training`` reads one the drafter lacks."""
+    from specframe.structuring import structure_options
+
+    cls = plugins.get("drafter", name)
+    own = attrs.fields_dict(cls.Options)
+    shared = api.eagle.FamilyFields(name)
+    probes = {"k_infer": 0, "draft_vocab_size": 0, "loss_chunk": 0, "cod_ratio": 1.5, "cod_min_ratio": -0.1}
+    checked = 0
+    for field_name in ("k_infer", "draft_vocab_size", "aux_layer_ids", "train_embedding", "cod_ratio",
+                       "cod_min_ratio", "activation_checkpointing", "loss_chunk", "vocab_position_mask"):
+        if field_name not in own:
+            continue
+        make = getattr(shared, field_name)
+        reference = make(own[field_name].default) if field_name == "cod_ratio" else make()
+        probe = attrs.make_class("Probe", {field_name: reference})
+        expected = attrs.fields(probe)[0]
+        got = own[field_name]
+        assert got.metadata["help"].startswith(expected.metadata["help"]), f"{name}.{field_name}: its own help"
+        if field_name != "cod_ratio":
+            assert got.default == expected.default, f"{name}.{field_name}: another default"
+        if field_name in probes:
+            with pytest.raises(api.UsageError, match=rf"^{name} option '{field_name}'"):
+                structure_options({field_name: probes[field_name]}, cls.Options, f"drafter '{name}'")
+        checked += 1
+    assert checked >= 5, f"{name} has only {checked} of the family's fields"
+    declared = cls.training(cls.Options())  # family_training reads the shared fields by attribute
+    assert declared.loss_chunk == own["loss_chunk"].default and declared.cod_ratio == own["cod_ratio"].default

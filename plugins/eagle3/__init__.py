@@ -37,8 +37,8 @@ eagle = api.eagle
 AUX = "aux_hidden"
 
 
-_positive = api.positive_int("eagle3")
-_unit = api.unit_interval("eagle3")
+_fields = api.eagle.FamilyFields("eagle3")  # the options the EAGLE family shares, defined once
+_positive, _unit = _fields.positive, _fields.unit
 
 
 def _weights(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -55,29 +55,19 @@ class Eagle3Options:
     ttt_steps: int = attrs.field(default=7, validator=_positive, metadata={
         "help": "training-time-test passes = the default training depth (k_train); --depth overrides it. 7 as in "
                 "the original code, where peagle and pard train 8: pass --depth for an equal-depth comparison"})
-    k_infer: int = attrs.field(default=5, validator=_positive, metadata={
-        "help": "tokens drafted per round at inference"})
+    k_infer: int = _fields.k_infer()
     depth_decay: float = attrs.field(default=0.8, validator=_unit, metadata={
         "help": "depth d's loss weight is depth_decay ** d (0.8 in the original) unless depth_weights lists them"})
     depth_weights: list[float] | None = attrs.field(default=None, validator=_weights, metadata={
         "help": "explicit loss weight per depth (overrides depth_decay); null: use depth_decay"})
-    draft_vocab_size: int = attrs.field(default=api.vocab.DEFAULT_DRAFT_VOCAB, validator=_positive, metadata={
-        "help": "reduced draft vocabulary (most frequent training tokens), clamped to the target's; the same default "
-                "as peagle and parallelspec (EAGLE-3 released 32000 for Llama 3's 128K vocabulary)"})
-    aux_layer_ids: list[int] | None = attrs.field(default=None, metadata={
-        "help": "target aux layer ids (hidden state entering that layer); null: vLLM's (2, L//2, L-3), clamped "
-                "for tiny targets"})
-    train_embedding: bool = attrs.field(default=False, metadata={
-        "help": "train the token embedding (initialised from the target's) instead of keeping it frozen"})
-    cod_ratio: float = attrs.field(default=1.0, validator=_unit, metadata={
-        "help": "COD keep ratio r: depth d keeps a share max(r**d, cod_min_ratio) of the positions (1: full grid, "
-                "the EAGLE-3 recipe)"})
-    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit, metadata={
-        "help": "COD floor r_min: the least share of positions any depth keeps"})
-    activation_checkpointing: bool = attrs.field(default=False, metadata={
-        "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
-    loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
-        "help": "rows per chunk of the draft-vocabulary loss (bounds the logits' memory)"})
+    draft_vocab_size: int = _fields.draft_vocab_size(
+        "the same default as peagle and parallelspec (EAGLE-3 released 32000 for Llama 3's 128K vocabulary)")
+    aux_layer_ids: list[int] | None = _fields.aux_layer_ids("clamped for tiny targets")
+    train_embedding: bool = _fields.train_embedding()
+    cod_ratio: float = _fields.cod_ratio(1.0, "1 is the EAGLE-3 recipe")
+    cod_min_ratio: float = _fields.cod_min_ratio()
+    activation_checkpointing: bool = _fields.activation_checkpointing()
+    loss_chunk: int = _fields.loss_chunk()
     vocab_position_mask: bool = attrs.field(default=True, metadata={
         "help": "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as "
                 "the EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped"})

@@ -41,8 +41,8 @@ AUX = "aux_hidden"
 BACKBONES = ("eagle", "standalone")
 
 
-_positive = api.positive_int("parallelspec")
-_unit = api.unit_interval("parallelspec")
+_fields = api.eagle.FamilyFields("parallelspec")  # the options the EAGLE family shares, defined once
+_positive, _unit = _fields.positive, _fields.unit
 
 
 def _backbone(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -63,29 +63,17 @@ class ParallelSpecOptions:
         "help": "group size k (the real token plus k-1 masks) trained, the default training depth; --depth "
                 "overrides it up to num_masks + 1. Smaller than peagle's and pard's 8 because it sets the number "
                 "of learned masks: pass --depth 8 with num_masks 7 for an equal-depth comparison"})
-    k_infer: int = attrs.field(default=5, validator=_positive, metadata={
-        "help": "tokens drafted per round at inference (at most num_masks + 1)"})
+    k_infer: int = _fields.k_infer("at most num_masks + 1")
     num_masks: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive), metadata={
         "help": "distinct learned mask tokens; null: k_train - 1"})
-    draft_vocab_size: int = attrs.field(default=api.vocab.DEFAULT_DRAFT_VOCAB, validator=_positive, metadata={
-        "help": "reduced draft vocabulary (most frequent training tokens), clamped to the target's; the same default "
-                "as peagle and eagle3"})
-    aux_layer_ids: list[int] | None = attrs.field(default=None, metadata={
-        "help": "target aux layer ids read by the eagle backbone; null: vLLM's (2, L//2, L-3)"})
-    train_embedding: bool = attrs.field(default=False, metadata={
-        "help": "train the token embedding (always copied from the target); the mask embeddings always train"})
-    cod_ratio: float = attrs.field(default=1.0, validator=_unit, metadata={
-        "help": "COD keep ratio r: depth d keeps a share max(r**d, cod_min_ratio) of the positions (1: every "
-                "position gets its full group, the paper's group-wise training)"})
-    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit, metadata={
-        "help": "COD floor r_min: the least share of positions any depth keeps"})
-    activation_checkpointing: bool = attrs.field(default=False, metadata={
-        "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
-    loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
-        "help": "rows per chunk of the draft-vocabulary loss (bounds the logits' memory)"})
-    vocab_position_mask: bool = attrs.field(default=True, metadata={
-        "help": "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as "
-                "the EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped"})
+    draft_vocab_size: int = _fields.draft_vocab_size("the same default as peagle and eagle3")
+    aux_layer_ids: list[int] | None = _fields.aux_layer_ids("read by the eagle backbone")
+    train_embedding: bool = _fields.train_embedding("the mask embeddings always train")
+    cod_ratio: float = _fields.cod_ratio(1.0, "1 gives every position its full group, the paper's group-wise training")
+    cod_min_ratio: float = _fields.cod_min_ratio()
+    activation_checkpointing: bool = _fields.activation_checkpointing()
+    loss_chunk: int = _fields.loss_chunk()
+    vocab_position_mask: bool = _fields.vocab_position_mask()
 
     @property
     def masks(self) -> int:

@@ -32,8 +32,8 @@ modeling = api.modeling
 HF_DIR = "causal_lm"
 
 
-_positive = api.positive_int("pard")
-_unit = api.unit_interval("pard")
+_fields = api.eagle.FamilyFields("pard")  # the options the EAGLE family shares, defined once
+_positive = _fields.positive
 
 
 @attrs.define
@@ -47,16 +47,11 @@ class PardOptions:
     k_train: int = attrs.field(default=8, validator=_positive, metadata={
         "help": "depths trained, the default training depth; --depth overrides it. Same as peagle's (eagle3 trains "
                 "7 TTT passes, parallelspec groups of 5: pass --depth for an equal-depth comparison)"})
-    k_infer: int = attrs.field(default=5, validator=_positive, metadata={
-        "help": "tokens drafted per round at inference"})
-    cod_ratio: float = attrs.field(default=0.7, validator=_unit, metadata={
-        "help": "COD keep ratio r: depth d keeps a share max(r**d, cod_min_ratio) of the positions (1: full grid)"})
-    cod_min_ratio: float = attrs.field(default=0.2, validator=_unit, metadata={
-        "help": "COD floor r_min: the least share of positions any depth keeps"})
-    activation_checkpointing: bool = attrs.field(default=False, metadata={
-        "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
-    loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
-        "help": "rows per chunk of the full-vocabulary loss (bounds the logits' memory)"})
+    k_infer: int = _fields.k_infer()
+    cod_ratio: float = _fields.cod_ratio(0.7)
+    cod_min_ratio: float = _fields.cod_min_ratio()
+    activation_checkpointing: bool = _fields.activation_checkpointing()
+    loss_chunk: int = _fields.loss_chunk("PARD's is the full target vocabulary")
 
 
 class PardLM(nn.Module):

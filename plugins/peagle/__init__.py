@@ -35,8 +35,8 @@ modeling = api.modeling
 AUX = "aux_hidden"
 
 
-_positive = api.positive_int("peagle")
-_ratio = api.unit_interval("peagle")
+_fields = api.eagle.FamilyFields("peagle")  # the options the EAGLE family shares, defined once
+_positive = _fields.positive
 
 
 @attrs.define
@@ -48,24 +48,15 @@ class PEagleOptions:
     k_train: int = attrs.field(default=8, validator=_positive, metadata={
         "help": "depths trained (K_train), the default training depth; --depth overrides it. Same as pard's "
                 "(eagle3 trains 7 TTT passes, parallelspec groups of 5: pass --depth for an equal-depth comparison)"})
-    k_infer: int = attrs.field(default=5, validator=_positive, metadata={
-        "help": "tokens drafted per round at inference (K_infer)"})
-    draft_vocab_size: int = attrs.field(default=api.vocab.DEFAULT_DRAFT_VOCAB, validator=_positive, metadata={
-        "help": "reduced draft vocabulary (most frequent training tokens), clamped to the target's; the same default "
-                "as eagle3 and parallelspec (pard drafts over the full target vocabulary)"})
-    aux_layer_ids: list[int] | None = attrs.field(default=None, metadata={
-        "help": "target aux layer ids (hidden state entering that decoder layer); null: vLLM's (2, L//2, L-3)"})
-    cod_ratio: float = attrs.field(default=0.7, validator=_ratio, metadata={
-        "help": "COD keep ratio r: depth d keeps a share max(r**d, cod_min_ratio) of the positions (1: full grid)"})
-    cod_min_ratio: float = attrs.field(default=0.2, validator=_ratio, metadata={
-        "help": "COD floor r_min: the least share of positions any depth keeps"})
-    activation_checkpointing: bool = attrs.field(default=False, metadata={
-        "help": "recompute each layer in backward (less activation memory, about one more forward of time)"})
-    loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
-        "help": "rows per chunk of the draft-vocabulary loss (bounds the logits' memory)"})
-    vocab_position_mask: bool = attrs.field(default=True, metadata={
-        "help": "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as "
-                "the EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped"})
+    k_infer: int = _fields.k_infer("K_infer")
+    draft_vocab_size: int = _fields.draft_vocab_size(
+        "the same default as eagle3 and parallelspec (pard drafts over the full target vocabulary)")
+    aux_layer_ids: list[int] | None = _fields.aux_layer_ids()
+    cod_ratio: float = _fields.cod_ratio(0.7)
+    cod_min_ratio: float = _fields.cod_min_ratio()
+    activation_checkpointing: bool = _fields.activation_checkpointing()
+    loss_chunk: int = _fields.loss_chunk()
+    vocab_position_mask: bool = _fields.vocab_position_mask()
 
 
 def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
