@@ -93,7 +93,11 @@ from specframe.layouts import export as vllm_layouts
 #:   ``sampling`` and ``scheduled`` verifiers share; the folder ``import_weights`` is handed has ``block_state`` (the
 #:   DFlash / DSpark state dict, shared weights filled, checked). The engine reports ``val_confidence_ece`` for a
 #:   drafter that returns confidence. A version-7 drafter returns none and is calibrated by nothing: it runs unchanged.
-API_VERSION = "8"
+#: - "9" (additive): ``Drafter.layer_shapes()``, the drafter's decoder layers as the memory estimate charges them;
+#:   its default (None: found by structure) is how every version-8 drafter was costed, and the estimate's ``notes``
+#:   now say when it found none, so a version-8 drafter with a layer type of its own is no longer costed without
+#:   its layers silently.
+API_VERSION = "9"
 
 __all__ = [
     "API_VERSION",
@@ -547,6 +551,15 @@ class Drafter(Component, ABC):
     @abstractmethod
     def module(self) -> torch.nn.Module:
         """The trainable model (its ``parameters()`` are optimised, its ``state_dict()`` checkpointed)."""
+
+    def layer_shapes(self) -> tuple[modeling.LayerShape, ...] | None:
+        """API 9: the decoder layers each forwarded row runs through, with their sizes (``api.modeling.LayerShape``):
+        what the memory estimate charges per-row activations for. Default None: the estimate finds them by structure
+        (``api.modeling.DecoderLayer`` s, or any layer with an ``mlp`` beside a ``self_attn`` that carries a
+        ``LayerShape``). A drafter with a layer type of its own declares them here, else it is costed without their
+        activations (the estimate says so in its notes, and the drafter contract fails); one with no decoder layers
+        returns ``()``."""
+        return None
 
     # -- training
     def forwarded_rows(self, elements: int, anchors: int) -> int:

@@ -166,6 +166,8 @@ class Estimate:
     elements: int
     segments: int
     largest_segment: dict[str, int]
+    #: what the estimate could not count, one sentence each (a drafter whose layers it cannot see)
+    notes: list[str] = attrs.field(factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -186,15 +188,24 @@ def _numel(tensors: Any) -> int:
     return sum(int(t.numel()) for t in tensors)
 
 
-def _layers(module: torch.nn.Module) -> tuple[int, Any]:
-    """The drafter's decoder layers and their shape: ``modeling.DecoderLayer`` s, and any plugin layer built the same
-    way (an ``mlp`` beside a ``self_attn`` that carries a ``LayerShape``, as DFlash's), whose activations per row the
-    per-element constants describe as well."""
+def _layers(drafter: Any, module: torch.nn.Module) -> tuple[tuple[Any, ...], bool]:
+    """The shapes of the drafter's decoder layers, and whether the drafter declared them. ``Drafter.layer_shapes``
+    (API 9) when it gives them; else found by structure: ``modeling.DecoderLayer`` s, and any plugin layer built the
+    same way (an ``mlp`` beside a ``self_attn`` that carries a ``LayerShape``, as DFlash's), whose activations per
+    row the per-element constants describe as well."""
     from specframe.modeling import LayerShape
 
+    declared = drafter.layer_shapes()
+    if declared is not None:
+        shapes = tuple(declared)
+        bad = [s for s in shapes if not isinstance(s, LayerShape)]
+        if bad:
+            raise SpecframeError(f"drafter '{drafter.name}' layer_shapes() must give api.modeling.LayerShape s, got "
+                                 f"{type(bad[0]).__name__}")
+        return shapes, True
     layers = [m for m in module.modules() if isinstance(getattr(getattr(m, "self_attn", None), "shape", None),
                                                         LayerShape) and hasattr(m, "mlp")]
-    return len(layers), layers[0].self_attn.shape if layers else None
+    return tuple(m.self_attn.shape for m in layers), False
 
 
 def _builder(cfg: MemoryConfig) -> Any:
@@ -255,7 +266,16 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     w = 4  # fp32 master weights, their gradients and AdamW's two moments
     trainable = _numel(p for p in module.parameters() if p.requires_grad)
     frozen = _numel(p for p in module.parameters() if not p.requires_grad) + _numel(module.buffers())
-    n_layers, shape = _layers(module)
+    shapes, declared = _layers(drafter, module)
+    notes = [] if shapes or declared else [
+        f"drafter '{cfg.drafter}' declares no decoder layers (Drafter.layer_shapes, API 9) and none were found by "
+        "structure: its layers' activations are not counted, so this estimate is low if it has any"]
+    # layers of one shape are charged as count x one layer's floats: exactly what a uniform stack always was
+    groups: dict[Any, int] = {}
+    for layer_shape in shapes:
+        groups[layer_shape] = groups.get(layer_shape, 0) + 1
+    n_layers = len(shapes)
+    shape = shapes[0] if shapes else None
     tc = cfg.target_config
     h_t, v_t = int(tc.hidden_size), int(tc.vocab_size)
     h = shape.hidden if shape else h_t
@@ -285,11 +305,22 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     kv_heads = shape.kv_heads if shape else heads
     # a builder declaring grouped_kv takes grouped k / v as they are; the others get them repeated to every query head
     kv_eff = kv_heads if builder.grouped_kv else heads
-    layer_floats = (A_H * h + A_I * inter) * ACT_TRANSIENT
+
+    def one_layer(s: Any) -> float:  # activation floats one layer saves per row
+        return (A_H * s.hidden + A_I * s.intermediate) * ACT_TRANSIENT
+
+    # the largest layer is what one layer's backward holds; the sum over layers is what all of them save
+    layer_floats = max((one_layer(s) for s in groups), default=(A_H * h + A_I * inter) * ACT_TRANSIENT)
+    all_layer_floats = sum(n * one_layer(s) for s, n in groups.items())
+    all_layer_inputs = sum(n * s.hidden for s, n in groups.items())
     # what one layer holds while its backward runs when its position-wise parts are recomputed in row chunks:
     # q, k, v, output and log-sum-exp saved by the attention, and about as much again in their gradients, plus
     # a few [N, H] rows (the o_proj input, the layer output, gradients flowing through the residual stream)
-    row_chunked = (2 * (2 * heads * head_dim + 2 * kv_eff * head_dim) + heads + ROW_CHUNKED_H * h) * ACT_TRANSIENT
+    def chunked(q_heads: int, dim: int, kv: int, hidden: int) -> float:
+        return (2 * (2 * q_heads * dim + 2 * kv * dim) + q_heads + ROW_CHUNKED_H * hidden) * ACT_TRANSIENT
+
+    row_chunked = max((chunked(s.heads, s.head_dim, s.kv_heads if builder.grouped_kv else s.heads, s.hidden)
+                       for s in groups), default=chunked(heads, head_dim, kv_eff, h))
     inputs = INPUT_FLOATS_PER_H * h + 2 * head_dim  # + the rotary tables
 
     def per_element(forwarded: int) -> tuple[float, float]:
@@ -299,8 +330,8 @@ def estimate(cfg: MemoryConfig) -> Estimate:
         layer's activations are saved and backward holds about one more layer's worth of gradients."""
         if checkpointing:
             recompute = row_chunked if forwarded > ROW_CHUNK else 2 * layer_floats
-            return (inputs + n_layers * h) * e, recompute * e
-        return (inputs + n_layers * layer_floats) * e, layer_floats * e
+            return (inputs + all_layer_inputs) * e, recompute * e
+        return (inputs + all_layer_floats) * e, layer_floats * e
 
     best: tuple[int, dict[str, int], tuple[int, int, int]] | None = None
     for forwarded, charged, roots in segs:
@@ -339,7 +370,7 @@ def estimate(cfg: MemoryConfig) -> Estimate:
         peak_bytes=int(peak), fixed_bytes=int(fixed_total), step_bytes=int(max(step_total, optimizer_peak)),
         breakdown={**fixed, **step_parts, "optimizer_step_transient": optimizer_peak},
         elements=n_elements, segments=len(segs),
-        largest_segment={"forwarded": forwarded, "charged": charged},
+        largest_segment={"forwarded": forwarded, "charged": charged}, notes=notes,
     )
 
 

@@ -229,6 +229,18 @@ class DrafterContract:
         assert declared.depth == self.depth, f"comparison_options(depth={self.depth}) trains at {declared.depth}"
         assert declared.k in (None, self.k), f"comparison_options(k={self.k}) drafts {declared.k}"
 
+    def test_its_layers_are_costed(self, specframe_tiny_target):
+        """The memory estimate sees this drafter's decoder layers: found by structure (``api.modeling.DecoderLayer``)
+        or declared by ``layer_shapes`` (API 9). Else ``specframe memory`` and ``--memory-budget`` cost it without
+        its layers' activations and propose a context length the in-run guard then stops. A drafter with no decoder
+        layers declares ``()``."""
+        from specframe import memory
+
+        drafter = self.build(specframe_tiny_target)
+        shapes, declared = memory._layers(drafter, drafter.module())
+        assert shapes or declared, (f"{type(drafter).__name__}: the memory estimate finds no decoder layers; declare "
+                                    "them with Drafter.layer_shapes() (or return () when it has none)")
+
     def test_every_builder_and_partitioner_gives_the_dense_gradients(self, specframe_tiny_target):
         """Every registered CPU mask builder and partitioner gives the dense single pass's loss and gradients, and
         the loss reaches some parameter."""

@@ -289,3 +289,96 @@ def test_the_eagle_familys_shared_options_are_defined_once(name):
     assert checked >= 5, f"{name} has only {checked} of the family's fields"
     declared = cls.training(cls.Options())  # family_training reads the shared fields by attribute
     assert declared.loss_chunk == own["loss_chunk"].default and declared.cod_ratio == own["cod_ratio"].default
+
+
+#: a third-party drafter whose layers are its own type (no ``self_attn`` carrying a LayerShape): the estimator cannot
+#: find them by structure. ``SHAPES`` (filled per test) is what it declares through ``layer_shapes`` (API 9).
+OWN_LAYERS = '''
+    import attrs, torch
+    from torch import nn
+    from specframe import api
+
+    SHAPES = {shapes}
+
+    class Mixer(nn.Module):
+        def __init__(self, h):
+            super().__init__()
+            self.attend, self.ffn = nn.Linear(h, h), nn.Linear(h, h)
+
+    @attrs.define
+    class Options:
+        k_train: int = 3
+
+    class OwnLayers(api.Drafter):
+        name = "own-layers"
+        Options = Options
+        def __init__(self, target_config, options=None):
+            super().__init__(target_config, options)
+            self.net = nn.ModuleList([Mixer(int(target_config.hidden_size)) for _ in range(2)])
+        def layer_shapes(self):
+            if SHAPES is None:
+                return None
+            return tuple(api.modeling.LayerShape(hidden=h, heads=2, kv_heads=2, head_dim=h // 2, intermediate=i)
+                         for h, i in SHAPES)
+        def feature_spec(self): return api.FeatureSpec()
+        def module(self): return self.net
+        def supervision(self, example): return torch.ones_like(example.input_ids, dtype=torch.bool)
+        def loss(self, example, elements, segment, attention): raise NotImplementedError
+        def start(self, prompt_ids, features): raise NotImplementedError
+        def propose(self, k, generator=None): raise NotImplementedError
+        def accept(self, emitted, features): raise NotImplementedError
+
+    @api.hookimpl
+    def register_drafters(register):
+        register(OwnLayers)
+'''
+
+
+def _own_layers_estimate(site, shapes):
+    import sys
+
+    if "specframe_own_layers" not in sys.modules:
+        site.add("specframe-own-layers", "own-layers", OWN_LAYERS.format(shapes=None))
+        plugins.get("drafter", "own-layers")  # imports the module
+    sys.modules["specframe_own_layers"].SHAPES = shapes
+    tc = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
+    return memory.estimate(memory.MemoryConfig(drafter="own-layers", target_config=tc, seq_len=64,
+                                               mask_builder="dense", features="synthetic"))
+
+
+def test_a_drafter_with_its_own_layer_type_is_costed_by_what_it_declares(site):
+    """API 9: a drafter's declared layers are charged (one per declared shape, each by its own size); undeclared and
+    unseen, the estimate says it counted none instead of passing silently. Fails when the estimator ignores the
+    declaration, charges every layer as the first one, or drops the note."""
+    unseen = _own_layers_estimate(site, None)
+    assert any("declares no decoder layers" in note for note in unseen.notes)
+    none = _own_layers_estimate(site, [])
+    assert none.notes == [] and none.breakdown["saved_activations"] == unseen.breakdown["saved_activations"]
+    small, large = (16, 32), (64, 256)
+    one = _own_layers_estimate(site, [small])
+    two = _own_layers_estimate(site, [small, large])
+    other = _own_layers_estimate(site, [large])
+    rows = one.largest_segment["forwarded"]
+
+    def per_row(hidden: int, intermediate: int) -> float:  # fp32 activation bytes one layer saves per row
+        return (memory.A_H * hidden + memory.A_I * intermediate) * memory.ACT_TRANSIENT * 4
+
+    assert one.notes == [] and one.breakdown["saved_activations"] > none.breakdown["saved_activations"]
+    saved = {n: e.breakdown["saved_activations"] for n, e in (("none", none), ("one", one), ("two", two))}
+    assert saved["one"] - saved["none"] == pytest.approx(rows * per_row(*small), abs=2)  # (bytes are whole)
+    # every layer by its own size: the large layer adds its own activations, not another copy of the first's
+    assert saved["two"] - saved["one"] == pytest.approx(rows * per_row(*large), abs=2)
+    assert two.breakdown["backward_layer"] == other.breakdown["backward_layer"]  # one layer's backward: the largest
+
+
+def test_every_built_in_drafters_layers_are_found():
+    """The built-ins are costed with their layers (found by structure): none gets the estimate's note."""
+    registry = plugins.load()
+    tc = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2)
+    for name in registry.names("drafter"):
+        if name == "ngram":  # prompt lookup: no weights, nothing to train or cost
+            continue
+        cls = registry.get("drafter", name)
+        est = memory.estimate(memory.MemoryConfig(drafter=name, target_config=tc, seq_len=64, features="synthetic",
+                                                  drafter_options=cls.comparison_options(3, 64, 3)))
+        assert est.notes == [], f"{name}: {est.notes}"

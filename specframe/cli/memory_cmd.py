@@ -107,6 +107,8 @@ def memory(
                f"segment(s), largest forwards {est.largest_segment['forwarded']})")
     for key, value in est.breakdown.items():
         click.echo(f"  {key:<26}{mem.format_size(value):>12}")
+    for note in est.notes:
+        click.echo(f"note: {note}")
     if limit is not None:
         verdict = "fits" if result["fits"] else "does NOT fit"
         click.echo(f"{verdict} in {mem.format_size(limit)}")

@@ -60,6 +60,11 @@ class SkipgramDrafter(api.Drafter):
     def module(self) -> torch.nn.Module:
         return self.model
 
+    def layer_shapes(self) -> tuple:
+        # API 9: what the memory estimate charges activations for. An embedding and a table per depth: no decoder
+        # layers (a drafter built from api.modeling.DecoderLayer s needs no declaration: they are found)
+        return ()
+
     # Drafter position i holds data token x_i and predicts x_{i+1} at depth 0, so the loss bit of element (a, d)
     # is the data loss mask at a + d + 1.
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
