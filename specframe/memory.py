@@ -54,7 +54,6 @@ An allocation past the ceiling fails inside the step and becomes the same clean 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 from collections.abc import Iterator
@@ -65,7 +64,9 @@ import torch
 
 from specframe.attention_memory import AttentionShape
 from specframe.errors import SpecframeError, UsageError
-from specframe.modeling import ROW_CHUNK  # segments longer than this recompute a layer's position-wise parts in chunks
+from specframe.modeling import (
+    ROW_CHUNK,  # segments longer than this recompute a layer's position-wise parts in chunks
+)
 
 _UNITS = {
     "": 1, "b": 1,
