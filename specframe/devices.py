@@ -21,6 +21,9 @@ from specframe.errors import UsageError
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 #: bytes per element of each
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: what can run the target's forward (features for training, answers for the data): transformers, the reference,
+#: or vLLM's offline engine; the --engine / --feature-engine choices of prepare, regenerate and train
+TARGET_ENGINES = ("transformers", "vllm")
 
 
 def torch_dtype(name: str) -> Any:

@@ -49,3 +49,17 @@ def test_misspelled_command_suggests_the_closest():
     result = CliRunner().invoke(cli.main, ["plugin"])
     assert result.exit_code == 2
     assert "Error: unknown command 'plugin' (did you mean 'plugins'?); available: " in result.stderr
+
+
+def test_the_target_engine_choices_are_one_list():
+    """prepare --engine, regenerate --engine and train --feature-engine offer the engines the core knows
+    (``specframe.devices.TARGET_ENGINES``, which the run config checks), spelt once."""
+    from specframe.cli import prepare_cmd, regenerate_cmd, train_cmd
+    from specframe.devices import TARGET_ENGINES
+    from specframe.engine.config import FEATURE_ENGINES
+
+    assert FEATURE_ENGINES == TARGET_ENGINES
+    for command, flag in ((prepare_cmd.prepare, "engine"), (regenerate_cmd.regenerate, "engine"),
+                          (train_cmd.train, "feature_engine")):
+        option = next(p for p in command.params if p.name == flag)
+        assert tuple(option.type.choices) == TARGET_ENGINES, f"{command.name} --{flag.replace('_', '-')}"

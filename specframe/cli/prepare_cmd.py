@@ -10,6 +10,7 @@ import sys
 import click
 
 from specframe.cli.target_options import target_loading
+from specframe.devices import TARGET_ENGINES
 
 
 def feature_spec(aux_layers: str, num_layers: int, *, final_hidden: bool = True):
@@ -65,7 +66,7 @@ def feature_spec(aux_layers: str, num_layers: int, *, final_hidden: bool = True)
               help="Processes that tokenise the conversations (datasets' map). Default: 1 below 2,048 "
                    "conversations, else up to 8.")
 @click.option("--skip-bad-lines", is_flag=True, help="Skip (and count) malformed JSONL lines instead of stopping.")
-@click.option("--engine", type=click.Choice(["transformers", "vllm"]), default="transformers", show_default=True,
+@click.option("--engine", type=click.Choice(TARGET_ENGINES), default="transformers", show_default=True,
               help="Where the hidden states come from: the target's transformers forward (the reference), or vLLM's "
                    "offline engine (extract_hidden_states: tensor / pipeline parallel, every conversation of a shard "
                    "in flight). A vLLM cache must first pass a parity gate against transformers (--gate-sequences).")

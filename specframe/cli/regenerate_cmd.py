@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from specframe.cli.target_options import target_loading
+from specframe.devices import TARGET_ENGINES
 
 
 def _batch_done(prog, task, i, n, out, keep_dir) -> None:
@@ -68,7 +69,7 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
               "finished batch; a rerun whose work folder has less (lost with its machine) resumes from it.")
 @click.option("--threads", type=int, default=None,
               help="CPU threads: torch's (transformers engine) or vLLM's pinned OpenMP threads (default: all).")
-@click.option("--engine", type=click.Choice(["transformers", "vllm"]), default="transformers", show_default=True,
+@click.option("--engine", type=click.Choice(TARGET_ENGINES), default="transformers", show_default=True,
               help="What answers: transformers' generate() on one padded batch (the reference), or vLLM's offline "
               "engine with every prompt of a batch in flight (continuous batching; use a large --batch-size).")
 @click.option("--max-num-seqs", type=int, default=None,
@@ -108,7 +109,6 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
 
     from specframe.data.regenerate import regenerate as run_regenerate
     from specframe.data.specs import load_data
-
     from specframe.errors import UsageError
 
     if batch_size < 1 or max_new_tokens < 1:

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from specframe.devices import TARGET_ENGINES
 from specframe.errors import UsageError
 
 
@@ -50,7 +51,7 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
               help="Compute the next step's target features (online: the target's forward; --cache: the read) in a "
                    "background thread while this step trains. Default: on for CUDA (a side stream overlaps the "
                    "drafter's kernels), off on CPU (both would share the same cores).")
-@click.option("--feature-engine", type=click.Choice(["transformers", "vllm"]), default=None,
+@click.option("--feature-engine", type=click.Choice(TARGET_ENGINES), default=None,
               help="Where online features (--data) come from: the target's transformers forward (default), or vLLM's "
                    "hidden-state extraction, an engine in this process whose states must first pass a parity gate "
                    "against transformers (--gate-sequences). With --cache: fill the cache with `specframe prepare "

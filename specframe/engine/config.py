@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from specframe.devices import TARGET_ENGINES
 from specframe.errors import UsageError
 from specframe.structuring import unstructure
 
@@ -111,7 +112,7 @@ class TrainConfig:
             raise UsageError("give at most one of --max-steps and --epochs (one of them decides the run's length)")
 
 
-FEATURE_ENGINES = ("transformers", "vllm")
+FEATURE_ENGINES = TARGET_ENGINES  # the engines a target runs on (specframe.devices)
 
 
 def _check_feature_engine(value: Any) -> None:
