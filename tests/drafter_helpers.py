@@ -16,7 +16,7 @@ from tests.train_fixtures import build
 DRAFTERS = ("peagle", "eagle3", "pard", "parallelspec")
 # vocab_position_mask off: these tests check the loss of single elements against an unmasked reference, and with a
 # 128-token draft vocabulary of the random tiny target many elements' target top-1 lies outside it (the mask itself is
-# tested in tests/test_vocab_mask.py)
+# tested in tests/unit/test_vocab_mask.py)
 SMALL = {
     "peagle": {"layers": 2, "draft_vocab_size": 128, "k_train": 4, "vocab_position_mask": False},
     "eagle3": {"draft_vocab_size": 128, "ttt_steps": 4, "vocab_position_mask": False},

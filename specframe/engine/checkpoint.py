@@ -185,7 +185,7 @@ def save(
             f"could not write checkpoint {final.name} in {out}: {exc.strerror or exc}; "
             + (f"the last checkpoint {kept} is intact" if kept else "no checkpoint was written")
         ) from exc
-    # Every moment from here on leaves `latest` naming a complete checkpoint (tests/test_checkpoint_consistency.py
+    # Every moment from here on leaves `latest` naming a complete checkpoint (tests/unit/test_checkpoint_consistency.py
     # kills the save after each filesystem operation): the old one is removed only after `latest` has moved on.
     previous = resolve(out) if has_checkpoint(out) else None
     if final.exists():  # a checkpoint of the same step: from an interrupted attempt, or the latest one itself

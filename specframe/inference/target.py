@@ -68,7 +68,7 @@ class TargetSession:
             # hidden_states[i] is the input of decoder layer i (0 = embeddings): the aux layer id convention.
             features["aux_hidden"] = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1).cpu()
         if self.final_hidden:
-            # transformers' last hidden state is taken after the final norm (checked in tests/test_decoding.py).
+            # transformers' last hidden state is taken after the final norm (checked in tests/unit/test_decoding.py).
             features["final_hidden"] = out.hidden_states[-1][0].cpu()
         # the target may run on a GPU (--device); drafting and verification stay on the CPU, where the reference
         # engine's bookkeeping lives (it judges acceptance and losslessness; vLLM is where speed is measured)

@@ -1,0 +1,125 @@
+"""The composition root (``specframe.compose``): one place where a run config's names become components, one
+converter (``specframe.structuring``) and one error format, whether the config is checked (``run_config.resolve``),
+trained (``Trainer``), costed (``memory``) or reopened from a checkpoint (``drafter_folders``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from specframe import compose, memory, run_config
+from specframe.engine import TrainConfig, train
+from specframe.errors import UsageError
+from tests.train_fixtures import build, small_options
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("compose"))
+
+
+def config(assets, out, **kw):
+    target, chat = assets
+    base = dict(drafter="peagle", output=str(out), target=str(target), data=str(chat), seq_len=48, max_steps=2,
+                batch_size=2, lr=3e-3, val_examples=2, mask_builder="dense", drafter_options=small_options(k_train=4))
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _message(call) -> str:
+    with pytest.raises(UsageError) as info:
+        call()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("options, says", [
+    ({**small_options(), "layerz": 2}, "drafter 'peagle' options: unknown key 'layerz' (did you mean 'layers'?)"),
+    # the strict converter: a string is not an integer anywhere (a lax cattrs would read int("2"))
+    ({**small_options(), "layers": "2"}, "drafter 'peagle' options: layers must be an integer, got '2' (str)"),
+])
+def test_a_bad_drafter_option_reads_the_same_checked_trained_or_costed(assets, tmp_path, options, says):
+    cfg = config(assets, tmp_path / "run", drafter_options=options)
+    checked = _message(lambda: run_config.resolve(cfg))
+    trained = _message(lambda: train(cfg, progress=False))
+    target_config = AutoConfig.from_pretrained(assets[0])
+    costed = _message(lambda: memory.estimate(memory.MemoryConfig(
+        drafter="peagle", target_config=target_config, seq_len=48, depth=4, mask_builder="dense",
+        drafter_options=options)))
+    assert says in checked
+    assert checked == trained == costed
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("step-*"))  # nothing trained
+
+
+def test_a_bad_builder_or_partitioner_option_names_its_plugin(assets, tmp_path):
+    bad_builder = config(assets, tmp_path / "a", mask_builder="chunked", mask_builder_options={"chunk": 8})
+    assert "mask builder 'chunked' options: unknown key 'chunk' (did you mean 'chunk_size'?)" in _message(
+        lambda: train(bad_builder, progress=False))
+    bad_part = config(assets, tmp_path / "b", partitioner="peagle", partitioner_options={"nope": 1})
+    assert "partitioner 'peagle' options: unknown key 'nope'" in _message(lambda: train(bad_part, progress=False))
+
+
+def test_the_trainer_records_what_the_plan_resolves(assets, tmp_path):
+    """What ``--print-config`` shows (``run_config.resolve``) is what the run records in OUTPUT/config.json: the
+    same depth, builder and every option's default."""
+    import json
+
+    cfg = config(assets, tmp_path / "run", mask_builder=None, device="cpu")
+    printed = run_config.as_dict(run_config.resolve(cfg))
+    train(cfg, progress=False)
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    for key, value in printed.items():
+        assert recorded[key] == value, key
+    assert recorded["mask_builder"] is not None and recorded["depth"] == 4
+
+
+def test_build_gives_the_named_parts_with_their_defaults(assets):
+    cfg = config(assets, "unused", mask_builder=None, device="cpu", partitioner="peagle",
+                 partitioner_options={})
+    target_config = AutoConfig.from_pretrained(assets[0])
+    parts = compose.build(cfg, target_config, torch.device("cpu"))
+    plan = compose.plan(cfg, torch.device("cpu"))
+    assert parts.depth == plan.depth == 4  # k_train=4 in the options: the drafter's declared depth
+    assert type(parts.drafter) is plan.drafter_cls and parts.drafter.options == plan.drafter_options
+    assert type(parts.builder) is plan.builder_cls and parts.resolved.mask_builder == plan.builder_name
+    assert parts.partitioner.name == "peagle"
+    assert parts.resolved.drafter_options == run_config.resolve(cfg).drafter_options
+    # no builder named on the CPU: small calls go to the builder declared fastest for them, in front of the default
+    assert parts.attention_builder is not parts.builder
+    named = compose.build(config(assets, "unused", mask_builder="dense"), target_config, torch.device("cpu"))
+    assert named.attention_builder is named.builder
+
+
+def test_device_auto_leaves_the_builder_to_the_machine(assets):
+    plan = compose.plan(config(assets, "unused", mask_builder=None, device="auto"))
+    assert plan.builder_name is None and plan.builder_cls is None
+    assert run_config.resolve(config(assets, "unused", mask_builder=None, device="auto")).mask_builder is None
+
+
+def _calls(tree: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == name
+               for n in ast.walk(tree))
+
+
+def test_names_become_components_only_in_the_composition_root():
+    """Structuring a plugin's options is what makes a name a component: only ``compose`` does it in the core
+    (``structuring`` defines it; ``testing`` and ``Drafter.from_checkpoint`` build a class they are handed), and only ``structuring``
+    makes a cattrs converter or calls cattrs' global one."""
+    offenders, converters = [], []
+    for path in sorted((ROOT / "specframe").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        tree = ast.parse(path.read_text())
+        # api (Drafter.from_checkpoint) and testing build a class they were handed, never a name
+        if _calls(tree, "structure_options") and rel not in ("specframe/compose.py", "specframe/structuring.py",
+                                                             "specframe/testing.py", "specframe/api.py"):
+            offenders.append(rel)
+        cattrs_calls = any(isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "cattrs"
+                           and n.attr in ("structure", "unstructure", "Converter") for n in ast.walk(tree))
+        if (_calls(tree, "Converter") or cattrs_calls) and rel != "specframe/structuring.py":
+            converters.append(rel)
+    assert offenders == [] and converters == []

@@ -1,0 +1,203 @@
+"""`specframe report` on a per-drafter run (benchmarks/test_jobs.py): it merges whatever drafters finished, names
+the ones waiting or missing, ranks whole-set acceptance with intervals and reports quiet batch-1 speed only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+from click.testing import CliRunner
+
+from specframe import results
+from specframe.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+TARGET = {"id": "tiny", "weights_hash": "sha256:abc"}
+
+
+def write(path, kind, metrics, config):
+    prov = results.provenance(target=TARGET, token_budget=1000, command=["pytest"])
+    return results.write_results(path, kind=kind, metrics=metrics, per_prompt=[], provenance=prov, config=config)
+
+
+def whole(al: dict[str, tuple[float, float, float]], dataset="mt-bench") -> dict:
+    return {"dataset": dataset, "engine": "vllm", "methods": {
+        label: {"k": int(label.rsplit("k", 1)[1]), "prompt_turns": 160, "acceptance_length": v,
+                "acceptance_length_interval": {"low": lo, "high": hi}, "equal_to_plain": 1.0}
+        for label, (v, lo, hi) in al.items()}}
+
+
+def speed(label: str, mean: float, quiet: bool = True, concurrency: int = 1) -> dict:
+    return {"quiet": quiet, "concurrency": concurrency, "methods": {
+        "plain": {"acceptance_length": 1.0},
+        # as bench records them: the baseline is the drafter run without a checkpoint (never found by its name)
+        "ngram/k3": {"acceptance_length": 1.3, "drafter": "ngram", "checkpoint": None,
+                     "speedup_interval": {"mean": 1.2, "low": 1.1, "high": 1.3}},
+        label: {"acceptance_length": 2.0, "drafter": label.split("/")[0], "checkpoint": "train/step-00000010",
+                "speedup_interval": {"mean": mean, "low": mean - 0.1, "high": mean + 0.1}}},
+        "ratios": {f"ngram/k3 / {label}": {"otps": {"mean": 1.2 / mean, "low": 1.1 / mean, "high": 1.3 / mean}}}}
+
+
+@pytest.fixture
+def partial(tmp_path):
+    d = tmp_path / "cpu-large"
+    write(d / "baselines" / "acceptance-mt-bench.json", "bench.acceptance.whole-set",
+          whole({"ngram/k2": (1.20, 1.15, 1.25), "ngram/k5": (1.31, 1.25, 1.37)}),
+          {"preset": "cpu-large", "dataset": "mt-bench", "drafters": ["peagle", "eagle3", "pard"]})
+    write(d / "peagle" / "acceptance-mt-bench.json", "bench.acceptance.whole-set",
+          whole({"peagle/k2": (1.8, 1.7, 1.9), "peagle/k3": (2.1, 2.0, 2.2)}), {"dataset": "mt-bench"})
+    write(d / "peagle" / "speed-batch1.json", "bench.speed", speed("peagle/k3", 1.5), {"drafter": "peagle"})
+    write(d / "peagle" / "speed-concurrent4.json", "bench.speed", speed("peagle/k3", 1.3, concurrency=4),
+          {"drafter": "peagle"})
+    write(d / "peagle" / "job.json", "bench.job", {"drafter": "peagle", "checkpoint_hash": "sha256:" + "1" * 64,
+          "train_tokens": 1_024_000, "complete": True,
+          "vllm_refused": {"peagle/k2": "served only at K = 7"}}, {"key": "x"})
+    # EAGLE-3's job ran, but its speed shared the machine: waiting, and its speed is not reported
+    write(d / "eagle3" / "speed-batch1.json", "bench.speed", speed("eagle3/k3", 9.9, quiet=False), {"drafter": "eagle3"})
+    write(d / "eagle3" / "job.json", "bench.job", {"drafter": "eagle3", "checkpoint_hash": "sha256:" + "2" * 64,
+          "train_tokens": 1_024_000, "complete": False, "waiting": "speed measured beside other load"}, {"key": "y"})
+    return d
+
+
+def test_a_partial_run_reports_what_finished_and_names_what_is_missing(partial):
+    res = CliRunner().invoke(main, ["report", str(partial)])
+    assert res.exit_code == 0, res.output
+    text = (partial / "report.md").read_text()
+    section = text[text.index("## The answer (one job per drafter)"):]
+    assert "**Done:** peagle (1,024,000 training tokens" in section
+    assert "**Waiting:** eagle3 (speed measured beside other load)" in section
+    assert "**Not yet run:** pard (`make bench PRESET=cpu-large` continues)" in section
+    assert "- **Not served by vLLM:** peagle/k2 (served only at K = 7)" in section
+    # the ranking: each method at its best K, best first, with its interval
+    assert "| 1 | peagle/k3 | 2.10 [2.00, 2.20] |" in section and "| 2 | ngram/k5 | 1.31 [1.25, 1.37] |" in section
+    # speed: quiet measurements only; over n-gram is the inverse of the stored n-gram / drafter ratio
+    assert "| peagle | peagle/k3 | 2.00 | 1.50 [1.40, 1.60]x | 1.25 [1.15, 1.36]x |" in section
+    assert "9.90" not in section
+    assert "**Fastest drafter in vLLM at batch 1:** peagle/k3, 1.50 [1.40, 1.60]x plain vLLM: faster than" in section
+    # 4 concurrent requests: a table of its own after batch 1's, with its own verdict
+    four = section[section.index("**Speed in vLLM at 4 concurrent requests**"):]
+    assert section.index("**Speed in vLLM at batch 1**") < section.index("**Speed in vLLM at 4 concurrent")
+    assert "| peagle | peagle/k3 | 2.00 | 1.30 [1.20, 1.40]x |" in four
+    assert "**Fastest drafter in vLLM at 4 concurrent requests:** peagle/k3, 1.30 [1.20, 1.40]x" in four
+    assert "1.30 [1.20, 1.40]x" not in section[:section.index("**Speed in vLLM at 4 concurrent")]
+
+
+def test_the_summary_prints_the_answer_and_writes_nothing(partial):
+    res = CliRunner().invoke(main, ["report", str(partial), "--summary"])
+    assert res.exit_code == 0, res.output
+    assert "**Done:** peagle" in res.output and "**Not yet run:** pard" in res.output
+    assert "**Fastest drafter in vLLM at batch 1:** peagle/k3" in res.output
+    assert not (partial / "report.md").exists()
+    res = CliRunner().invoke(main, ["report", str(partial), "--summary", "--json"])
+    assert res.exit_code == 2 and "--summary prints the answer only" in res.output
+
+
+def test_a_finished_job_is_skipped_only_under_its_own_key(tmp_path):
+    from presets import PRESETS
+    from test_jobs import finished_job, job_key
+
+    p = PRESETS["cpu-large"]
+    key = job_key(p, "peagle")
+    assert key == job_key(attrs.evolve(p, drafters={**p.drafters, "new": {}}), "peagle")  # another drafter added
+    assert key == job_key(attrs.evolve(p, job_revisions={"eagle3": 1}), "peagle")  # another drafter rerun
+    assert key != job_key(attrs.evolve(p, job_revisions={"peagle": 1}), "peagle")  # this drafter's change
+    assert key != job_key(attrs.evolve(p, steps=p.steps + 1), "peagle")
+    assert key != job_key(attrs.evolve(p, drafters={**p.drafters, "peagle": {"layers": 2}}), "peagle")
+    write(tmp_path / "job.json", "bench.job", {"drafter": "peagle", "complete": True, "checkpoint_hash": "h"},
+          {"key": key})
+    assert finished_job(tmp_path, key)["checkpoint_hash"] == "h"
+    assert finished_job(tmp_path, job_key(p, "eagle3")) is None
+    write(tmp_path / "job.json", "bench.job", {"drafter": "peagle", "complete": False, "checkpoint_hash": "h"},
+          {"key": key})
+    assert finished_job(tmp_path, key) is None  # an incomplete job runs again
+
+
+def test_the_large_presets_drafters_train_on_a_million_tokens_of_distinct_conversations():
+    from presets import PRESETS
+
+    from harness import too_few_tokens
+
+    p = PRESETS["cpu-large"]
+    assert p.data == "large" and p.pack and p.per_drafter_jobs and p.committed
+    # the floor is on the tokens a run reports (packing fills the steps' slots only in part), checked by every job
+    assert p.min_train_tokens >= 1_000_000
+    # 354 tokens per packed 512-token sequence: what 500 steps gave P-EAGLE (708,319 tokens, at c69048f)
+    assert p.steps * p.batch_size * 354 >= p.min_train_tokens
+    assert p.steps // p.eval_every >= 8  # validation along one token axis at no fewer than 8 points
+    # packed one pass: the conversations hold more tokens than the steps read (about 290 tokens each in the set)
+    assert p.train_examples * 250 >= p.steps * p.batch_size * 354
+    assert "cpu-long" not in PRESETS
+    record = {"drafter": "peagle", "train_tokens": 708_319}
+    assert "peagle trained on 708,319 tokens, fewer than the cpu-large preset's 1,000,000" in too_few_tokens(p, record)
+    assert too_few_tokens(p, record | {"train_tokens": 1_000_000}) is None
+    assert too_few_tokens(p, record | {"refused": "memory budget"}) is None  # the budget's refusal trains nothing
+    assert too_few_tokens(PRESETS["cpu"], record) is None  # a preset without a floor
+
+
+def test_a_drafter_has_one_colour_in_every_figure_and_the_curves_a_log_token_axis(partial):
+    from matplotlib.colors import to_hex
+
+    from specframe.report import COLOURS, colour, figures, load_results
+
+    curve = [{"step": s, "train_tokens": t, "val_expected_al": a} for s, t, a in [(50, 100_000, 1.2), (100, 200_000, 1.4)]]
+    for name in ("peagle", "eagle3"):
+        write(partial / name / "training.json", "bench.training",
+              {"methods": {name: {"learning_curve": curve, "val_expected_al": 1.4}}}, {"drafter": name})
+    made = {name: fig for name, _, fig in figures(load_results(partial))}
+    ax = made["learning-curves.png"].axes[0]
+    assert ax.get_xscale() == "log"
+    lines = {line.get_label(): to_hex(line.get_color()) for line in ax.get_lines()}
+    assert lines["peagle"] == to_hex(COLOURS["peagle"]) and lines["eagle3"] == to_hex(COLOURS["eagle3"])
+    assert colour("peagle/k3") == colour("peagle") != colour("eagle3/k3")
+    assert colour("somebody-elses") == colour("somebody-elses/k2")  # a third-party drafter: fixed by its name
+
+
+def _slow_run(tmp_path, peagle_speedup=(0.8, 0.7, 0.9)):
+    """A per-drafter run where P-EAGLE's curve gains exactly 0.1 AL per doubling (1,000 -> 4,000 tokens) and its
+    quiet batch-1 speed at K = 3 is AL 1.2 at round cost R = 1.5."""
+    d = tmp_path / "cpu-large"
+    curve = [{"train_tokens": t, "val_expected_al": al} for t, al in ((1000, 1.0), (2000, 1.1), (4000, 1.2))]
+    write(d / "peagle" / "training.json", "bench.training", {"methods": {"peagle": {"learning_curve": curve}}},
+          {"drafter": "peagle"})
+    mean, low, high = peagle_speedup
+
+    def speed_doc(quiet=True, concurrency=1, r=1.5, repeats=3):
+        return {"quiet": quiet, "concurrency": concurrency, "methods": {
+            "plain": {"acceptance_length": 1.0},
+            "peagle/k3": {"acceptance_length": 1.2, "round_cost_ratio": r,
+                          "speedup_interval": {"mean": mean, "low": low, "high": high, "repeats": repeats}}}}
+
+    write(d / "peagle" / "speed-batch1.json", "bench.speed", speed_doc(), {"drafter": "peagle"})
+    # neither a speed beside load nor one at 4 requests at once counts (their R would say otherwise, and with more
+    # repeats they would otherwise be preferred)
+    write(d / "peagle" / "speed-loud.json", "bench.speed", speed_doc(quiet=False, r=9.0, repeats=5),
+          {"drafter": "peagle"})
+    write(d / "peagle" / "speed-concurrent4.json", "bench.speed", speed_doc(concurrency=4, r=0.5, repeats=5),
+          {"drafter": "peagle"})
+    return d
+
+
+def test_the_learning_curve_says_how_many_tokens_beating_plain_would_take(tmp_path):
+    from specframe import report
+
+    documents = report.load_results(_slow_run(tmp_path))
+    even = report.tokens_to_beat_plain(documents)["peagle"]
+    # break-even: AL must reach R = 1.5, +0.3 AL = 3 doublings of the 4,000 tokens seen
+    assert even["k"] == 3 and even["gain"] == pytest.approx(0.3) and even["tokens"] == pytest.approx(32_000)
+    goal = report.tokens_to_beat_plain(documents, 1.3)["peagle"]
+    assert goal["tokens"] == pytest.approx(4000 * 2 ** ((1.3 * 1.5 - 1.2) / 0.1))
+    lines = report.summary(_slow_run(tmp_path))
+    assert any("Training tokens to break even with plain vLLM at batch 1" in line and "about 32K" in line
+               for line in lines)
+
+
+def test_no_extrapolation_once_a_drafter_beats_plain(tmp_path):
+    from specframe import report
+
+    documents = report.load_results(_slow_run(tmp_path, peagle_speedup=(1.2, 1.1, 1.3)))
+    assert report.tokens_to_beat_plain(documents) == {}
+    assert not any("Training tokens" in line for line in report.answers(documents))

@@ -1,0 +1,95 @@
+"""``specframe.drafter_folders``: the one way in to a drafter folder (issue 31 item 2). A run folder, a checkpoint and
+every foreign layout open through ``open_drafter`` with their kind, weights folder and target; bench, export and
+generate use it, and no other core module decides "ours or foreign?"."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specframe import plugins
+from specframe.cli import main
+from specframe.drafter_folders import CHECKPOINT, folder_kind, open_drafter, recorded_target, weights_folder
+from specframe.engine import checkpoint as ckpt
+from specframe.errors import SpecframeError
+from tests.train_fixtures import build
+from tests.vllm_fixtures import AUX, build_target, mask_token, target_parts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("folders")
+    target, chat = build(root)
+    cfg = root / "small.toml"
+    cfg.write_text("[drafter]\nlayers = 1\ndraft_vocab_size = 100\n")
+    out = root / "run"
+    args = ["train", "--drafter", "peagle", "--target", target, "--data", chat, "--seq-len", 48, "--output", out,
+            "--config", cfg, "--mask-builder", "dense", "--max-steps", 1, "--max-examples", 4]
+    result = CliRunner().invoke(main, list(map(str, args)))
+    assert result.exit_code == 0, result.output
+    return target, out
+
+
+def test_a_run_folder_opens_its_latest_checkpoint_for_the_target_it_recorded(run):
+    target, out = run
+    opened = open_drafter(out)
+    assert opened.kind == CHECKPOINT
+    assert opened.directory == ckpt.resolve(out) != out  # the step folder `latest` names, not the run folder
+    assert opened.target_source == str(target)
+    assert opened.drafter.name == "peagle" and opened.drafter.options.layers == 1
+    assert opened.tokenizer.vocab_size == opened.target_config.vocab_size
+    again = open_drafter(opened.directory)  # the checkpoint itself opens the same
+    for a, b in zip(again.drafter.module().state_dict().values(), opened.drafter.module().state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_speculators_export_opens_for_the_verifier_it_names_and_pard_needs_a_target(tmp_path):
+    path = build_target(tmp_path / "t")
+    config, tok = target_parts(path)
+    cls = plugins.get("drafter", "eagle3")
+    eagle = cls(config, cls.Options(layers=1, aux_layer_ids=AUX))
+    eagle.export_vllm(tmp_path / "eagle3", tok)
+    opened = open_drafter(tmp_path / "eagle3")
+    assert (opened.kind, opened.drafter.name, opened.directory) == ("speculators", "eagle3", tmp_path / "eagle3")
+    assert opened.target_source == str(path.resolve())
+
+    cls = plugins.get("drafter", "pard")
+    pard = cls(config, cls.Options(layers=1, init_from_target=False))
+    pard.mask_token_id = mask_token(tok)
+    pard.export_vllm(tmp_path / "pard", tok)
+    assert folder_kind(tmp_path / "pard") == "pard" and recorded_target(tmp_path / "pard") is None
+    with pytest.raises(SpecframeError, match="does not record its target; pass --target"):
+        open_drafter(tmp_path / "pard")
+    assert open_drafter(tmp_path / "pard", str(path)).drafter.name == "pard"
+
+
+def test_a_folder_that_holds_no_drafter_is_one_clear_error(tmp_path):
+    with pytest.raises(SpecframeError, match="does not exist"):
+        folder_kind(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecframeError, match="neither a checkpoint nor a training output directory"):
+        weights_folder(tmp_path / "empty")
+
+
+def test_no_other_core_module_decides_ours_or_foreign():
+    """Reading a folder's foreign format or building a drafter from a folder happens in drafter_folders alone (the
+    layouts themselves excepted): a second dispatch elsewhere is how bench and export drifted apart before."""
+    owners = {"specframe/drafter_folders.py", "specframe/layouts/imports.py"}
+    found = []
+    for path in sorted((ROOT / "specframe").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute | ast.Name):
+                name = node.attr if isinstance(node, ast.Attribute) else node.id
+                if name in ("format_of", "named_target") and rel not in owners:
+                    found.append(f"{rel}:{node.lineno}: {name}")
+            if isinstance(node, ast.FunctionDef) and node.name == "load_drafter" and rel not in owners:
+                found.append(f"{rel}:{node.lineno}: def load_drafter")
+    assert not found, found

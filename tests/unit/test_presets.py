@@ -1,0 +1,72 @@
+"""The comparison suites' presets (benchmarks/presets.py) stay runnable: CI runs only ``ci``, so this checks the
+others' settings against the registered plugins and the drafters' own limits without training anything."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from presets import PRESETS, exportable, installed_drafters, resolve  # noqa: E402
+
+from specframe import plugins  # noqa: E402
+from specframe.data.evalsets import EVAL_SETS  # noqa: E402
+from specframe.structuring import structure_options  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_settings_are_valid(name):
+    p = resolve(name)
+    registry = plugins.load()
+    assert set(p.drafters) <= set(registry.names("drafter"))
+    assert set(p.memory_builders) <= set(registry.names("mask builder"))
+    assert set(p.memory_partitioners) | {p.partitioner} <= set(registry.names("partitioner"))
+    assert p.mask_builder is None or p.mask_builder in registry.names("mask builder")
+    assert set(p.datasets) <= set(EVAL_SETS) and "mt-bench" in EVAL_SETS  # the speed and vLLM suites use MT-Bench
+    if p.device == "cpu":
+        assert "flex" not in p.memory_builders and p.mask_builder != "flex"  # no FlexAttention backward on CPU
+    deepest = max(*p.ks, p.tree[0], p.speed_k)
+    for drafter in p.drafters:
+        cls = plugins.get("drafter", drafter)
+        options = structure_options(p.train_options(drafter), cls.Options, f"preset {name} drafter {drafter}")
+        if hasattr(options, "masks"):  # parallelspec drafts at most one token per mask, plus the real one
+            assert options.masks + 1 >= deepest, (name, drafter)
+        if cls.parallel:  # one forward drafts each trained depth: at most the declared depth a round (API 6)
+            assert cls.training(options).depth >= max(*p.ks, p.speed_k), (name, drafter)
+    assert p.steps * p.batch_size <= p.train_examples * 4  # at most a few epochs over the shared sequences
+
+
+def test_installed_plugin_drafters_join_every_suite():
+    """`make setup` installs specframe-dflash: the suites pick it up with no preset edit, at its own architecture, with
+    the preset's depth set through its block size (it has no ``k_train`` and no draft vocabulary)."""
+    assert "dflash" in installed_drafters()
+    assert not {"peagle", "eagle3", "pard", "parallelspec", "ngram"} & set(installed_drafters())  # built-ins
+    p = resolve("cpu")
+    assert list(p.drafters)[:4] == list(PRESETS["cpu"].drafters) and "dflash" in p.drafters
+    assert "ngram" not in p.drafters  # a baseline, measured beside the drafters, never trained
+    opts = p.train_options("dflash")
+    assert opts == {"block_size": p.depth + 1, "k_infer": min(p.speed_k, p.depth)}
+    assert p.train_options("dflash", depth=3)["block_size"] == 4  # the memory suite's depth
+    assert p.train_options("eagle3")["ttt_steps"] == p.depth and "k_train" not in p.train_options("eagle3")
+    assert "draft_vocab_size" not in p.train_options("pard")
+    assert p.train_options("peagle", depth=3)["k_train"] == 3
+    assert exportable("dflash") and exportable("peagle") and not exportable("ngram")
+    # a preset may set an installed plugin's options (ci's 4-layer target needs DFlash's layers named)
+    assert resolve("ci").train_options("dflash")["aux_layer_ids"] == [1, 3]
+
+
+def test_uninstalled_plugin_leaves_the_presets(monkeypatch):
+    """With third-party plugins switched off (as after `pip uninstall specframe-dflash specframe-dspark`) the presets
+    are the built-ins."""
+    from specframe import plugins
+
+    monkeypatch.setenv("SPECFRAME_DISABLE_PLUGINS", "dflash,dspark")
+    plugins.reset()
+    try:
+        assert "dflash" not in installed_drafters()
+        assert resolve("cpu") == PRESETS["cpu"]
+    finally:
+        monkeypatch.delenv("SPECFRAME_DISABLE_PLUGINS")
+        plugins.reset()
