@@ -123,24 +123,14 @@ def _acceptance(workspace, target, dataset: str, jobs: dict, path: Path, config:
     return metrics
 
 
-def _with_k(methods: list, source: str, workdir: str, refused: dict[str, str] | None = None) -> dict:
+def _with_k(methods: list, source: str, workdir: str, refused: dict[str, str] | None = None,
+            manifests: dict[str, Any] | None = None) -> dict:
     """``bench.vllm_jobs`` with each method's K beside its job (label -> (job, K)), as ``acceptance.measure`` takes
     them; a trained checkpoint is exported once into ``workdir``. Given ``refused``, a method vLLM cannot serve (a
-    DFlash drafter below its block) is left out with its reason there."""
-    jobs = bench.vllm_jobs(methods, source, Path(workdir), refused)
+    DFlash drafter below its block) is left out with its reason there; given ``manifests``, each checkpoint's export
+    manifest (its ``min_speculative_tokens``: the fewest draft tokens vLLM serves it at, DFlash's block_size - 1)."""
+    jobs = bench.vllm_jobs(methods, source, Path(workdir), refused, manifests)
     return {m.label: (jobs[m.label], m.k) for m in methods if m.label in jobs}
-
-
-def _own_k(run: str, source: str, workdir: str) -> int | None:
-    """The fewest draft tokens vLLM serves ``run``'s export at as it was trained (``Manifest.min_speculative_tokens``:
-    DFlash's block_size - 1), None when any K will do."""
-    from specframe.drafter_folders import export_checkpoint
-    from specframe.layouts.export import read_manifest
-
-    folder = Path(workdir) / "own-k"
-    if not folder.exists():
-        export_checkpoint(run, folder, source)
-    return read_manifest(folder).min_speculative_tokens
 
 
 def test_baselines(benchmark, workspace, target):
@@ -290,8 +280,9 @@ def test_drafter_job(benchmark, workspace, target, drafter):
             served = [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}")
                       for k in p.vllm_ks]
             with tempfile.TemporaryDirectory(prefix="specframe-job-") as tmp:
-                jobs = _with_k(served, _source(workspace), tmp, refused)
-                own = _own_k(record["run"], _source(workspace), tmp) if refused else None
+                manifests: dict[str, Any] = {}
+                jobs = _with_k(served, _source(workspace), tmp, refused, manifests)
+                own = manifests[served[0].checkpoint].min_speculative_tokens if refused else None
                 if own is not None and own not in [k for _, k in jobs.values()]:
                     # a drafter vLLM serves only at its own K (DFlash: its full block) is measured there too, so
                     # every drafter has vLLM figures; the others' K are the preset's alone

@@ -674,12 +674,15 @@ def compare_vllm(
 
 
 def vllm_jobs(
-    methods: Sequence[Method], source: str, workdir: Path, refused: dict[str, str] | None = None
+    methods: Sequence[Method], source: str, workdir: Path, refused: dict[str, str] | None = None,
+    manifests: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One vLLM engine job (``specframe.vllm.engine.Job``) per method label: plain, a trained checkpoint (exported
     once into ``workdir``, served at the method's K) or the ``ngram`` baseline (vLLM's prompt lookup with the
     plugin's n-gram sizes). A checkpoint whose export vLLM cannot serve at the method's K (a DFlash drafter below
-    its block, ``Manifest.refusal``) raises that reason, or, given ``refused``, is left out with its reason there."""
+    its block, ``Manifest.refusal``) raises that reason, or, given ``refused``, is left out with its reason there.
+    Given ``manifests``, each checkpoint's export manifest is put there (checkpoint -> ``Manifest``: the K range it
+    serves), so a caller needs no export of its own to ask."""
     from specframe.drafter_folders import export_checkpoint
     from specframe.vllm.engine import Job
     from specframe.layouts.export import read_manifest, speculative_config
@@ -695,7 +698,10 @@ def vllm_jobs(
             if m.checkpoint not in exports:
                 exports[m.checkpoint] = workdir / f"export-{len(exports)}"
                 export_checkpoint(m.checkpoint, exports[m.checkpoint], source)
-            reason = read_manifest(exports[m.checkpoint]).refusal(m.k)
+            manifest = read_manifest(exports[m.checkpoint])
+            if manifests is not None:
+                manifests[m.checkpoint] = manifest
+            reason = manifest.refusal(m.k)
             if reason is not None and refused is not None:
                 refused[m.label] = reason
                 continue

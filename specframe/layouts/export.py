@@ -519,16 +519,24 @@ def write_dflash(
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not low <= tokens <= block_size - 1:
         raise SpecframeError(f"speculative_tokens must be in {low}..block_size - 1 ({block_size - 1}) (the drafter "
                              f"serves no fewer than {low} in vLLM), got {tokens!r}")
-    flat = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
-    flat.update(
-        draft_vocab_size=int(flat["vocab_size"]), target_hidden_size=int(target_hidden_size),
-        mask_token_id=mask_token_id, aux_hidden_state_layer_ids=[int(i) for i in aux_layer_ids], block_size=block_size,
-    )
+    flat = _block_flat(config, target_hidden_size, mask_token_id, aux_layer_ids, block_size)
     tensors = _dflash_parts(_tensors(weights), flat, target_num_layers)
     full = _dflash_config(flat, verifier=verifier, speculative_tokens=tokens, drafter=drafter,
                           verifier_architectures=verifier_architectures)
     full[PROVENANCE][MIN_TOKENS] = low
     return _write(directory, tensors, full, tokenizer)
+
+
+def _block_flat(config: Mapping[str, Any], target_hidden_size: int, mask_token_id: int, aux_layer_ids: Sequence[int],
+                block_size: int) -> dict[str, Any]:
+    """The flat config a block drafter's export (DFlash, DSpark) is checked and written from: the drafter's layer
+    config without its model identity (the export sets Qwen3's), plus the block fields vLLM's ``update_dflash`` reads."""
+    flat = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
+    flat.update(
+        draft_vocab_size=int(flat["vocab_size"]), target_hidden_size=int(target_hidden_size),
+        mask_token_id=mask_token_id, aux_hidden_state_layer_ids=[int(i) for i in aux_layer_ids], block_size=block_size,
+    )
+    return flat
 
 
 # the top-level fields of a DFlash speculators config (vLLM's update_dflash reads them), beside its layer config
@@ -632,10 +640,8 @@ def write_dspark(
         # markov_head_type says: another head would load with its extra weights refused or be served as vanilla
         raise SpecframeError(f"vLLM serves the vanilla Markov head only (its Qwen3DSparkModel has markov_w1 / markov_w2 "
                              f"and nothing else); this drafter's head is {markov_head_type!r}")
-    flat = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
+    flat = _block_flat(config, target_hidden_size, mask_token_id, aux_layer_ids, block_size)
     flat.update(
-        draft_vocab_size=int(flat["vocab_size"]), target_hidden_size=int(target_hidden_size),
-        mask_token_id=mask_token_id, aux_hidden_state_layer_ids=[int(i) for i in aux_layer_ids], block_size=block_size,
         markov_rank=int(markov_rank), markov_head_type=markov_head_type,
         enable_confidence_head=bool(enable_confidence_head),
         confidence_head_with_markov=bool(enable_confidence_head and confidence_head_with_markov),

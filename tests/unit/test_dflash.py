@@ -555,8 +555,11 @@ def test_the_benchmark_suites_skip_a_k_vllm_refuses_with_its_reason(target, tmp_
     assert list(refused) == ["dflash/k2"]
     assert refused["dflash/k2"].startswith("vLLM cannot serve this dflash export at 2 draft tokens per step")
     again: dict[str, str] = {}
-    jobs = _with_k(methods, source, str(tmp_path / "jobs"), again)
+    manifests: dict = {}
+    jobs = _with_k(methods, source, str(tmp_path / "jobs"), again, manifests)
     assert again == refused and list(jobs) == ["dflash/k3"] and jobs["dflash/k3"][1] == 3
+    # the job's own K (its full block: 3 of a block of 4) comes from the export the jobs were made from
+    assert list(manifests) == [methods[0].checkpoint] and manifests[methods[0].checkpoint].min_speculative_tokens == 3
     assert jobs["dflash/k3"][0].speculative_config["num_speculative_tokens"] == 3
     with pytest.raises(api.SpecframeError, match="trained on blocks of 4"):
         bench.vllm_jobs(methods, source, tmp_path / "alone")
