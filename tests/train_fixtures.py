@@ -36,3 +36,22 @@ def build(root: Path) -> tuple[Path, Path]:
 
 def small_options(**extra):
     return {"layers": 2, "draft_vocab_size": 128, **extra}
+
+
+def trained_peagle(root: Path, drafter_toml: str) -> tuple[Path, Path, list[str]]:
+    """(target folder, run folder, the train argv) of a one-step P-EAGLE run through the real CLI under ``root``, its
+    ``[drafter]`` table ``drafter_toml``: a real run folder (config, `latest`, one checkpoint) for tests to open."""
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+
+    target, chat = build(root)
+    cfg = root / "small.toml"
+    cfg.write_text(f"[drafter]\n{drafter_toml}\n")
+    out = root / "run"
+    args = [str(a) for a in ("train", "--drafter", "peagle", "--target", target, "--data", chat, "--seq-len", 48,
+                             "--output", out, "--config", cfg, "--mask-builder", "dense", "--max-steps", 1,
+                             "--max-examples", 4)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return target, out, args

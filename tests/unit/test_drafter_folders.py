@@ -9,14 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from specframe import plugins
-from specframe.cli import main
-from specframe.drafter_folders import CHECKPOINT, folder_kind, open_drafter, recorded_target, weights_folder
+from specframe.drafter_folders import (
+    CHECKPOINT,
+    folder_kind,
+    open_drafter,
+    recorded_target,
+    weights_folder,
+)
 from specframe.engine import checkpoint as ckpt
 from specframe.errors import SpecframeError
-from tests.train_fixtures import build
+from tests.train_fixtures import trained_peagle
 from tests.vllm_fixtures import AUX, build_target, mask_token, target_parts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,15 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("folders")
-    target, chat = build(root)
-    cfg = root / "small.toml"
-    cfg.write_text("[drafter]\nlayers = 1\ndraft_vocab_size = 100\n")
-    out = root / "run"
-    args = ["train", "--drafter", "peagle", "--target", target, "--data", chat, "--seq-len", 48, "--output", out,
-            "--config", cfg, "--mask-builder", "dense", "--max-steps", 1, "--max-examples", 4]
-    result = CliRunner().invoke(main, list(map(str, args)))
-    assert result.exit_code == 0, result.output
+    target, out, _ = trained_peagle(tmp_path_factory.mktemp("folders"), "layers = 1\ndraft_vocab_size = 100")
     return target, out
 
 

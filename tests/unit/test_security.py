@@ -14,7 +14,7 @@ from specframe.cli import main
 from specframe.drafter_folders import load_drafter
 from specframe.engine import checkpoint as ckpt
 from specframe.errors import SpecframeError
-from tests.train_fixtures import build
+from tests.train_fixtures import trained_peagle
 
 
 class Payload:
@@ -29,16 +29,7 @@ class Payload:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("security")
-    target, chat = build(root)
-    cfg = root / "small.toml"
-    cfg.write_text("[drafter]\nlayers = 2\ndraft_vocab_size = 100\nk_train = 3\n")
-    out = root / "run"
-    args = ["train", "--drafter", "peagle", "--target", target, "--data", chat, "--seq-len", 48, "--output", out,
-            "--config", cfg, "--mask-builder", "dense", "--max-steps", 1, "--max-examples", 4]
-    result = CliRunner().invoke(main, list(map(str, args)))
-    assert result.exit_code == 0, result.output
-    return target, out, args
+    return trained_peagle(tmp_path_factory.mktemp("security"), "layers = 2\ndraft_vocab_size = 100\nk_train = 3")
 
 
 def copy(run, tmp_path) -> Path:
