@@ -88,7 +88,7 @@ def test_bad_inputs_are_refused(values, accepted, says):
 
 def test_the_api_exposes_it_and_a_drafter_defaults_to_the_sigmoid():
     assert api.calibration.fit_temperatures is fit_temperatures
-    assert api.API_VERSION == "8"
+    assert int(api.API_VERSION) >= 8  # calibration arrived in API 8; later versions are additive
     logits = torch.tensor([[0.0, 2.0]])
     assert api.Drafter.calibrated_confidence(None, logits)[0].tolist() == pytest.approx([0.5, 1 / (1 + math.exp(-2))])
     assert api.Drafter.calibrate(None, logits, logits > 0) is False  # an API-7 drafter fits nothing
