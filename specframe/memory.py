@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,9 +65,9 @@ import torch
 
 from specframe.attention_memory import AttentionShape
 from specframe.errors import SpecframeError, UsageError
-from specframe.modeling import (
-    ROW_CHUNK,  # segments longer than this recompute a layer's position-wise parts in chunks
-)
+
+# segments longer than ROW_CHUNK recompute a layer's position-wise parts in chunks
+from specframe.modeling import ROW_CHUNK, LayerShape
 
 _UNITS = {
     "": 1, "b": 1,
@@ -194,8 +195,6 @@ def _layers(drafter: Any, module: torch.nn.Module) -> tuple[tuple[Any, ...], boo
     (API 9) when it gives them; else found by structure: ``modeling.DecoderLayer`` s, and any plugin layer built the
     same way (an ``mlp`` beside a ``self_attn`` that carries a ``LayerShape``, as DFlash's), whose activations per
     row the per-element constants describe as well."""
-    from specframe.modeling import LayerShape
-
     declared = drafter.layer_shapes()
     if declared is not None:
         shapes = tuple(declared)
@@ -272,16 +271,18 @@ def estimate(cfg: MemoryConfig) -> Estimate:
         f"drafter '{cfg.drafter}' declares no decoder layers (Drafter.layer_shapes, API 9) and none were found by "
         "structure: its layers' activations are not counted, so this estimate is low if it has any"]
     # layers of one shape are charged as count x one layer's floats: exactly what a uniform stack always was
-    groups: dict[Any, int] = {}
-    for layer_shape in shapes:
-        groups[layer_shape] = groups.get(layer_shape, 0) + 1
+    groups = Counter(shapes)
     n_layers = len(shapes)
-    shape = shapes[0] if shapes else None
     tc = cfg.target_config
     h_t, v_t = int(tc.hidden_size), int(tc.vocab_size)
-    h = shape.hidden if shape else h_t
-    inter = shape.intermediate if shape else int(getattr(tc, "intermediate_size", 4 * h))
-    heads = shape.heads if shape else int(getattr(tc, "num_attention_heads", 1))
+    if shapes:
+        shape = shapes[0]
+    else:  # no layer found: one layer the target's size sizes the per-layer terms (and no layer is summed)
+        t_heads = int(getattr(tc, "num_attention_heads", 1))
+        shape = LayerShape(hidden=h_t, heads=t_heads, kv_heads=t_heads, head_dim=h_t // t_heads,
+                           intermediate=int(getattr(tc, "intermediate_size", 4 * h_t)))
+    sizing = list(groups) or [shape]  # the shapes the largest-layer terms are taken over
+    h, heads = shape.hidden, shape.heads
     vd = int(drafter.draft_vocab_size or v_t)  # api.Drafter.draft_vocab_size: None is the full vocabulary
     spec = drafter.feature_spec()
     n_aux = len(tuple(getattr(spec, "aux_layers", None) or ())) if spec is not None else 0
@@ -302,16 +303,13 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     segs, n_elements = _segments(cfg, drafter, depth, training)
     checkpointing = bool(training.activation_checkpointing)
     loss_chunk = int(training.loss_chunk)
-    head_dim = shape.head_dim if shape else h // heads
-    kv_heads = shape.kv_heads if shape else heads
-    # a builder declaring grouped_kv takes grouped k / v as they are; the others get them repeated to every query head
-    kv_eff = kv_heads if builder.grouped_kv else heads
+    head_dim = shape.head_dim
 
     def one_layer(s: Any) -> float:  # activation floats one layer saves per row
         return (A_H * s.hidden + A_I * s.intermediate) * ACT_TRANSIENT
 
     # the largest layer is what one layer's backward holds; the sum over layers is what all of them save
-    layer_floats = max((one_layer(s) for s in groups), default=(A_H * h + A_I * inter) * ACT_TRANSIENT)
+    layer_floats = max(one_layer(s) for s in sizing)
     all_layer_floats = sum(n * one_layer(s) for s, n in groups.items())
     all_layer_inputs = sum(n * s.hidden for s, n in groups.items())
     # what one layer holds while its backward runs when its position-wise parts are recomputed in row chunks:
@@ -320,8 +318,9 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     def chunked(q_heads: int, dim: int, kv: int, hidden: int) -> float:
         return (2 * (2 * q_heads * dim + 2 * kv * dim) + q_heads + ROW_CHUNKED_H * hidden) * ACT_TRANSIENT
 
-    row_chunked = max((chunked(s.heads, s.head_dim, s.kv_heads if builder.grouped_kv else s.heads, s.hidden)
-                       for s in groups), default=chunked(heads, head_dim, kv_eff, h))
+    # a builder declaring grouped_kv takes grouped k / v as they are; the others get them repeated to every query head
+    row_chunked = max(chunked(s.heads, s.head_dim, s.kv_heads if builder.grouped_kv else s.heads, s.hidden)
+                      for s in sizing)
     inputs = INPUT_FLOATS_PER_H * h + 2 * head_dim  # + the rotary tables
 
     def per_element(forwarded: int) -> tuple[float, float]:
