@@ -97,7 +97,11 @@ from specframe.layouts import export as vllm_layouts
 #:   its default (None: found by structure) is how every version-8 drafter was costed, and the estimate's ``notes``
 #:   now say when it found none, so a version-8 drafter with a layer type of its own is no longer costed without
 #:   its layers silently.
-API_VERSION = "9"
+#: - "10" (additive): ``Verifier.bind(model)``, the target model handed to a verifier by the reference engine at
+#:   the start of every decode, before its clock starts, so a verifier whose choices depend on the
+#:   cost of the target's forward measures it on the engine it runs on (``scheduled``'s cost curve); its default
+#:   does nothing, which is what every version-9 verifier did.
+API_VERSION = "10"
 
 __all__ = [
     "API_VERSION",
@@ -414,6 +418,13 @@ class Verifier(Component, ABC):
     def verify(self, logits: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verification:
         """``logits`` [N + 1, V]: row 0 is the target at the root (predicts the first draft level), row i + 1 the
         target at draft node i. ``generator`` drives every random choice, so a seeded run is reproducible."""
+
+    def bind(self, model: Any) -> None:
+        """API 10: ``model`` (a transformers causal LM) is the target this verifier is about to verify for. The
+        reference engine calls it at the start of every decode, before the decode's clock starts, so a verifier that
+        measures something of the target (the cost of its forward) does it here, once per model, and no timed
+        decode pays for it. Default: nothing."""
+        return None
 
     def schedule(self, draft: Draft) -> int | None:
         """How many leading tokens of a chain ``draft`` the target should verify, decided before its forward (API 7;

@@ -161,6 +161,7 @@ def generate(
     if tree is not None and not verifier.supports_tree:
         raise UsageError(f"verifier '{verifier.name}' cannot verify trees; use 'tree' or 'greedy', or drop the tree")
     prompt_ids = prompt_ids.view(-1).long().cpu()
+    verifier.bind(model)  # API 10: before the clock starts; a verifier measuring the target does it once per model
     session = TargetSession(model, drafter.feature_spec() if drafter is not None else None)
     out = _Output(max_new_tokens, _eos_ids(eos_token_id, model))
     empty = api.Draft(tokens=torch.zeros(0, dtype=torch.long))

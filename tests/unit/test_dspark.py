@@ -576,7 +576,7 @@ def test_the_engine_verifies_the_scheduled_prefix_and_stays_lossless(target):
     def run_with(verifier):
         return generate(target.model, prompt, verifier, drafter, k=4, max_new_tokens=20, eos_token_id=())
 
-    free, costly, mixed = (run_with(scheduled(cost_per_token=c)) for c in (0.0, 100.0, 0.3))
+    free, costly, mixed = (run_with(scheduled(cost_per_token=c, measure=False)) for c in (0.0, 100.0, 0.3))
     assert free.tokens == plain.tokens and costly.tokens == plain.tokens and mixed.tokens == plain.tokens
     assert all(r.nodes == 4 for r in free.rounds) and all(r.nodes == 0 for r in costly.rounds)
 
@@ -604,6 +604,41 @@ def test_the_cost_curve_is_measured_on_the_model():
     curve = measure_cost_curve(target_model(), 3, context=16, repeats=2)
     assert len(curve) == 4 and all(t > 0 for t in curve)
     assert scheduled(cost_curve=curve).options.cost(2) == curve[2]
+
+
+def test_the_engine_hands_the_target_over_and_the_curve_is_measured_on_it_once(target, monkeypatch):
+    """API 10: by default the schedule weighs the target's measured round costs, not the linear placeholder model:
+    the engine binds the target before its clock starts, the curve is measured once per target (not per decode), a
+    curve the user gives is kept, and ``measure=False`` keeps the linear model. Fails when the engine stops calling
+    ``bind``, when bind measures on every decode, or when it replaces a given curve."""
+    import specframe_dspark.scheduled as sched
+
+    from specframe.inference.engine import generate
+
+    measured = []
+
+    def fake_measure(model, max_tokens, **_):
+        measured.append((model, max_tokens))
+        return [1.0 + 0.5 * m for m in range(max_tokens + 1)]
+
+    monkeypatch.setattr(sched, "measure_cost_curve", fake_measure)
+    drafter, _ = make(target)
+    drafter.module().float().eval()
+    prompt = torch.randint(7, target.config.vocab_size, (10,), generator=torch.Generator().manual_seed(1))
+    verifier = scheduled(measure_tokens=5)
+    assert verifier.options.cost_curve is None
+    for _ in range(2):
+        generate(target.model, prompt, verifier, drafter, k=4, max_new_tokens=6, eos_token_id=())
+    assert measured == [(target.model, 5)]
+    assert verifier.options.cost_curve == [1.0 + 0.5 * m for m in range(6)] and verifier.options.cost(2) == 2.0
+    other = torch.nn.Module()
+    verifier.bind(other)  # another target: its own curve
+    assert measured[-1] == (other, 5)
+    given = scheduled(cost_curve=[1.0, 3.0])
+    given.bind(target.model)
+    linear = scheduled(measure=False)
+    linear.bind(target.model)
+    assert given.options.cost_curve == [1.0, 3.0] and linear.options.cost_curve is None and len(measured) == 2
 
 
 @pytest.mark.slow
@@ -635,10 +670,10 @@ def test_scheduled_speculative_sampling_matches_the_target_law_and_a_token_peeki
             nodes.update(r.nodes for r in gen.rounds)
         return out, nodes
 
-    got, nodes = samples(scheduled(rule="sampling", cost_per_token=0.9), 3000)
+    got, nodes = samples(scheduled(rule="sampling", cost_per_token=0.9, measure=False), 3000)
     assert nodes == {0, 1, 2, 3}, nodes  # the schedule cut the 3-token drafts at every length
     assert chi_square_pvalue(got, exact) > THRESHOLD
-    got, _ = samples(Peeking(base.Options(rule="sampling", cost_per_token=0.9)), 3000)
+    got, _ = samples(Peeking(base.Options(rule="sampling", cost_per_token=0.9, measure=False)), 3000)
     assert chi_square_pvalue(got, exact) < 1e-6
 
 

@@ -4,8 +4,9 @@ scheduler), for any drafter that gives per-token confidence (``api.Draft.confide
 Before the target's forward (``api.Verifier.schedule``, API 7) the verifier walks the chain: with c_i the drafter's
 estimate that token i is accepted given token i - 1 was, the expected number of tokens a round emits when it verifies
 the first m draft tokens is E(m) = 1 + sum_{j <= m} prod_{i <= j} c_i (the correction or bonus token always comes),
-and the round costs T(m), the target forward over m + 1 tokens (``cost_curve``, measured on the engine by
-``measure_cost_curve``, or the linear ``cost_base + cost_per_token * m``). Token j is kept while it raises the
+and the round costs T(m), the target forward over m + 1 tokens (``cost_curve``: by default measured by
+``measure_cost_curve`` on the target the engine hands over through ``Verifier.bind``, API 10, before anything is
+timed; with ``measure`` off, the linear ``cost_base + cost_per_token * m``). Token j is kept while it raises the
 expected tokens per second, E(j) / T(j) > E(j - 1) / T(j - 1); the walk stops at the first token that does not.
 
 The stopping rule reads confidence[: j + 1] to decide on token j, and a drafter computes confidence[j] before it
@@ -41,12 +42,17 @@ class ScheduledOptions:
     top_k: int = attrs.field(default=0, metadata={"help": "rule 'sampling': keep the k most likely tokens (0: off)"})
     top_p: float = attrs.field(default=1.0, metadata={"help": "rule 'sampling': nucleus mass (1: off)"})
     cost_curve: list[float] | None = attrs.field(default=None, metadata={
-        "help": "seconds of a target forward verifying m = 0, 1, .. draft tokens (measure_cost_curve on the engine "
-                "it runs on); longer drafts cost the last entry's slope more; null: the linear model below"})
+        "help": "seconds of a target forward verifying m = 0, 1, .. draft tokens; longer drafts cost the last "
+                "entry's slope more; null: measured on the target the engine runs (see measure)"})
+    measure: bool = attrs.field(default=True, metadata={
+        "help": "without cost_curve: measure it on the target when the engine hands it over (measure_cost_curve, "
+                "once per target, before anything is timed); false: the linear model below"})
+    measure_tokens: int = attrs.field(default=8, validator=api.positive_int("scheduled"), metadata={
+        "help": "draft tokens the measured curve covers (longer drafts extend its last slope)"})
     cost_base: float = attrs.field(default=1.0, validator=_non_negative, metadata={
-        "help": "without cost_curve: the cost of a forward verifying no draft token (any unit)"})
+        "help": "without cost_curve and measure false: the cost of a forward verifying no draft token (any unit)"})
     cost_per_token: float = attrs.field(default=0.1, validator=_non_negative, metadata={
-        "help": "without cost_curve: the extra cost per verified draft token, in cost_base's unit"})
+        "help": "without cost_curve and measure false: the extra cost per verified draft token, in cost_base's unit"})
 
     def __attrs_post_init__(self) -> None:
         if self.rule not in RULES:
@@ -73,6 +79,21 @@ class ScheduledVerifier(api.Verifier):
     name = "scheduled"
     Options = ScheduledOptions
     supports_tree = False
+
+    def __init__(self, options: Any = None) -> None:
+        super().__init__(options)
+        # id of the target the cost curve was measured on; None while the curve is the user's or not measured yet
+        self._measured_on: int | None = None
+
+    def bind(self, model: Any) -> None:
+        """API 10: without a given ``cost_curve``, measure it on this target (once per target), so the schedule
+        weighs the round costs of the machine and engine it runs on rather than a made-up linear model."""
+        o = self.options
+        given = o.cost_curve is not None and self._measured_on is None
+        if not o.measure or given or self._measured_on == id(model):
+            return
+        self.options = attrs.evolve(o, cost_curve=measure_cost_curve(model, o.measure_tokens))
+        self._measured_on = id(model)
 
     def schedule(self, draft: api.Draft) -> int | None:
         if draft.branched:
