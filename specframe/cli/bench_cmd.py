@@ -143,6 +143,8 @@ def acceptance(
                                                "total_tokens": tree.total_tokens},
             "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads, "checkpoints": list(checkpoints),
             "drafters": list(drafters), "baselines": list(baselines), "also_verifiers": list(others),
+            # read after the run: a verifier bound to the target (API 10) may have measured options (a cost curve)
+            "also_verifier_options": {name: _options(other) for name, other in others.items()},
             "token_budget_rule": "recorded tokens, else steps x batch_size x seq_len (an upper bound)",
         }
         prov = core.results_provenance(tgt_info, methods, command_line(click.get_current_context()))

@@ -774,14 +774,17 @@ def test_bench_measures_the_block_whole_and_scheduled_side_by_side(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "add the fox"}]}) + "\n")
     res = CliRunner().invoke(main, ["bench", "acceptance", "--checkpoint", str(out), "--dataset", str(prompts),
-                                    "--max-new-tokens", "12", "--also-verifier", "scheduled", "--json"],
-                             catch_exceptions=False)
+                                    "--max-new-tokens", "12", "--also-verifier", "scheduled", "--json",
+                                    "-o", str(tmp_path / "r.json")], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output[res.output.index("{"):])
     whole = [label for label in summary["methods"] if label.startswith("dspark/") and "+" not in label]
     assert len(whole) == 1 and f"{whole[0]}+scheduled" in summary["methods"]
     scheduled_ = summary["methods"][f"{whole[0]}+scheduled"]
     assert scheduled_["verifier"] == "scheduled" and scheduled_["lossless"] and summary["methods"][whole[0]]["lossless"]
+    # API 10: the schedule weighed the round costs measured on this target, and the results file records them
+    curve = json.loads((tmp_path / "r.json").read_text())["config"]["also_verifier_options"]["scheduled"]["cost_curve"]
+    assert len(curve) == 9 and all(isinstance(t, float) and t > 0 for t in curve)
 
 
 def test_without_calibration_the_head_is_kept_as_trained(tmp_path):
