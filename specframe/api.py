@@ -101,7 +101,12 @@ from specframe.layouts import export as vllm_layouts
 #:   the start of every decode, before its clock starts, so a verifier whose choices depend on the
 #:   cost of the target's forward measures it on the engine it runs on (``scheduled``'s cost curve); its default
 #:   does nothing, which is what every version-9 verifier did.
-API_VERSION = "10"
+#: - "11" (additive): a verifier may also decide, before a chain round's drafting, how many tokens to draft
+#:   (``Verifier.draft_budget(k)``; 0 skips drafting and the round is a plain target step, lossless by construction)
+#:   and is told each round's outcome and costs (``Verifier.observe(RoundCost)``). Defaults: ``k`` and nothing,
+#:   which is what every version-10 verifier did. A drafter may now see ``accept`` twice without a ``propose``
+#:   between (every built-in queues what it has not forwarded; ``specframe.testing.DrafterContract`` checks it).
+API_VERSION = "11"
 
 __all__ = [
     "API_VERSION",
@@ -119,6 +124,7 @@ __all__ = [
     "NoOptions",
     "Partitioner",
     "PluginError",
+    "RoundCost",
     "Segment",
     "SegmentAttention",
     "SpecframeError",
@@ -398,6 +404,20 @@ class Verification:
     emitted: torch.Tensor
 
 
+@attrs.frozen
+class RoundCost:
+    """API 11: one decode round as the reference engine saw it, for ``Verifier.observe``. ``drafted``: draft tokens
+    the drafter proposed (0: drafting was skipped); ``verified``: those the target read (after ``schedule``);
+    ``accepted``: those it accepted; ``draft_seconds``: the drafter's ``propose`` and the verifier's ``schedule``
+    (0 when drafting was skipped); ``target_seconds``: the target's forward and the verification."""
+
+    drafted: int
+    verified: int
+    accepted: int
+    draft_seconds: float
+    target_seconds: float
+
+
 class Verifier(Component, ABC):
     """Decides which draft tokens the target accepts, without changing the target's output distribution."""
 
@@ -431,6 +451,19 @@ class Verifier(Component, ABC):
         None, the default: all of them). The engine verifies ``draft.prefix(n)``. To keep sampling lossless the
         choice to keep token i may depend on the draft only through tokens before i (e.g. ``confidence[: i + 1]``,
         whose entry i a drafter computes before drawing token i), never on token i or later."""
+        return None
+
+    def draft_budget(self, k: int) -> int:
+        """API 11: how many tokens (0..``k``) the drafter is asked for in the next chain round, decided before it
+        drafts, from what ``observe`` has told of earlier rounds. 0 skips drafting: the round is a plain target step
+        (the target's forward over the pending token alone), which is lossless whatever the choice, since the choice
+        depends only on earlier rounds. Default: ``k``."""
+        return k
+
+    def observe(self, cost: RoundCost) -> None:
+        """API 11: what the round just finished drafted, verified and accepted, and what its drafting and its target
+        forward took on the reference engine (a chain round or a tree round; called after every decode round, so a
+        verifier can weigh drafting against its return). Default: nothing."""
         return None
 
 

@@ -139,6 +139,29 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------------- methods
 
 
+def verifier_spec(text: str) -> tuple[str, api.Verifier]:
+    """``NAME`` or ``NAME:KEY=VALUE,KEY=VALUE`` (values read as JSON where they parse, else as text: ``true``, ``8``,
+    ``[1.0, 2.0]``) -> (the label suffix, the verifier with those options, checked by its ``Options``)."""
+    import json
+    import re
+
+    from specframe import compose
+
+    name, _, rest = text.partition(":")
+    given: dict[str, Any] = {}
+    # a comma ends an option only where the next KEY= starts, so a JSON list's commas stay inside its value
+    for item in filter(None, (part.strip() for part in re.split(r",(?=\s*[A-Za-z_]\w*\s*=)", rest))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise UsageError(f"verifier option '{item}' in '{text}' is not KEY=VALUE (e.g. scheduled:skip_drafting=true)")
+        try:
+            given[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            given[key.strip()] = value.strip()
+    cls, options = compose.verifier(name.strip(), given)
+    return text.strip(), cls(options)
+
+
 def make_verifier(name: str, *, temperature: float | None = None, top_k: int | None = None,
                   top_p: float | None = None) -> api.Verifier:
     """A verifier by name with its sampling options; options the verifier does not have are refused."""

@@ -40,6 +40,16 @@ def partitioner(name: str, table: dict[str, Any], where: str | None = None) -> t
     return cls, structure_options(table, cls.Options, f"{_prefix(where)}partitioner '{name}'")
 
 
+def verifier(name: str, table: dict[str, Any], where: str | None = None) -> tuple[type, Any]:
+    """The verifier class registered as ``name`` and its typed options (``bench acceptance --also-verifier``)."""
+    cls = plugins.get("verifier", name)
+    if not attrs.has(cls.Options):
+        if table:
+            raise UsageError(f"{_prefix(where)}verifier '{name}' has no options, got {', '.join(table)}")
+        return cls, cls.Options()
+    return cls, structure_options(table, cls.Options, f"{_prefix(where)}verifier '{name}'")
+
+
 def mask_builder_name(name: str | None, device: torch.device | str | None) -> str | None:
     """The run's mask builder: the one named, else the most preferred one that trains on ``device``; None while the
     device is still ``auto`` (the machine decides when the run starts)."""

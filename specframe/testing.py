@@ -302,6 +302,35 @@ class DrafterContract:
                             eos_token_id=())
             assert tree.tokens == plain.tokens
 
+    def test_accepts_without_a_propose_between_draft_as_after_one(self, specframe_tiny_target):
+        """API 11: a verifier may skip drafting (``draft_budget`` 0), so ``accept`` can come several times without a
+        ``propose`` between. The draft after tokens committed one ``accept`` at a time, with no drafting between,
+        must equal the draft after the usual flow (a draft proposed and discarded, then the tokens committed in one
+        ``accept``): a drafter that keeps only the last ``accept``'s tokens, or forwards its queue twice, drafts
+        from a wrong context here (greedy verification stays lossless, so only the drafts show it)."""
+        drafter = self.build(specframe_tiny_target)
+        example = training_example(specframe_tiny_target, drafter)
+        drafter.module().eval()
+        n = 10
+        seq = example.input_ids[: n + 3]
+        feats = target_features(specframe_tiny_target, seq, drafter)
+
+        def rows(lo: int, hi: int) -> dict[str, torch.Tensor]:
+            return {name: value[lo:hi] for name, value in feats.items()}
+
+        drafts = []
+        with torch.no_grad():
+            drafter.start(seq[:n], rows(0, n))
+            drafter.accept(seq[n : n + 1], rows(n - 1, n))
+            drafter.propose(self.k, torch.Generator().manual_seed(0))
+            drafter.accept(seq[n + 1 : n + 3], rows(n, n + 2))
+            drafts.append(drafter.propose(self.k, torch.Generator().manual_seed(1)).tokens.tolist())
+            drafter.start(seq[:n], rows(0, n))
+            for j in range(n, n + 3):  # the prefill's token, then two rounds whose drafting was skipped
+                drafter.accept(seq[j : j + 1], rows(j - 1, j))
+            drafts.append(drafter.propose(self.k, torch.Generator().manual_seed(1)).tokens.tolist())
+        assert drafts[1] == drafts[0], "after accepts with no propose between, the drafter drafts from another context"
+
     def test_a_saved_drafter_loads_back_and_drafts_the_same(self, specframe_tiny_target, tmp_path: Path):
         drafter = self.build(specframe_tiny_target)
         example = training_example(specframe_tiny_target, drafter)

@@ -46,10 +46,11 @@ def bench() -> None:
 @click.option("--detail", is_flag=True,
               help="Also print per-slot and conditional acceptance and the drafter's time per round.")
 @click.option("--also-verifier", "also_verifiers", multiple=True,
-              help="Reference engine: measure every --checkpoint again under this verifier (its default options), "
-                   "labelled '<label>+NAME', interleaved with the rest: one drafter under two verifiers side by side, "
-                   "e.g. DSpark's block verified whole (--verifier greedy) and through its confidence schedule "
-                   "(--also-verifier scheduled). Repeatable.")
+              help="Reference engine: measure every --checkpoint again under this verifier, NAME or "
+                   "NAME:KEY=VALUE,.. (its options; values as JSON), labelled '<label>+NAME..', interleaved with the "
+                   "rest: one drafter under two verifiers side by side, e.g. DSpark's block verified whole (--verifier "
+                   "greedy) and through its confidence schedule (--also-verifier scheduled, --also-verifier "
+                   "scheduled:skip_drafting=true). Repeatable.")
 @decoding_options(bench=True)
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False),
               help="Write the results file (JSON with metrics, per-prompt figures and provenance).")
@@ -108,7 +109,7 @@ def acceptance(
             raise UsageError("--also-verifier runs on the reference engine: vLLM verifies with its own rule")
     if also_verifiers and not checkpoints:
         raise UsageError("--also-verifier measures trained drafters again: give --checkpoint DIR")
-    others = {name: core.make_verifier(name) for name in dict.fromkeys(also_verifiers)}
+    others = dict(core.verifier_spec(text) for text in dict.fromkeys(also_verifiers))
     # on the vLLM engine the target loaded here only gives the config and the weights' hash for provenance
     tgt = loading.load(target)
     methods = []

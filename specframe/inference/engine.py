@@ -3,7 +3,9 @@
 Plain decoding is speculative decoding without a drafter: every decode forward reads the pending token and the
 verifier picks the next token from an empty draft, so plain and speculative runs share one sampling rule. With a
 drafter, each round is ``propose`` (or ``propose_tree``), one target forward over [pending, draft], the verifier's
-decision, the cache roll-back and ``accept``. The prefill forward also yields the first new token; it is not a
+decision, the cache roll-back and ``accept``; the verifier may shorten a chain before drafting (``draft_budget``: 0
+makes the round a plain step) and before the target's forward (``schedule``), and is told each round's costs
+(``observe``). The prefill forward also yields the first new token; it is not a
 verification forward and is excluded from acceptance length.
 
 Stopping: at the first eos token (kept) or after ``max_new_tokens``; tokens a round emits beyond either are dropped,
@@ -125,6 +127,15 @@ def _schedule(verifier: api.Verifier, draft: api.Draft) -> api.Draft:
     return draft if n == len(draft) else draft.prefix(n)
 
 
+def _draft_budget(verifier: api.Verifier, k: int) -> int:
+    """How many tokens the drafter is asked for this chain round (``Verifier.draft_budget``, API 11), checked."""
+    n = verifier.draft_budget(k)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= k:
+        raise PluginError(f"verifier '{getattr(verifier, 'name', type(verifier).__name__)}' budgeted {n!r} draft "
+                          f"tokens for a round of at most {k} (an integer in 0..{k})")
+    return n
+
+
 def _eos_ids(eos_token_id: int | Iterable[int] | None, model: Any) -> frozenset[int]:
     if eos_token_id is None:
         eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -179,14 +190,19 @@ def generate(
 
     while not out.stop_reason:
         pending = out.tokens[-1]
+        round_started = time.perf_counter()
+        budget = k
         if drafter is None:
             draft = empty
         elif tree is None:
-            draft = _propose(drafter, "propose", k, k, generator)
+            budget = _draft_budget(verifier, k)
+            draft = _propose(drafter, "propose", budget, budget, generator) if budget else empty
         else:
             draft = _propose(drafter, "propose_tree", tree.total_tokens, tree.depth, tree.top_k, tree.total_tokens, generator)
+        drafted = len(draft)
         if tree is None and len(draft):
             draft = _schedule(verifier, draft)
+        target_started = time.perf_counter()
         if len(draft) and int(draft.tokens.max()) >= vocab:
             # checked before the target forward, where the id would fail as an embedding IndexError
             raise PluginError(f"drafter '{drafter.name}' proposed token {int(draft.tokens.max())}, outside the "
@@ -198,6 +214,10 @@ def generate(
         kept = out.add(result.emitted.tolist())
         depth = len(draft) if draft.parents is None or not len(draft) else int(node_depths(draft.parents).max())
         rounds.append(Round(drafted=depth, nodes=len(draft), accepted=min(len(accepted), kept), emitted=kept))
+        if drafter is not None:
+            verifier.observe(api.RoundCost(drafted=drafted, verified=len(draft), accepted=len(accepted),
+                                           draft_seconds=target_started - round_started if budget else 0.0,
+                                           target_seconds=time.perf_counter() - target_started))
         if drafter is not None and not out.stop_reason:
             drafter.accept(result.emitted, forward.rows([0] + [1 + a for a in accepted]))
 

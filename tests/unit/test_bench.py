@@ -81,6 +81,21 @@ def test_unknown_names_and_bad_values_are_refused(tmp_path):
         bench.plugin_method("ngram", None, k=0)
 
 
+def test_a_verifier_spec_gives_options_checked_by_the_verifier():
+    """``--also-verifier NAME:KEY=VALUE,..``: values read as JSON (a list's commas stay inside it), the options built
+    and checked by the verifier's own ``Options``; a bad item, an unknown key or a bad value is one clear error."""
+    label, v = bench.verifier_spec("scheduled:skip_drafting=true, max_skip=4,cost_curve=[1.0,2.0]")
+    assert label == "scheduled:skip_drafting=true, max_skip=4,cost_curve=[1.0,2.0]"
+    assert (v.name, v.options.skip_drafting, v.options.max_skip, v.options.cost_curve) == ("scheduled", True, 4, [1.0, 2.0])
+    assert bench.verifier_spec("scheduled")[1].options.skip_drafting is False
+    assert bench.verifier_spec("greedy")[1].name == "greedy"
+    for bad, message in [("scheduled:max_skip", "is not KEY=VALUE"), ("scheduled:skip=true", "unknown key 'skip'"),
+                         ("scheduled:max_skip=0", "'max_skip' must be a positive integer"),
+                         ("greedy:x=1", "unknown key 'x'"), ("nosuch", "unknown verifier 'nosuch'")]:
+        with pytest.raises((UsageError, UnknownNameError), match=message):
+            bench.verifier_spec(bad)
+
+
 def test_comparison_is_interleaved_lossless_and_answers_later_turns(target, prompt_file, monkeypatch):
     prompts = bench.load_prompts(str(prompt_file), 2)
     calls: list[tuple[str, tuple[int, ...]]] = []

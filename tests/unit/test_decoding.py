@@ -319,3 +319,64 @@ def test_the_tree_kv_path_copy_indexes_each_cache_on_its_own_device(monkeypatch)
     for layer, (keys, values) in zip(session.cache.layers, want, strict=True):
         assert layer.keys.device.type == "cpu"
         assert torch.equal(layer.keys[:, :, base:], keys) and torch.equal(layer.values[:, :, base:], values)
+
+
+class Budgeting(type(verifier("greedy"))):
+    """A greedy verifier that drafts by a fixed budget pattern (API 11) and records what the engine reports."""
+
+    def __init__(self, budgets, k):
+        super().__init__()
+        self.budgets, self.k, self.asked, self.seen = list(budgets), k, 0, []
+
+    def draft_budget(self, k):
+        assert k == self.k
+        n = self.budgets[self.asked % len(self.budgets)]
+        self.asked += 1
+        return n
+
+    def observe(self, cost):
+        self.seen.append(cost)
+
+
+class Counting(OracleDrafter):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.proposed = []
+
+    def propose(self, k, generator=None):
+        self.proposed.append(k)
+        return super().propose(k, generator)
+
+
+@pytest.mark.parametrize("kind", ["oracle", "random"])
+def test_a_budget_of_zero_is_a_plain_step_and_every_round_is_reported(kind):
+    """API 11: ``draft_budget`` 0 runs the round without drafting (no ``propose``; the target's forward over the
+    pending token alone), a smaller budget asks the drafter for that many, the output stays plain greedy decoding's,
+    and ``observe`` hears of every round with what the ``Round`` records. Fails when the engine drafts anyway, ignores
+    the budget, skips a report or mixes up its fields."""
+    prompt = (5, 9, 200, 7)
+    reference_ = reference(prompt)
+    drafter = Counting(reference_, VOCAB) if kind == "oracle" else RandomDrafter(VOCAB, 3)
+    budgets = [0, 4, 0, 0, 2]
+    v = Budgeting(budgets, 4)
+    gen = generate(tiny_target(), torch.tensor(prompt), v, drafter, k=4, max_new_tokens=N_NEW, eos_token_id=())
+    assert gen.tokens == reference_
+    planned = [budgets[i % len(budgets)] for i in range(len(gen.rounds))]
+    assert all(r.nodes <= b for r, b in zip(gen.rounds, planned))
+    assert any(r.nodes == 0 for r in gen.rounds) and any(r.nodes for r in gen.rounds)
+    assert len(v.seen) == len(gen.rounds) == v.asked
+    for cost, r, b in zip(v.seen, gen.rounds, planned):
+        assert (cost.verified, cost.accepted) == (r.nodes, r.accepted) or r is gen.rounds[-1]
+        assert cost.drafted <= b and cost.target_seconds > 0
+        assert (cost.draft_seconds == 0.0) == (b == 0)
+    if kind == "oracle":
+        assert drafter.proposed == [b for b in planned if b]
+        assert [r.nodes for r in gen.rounds[:-1]] == planned[:-1]  # the oracle drafts what it is asked for
+
+
+@pytest.mark.parametrize("lie", [5, -1, True, 2.0, None])
+def test_a_budget_outside_0_to_k_is_refused_naming_the_verifier(lie):
+    v = Budgeting([lie], 4)
+    with pytest.raises(PluginError, match=rf"verifier 'greedy' budgeted {lie!r} draft tokens for a round of at most 4"):
+        generate(tiny_target(), torch.tensor((1, 2, 3)), v, RandomDrafter(VOCAB, 0), k=4, max_new_tokens=4,
+                 eos_token_id=())

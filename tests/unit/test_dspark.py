@@ -591,6 +591,96 @@ def test_the_engine_verifies_the_scheduled_prefix_and_stays_lossless(target):
         generate(target.model, prompt, scheduled(), blind, k=4, max_new_tokens=4, eos_token_id=())
 
 
+def _round(drafted, verified=None, draft_seconds=0.5, target_seconds=1.0):
+    verified = drafted if verified is None else verified
+    return api.RoundCost(drafted=drafted, verified=verified, accepted=0, draft_seconds=draft_seconds,
+                         target_seconds=target_seconds)
+
+
+def test_skip_drafting_backs_off_while_drafts_do_not_pay_and_resumes_when_one_does():
+    """API 11: after a draft whose best prefix, drafting included, returns less per cost than a plain step, the next
+    1, 2, 4 .. max_skip rounds are not drafted; a draft that pays resets it. Linear costs T(m) = 1 + 0.1 m, drafting
+    0.5: a draft of confidences 0.2 returns at best 1.2 / 1.6 < 1 (skip), one of 0.95s 4.52 / 1.9 > 1 (draft)."""
+    v = scheduled(measure=False, skip_drafting=True, max_skip=4, draft_cost=0.5)
+    v.bind(None)
+
+    def drafted(confidence):
+        v.schedule(_chain(confidence))
+        v.observe(_round(len(confidence), 0))
+
+    def skipped_run():
+        n = 0
+        while v.draft_budget(3) == 0:  # the call that returns 3 is the next probe
+            n += 1
+        return n
+
+    assert v.draft_budget(3) == 3
+    runs = []
+    for _ in range(5):
+        drafted([0.2, 0.2, 0.2])
+        runs.append(skipped_run())
+    assert runs == [1, 2, 4, 4, 4]
+    drafted([0.95] * 5)  # a draft that pays: drafting every round again
+    assert [v.draft_budget(3) for _ in range(3)] == [3, 3, 3]
+    drafted([0.2, 0.2, 0.2])
+    assert skipped_run() == 1  # the run starts at 1 again
+    # off (the default): never skips; a round that was not drafted teaches nothing; a new decode starts afresh
+    off = scheduled(measure=False, draft_cost=0.5)
+    off.schedule(_chain([0.2, 0.2, 0.2]))
+    off.observe(_round(3, 0))
+    assert off.draft_budget(3) == 3
+    v.schedule(_chain([0.2]))
+    v.observe(_round(0))
+    assert v.draft_budget(3) == 3
+    v.schedule(_chain([0.2]))
+    v.observe(_round(1, 0))
+    v.bind(None)
+    assert v.draft_budget(3) == 3
+
+
+def test_skip_drafting_measures_the_drafting_cost_in_the_curves_unit():
+    """Without ``draft_cost`` the drafting seconds the engine reports count, converted to the cost curve's unit by the
+    round's own forward: drafting as long as the forward (cost 1.2 at m = 2) is 1.2 units, which a draft of 0.5s
+    does not pay for ((1 + 0.5 + 0.25) / 2.4 < 1), and nearly free drafting does."""
+    v = scheduled(measure=False, skip_drafting=True)
+    v.bind(None)
+    v.schedule(_chain([0.5, 0.5]))
+    v.observe(_round(2, 2, draft_seconds=0.010, target_seconds=0.010))
+    assert v.draft_budget(2) == 0
+    cheap = scheduled(measure=False, skip_drafting=True)
+    cheap.bind(None)
+    cheap.schedule(_chain([0.5, 0.5]))
+    cheap.observe(_round(2, 2, draft_seconds=0.0001, target_seconds=0.010))
+    assert cheap.draft_budget(2) == 2
+    with pytest.raises(api.UsageError, match="'draft_cost' must be a non-negative number"):
+        scheduled(draft_cost=-1.0)
+    with pytest.raises(api.UsageError, match="'skip_drafting' must be true or false"):
+        scheduled(skip_drafting="yes")
+
+
+def test_the_engine_skips_drafting_losslessly_when_drafts_do_not_pay(target):
+    """Through the engine: drafting priced above what any draft returns leaves most rounds undrafted (no propose),
+    free drafting leaves none, and both outputs equal plain decoding's."""
+    from specframe.inference.engine import generate
+
+    drafter, _ = make(target)
+    drafter.module().float().eval()
+    calls = []
+    propose = drafter.propose
+    drafter.propose = lambda k, generator=None: calls.append(k) or propose(k, generator)
+    prompt = torch.randint(7, target.config.vocab_size, (10,), generator=torch.Generator().manual_seed(1))
+    plain = generate(target.model, prompt, plugins.get("verifier", "greedy")(), max_new_tokens=24, eos_token_id=())
+    costly = generate(target.model, prompt, scheduled(measure=False, skip_drafting=True, draft_cost=100.0, max_skip=4),
+                      drafter, k=4, max_new_tokens=24, eos_token_id=())
+    skipped = sum(r.nodes == 0 and r.drafted == 0 for r in costly.rounds)
+    assert costly.tokens == plain.tokens and len(calls) + skipped == len(costly.rounds) and skipped > len(calls)
+    calls.clear()
+    free = generate(target.model, prompt, scheduled(measure=False, skip_drafting=True, draft_cost=0.0,
+                                                    cost_per_token=0.0), drafter, k=4, max_new_tokens=24,
+                    eos_token_id=())
+    assert free.tokens == plain.tokens and len(calls) == len(free.rounds)
+
+
 def test_the_schedule_declares_itself_greedy_exactly_under_the_greedy_rule():
     # bench checks every greedy run's output against plain decoding's: a greedy schedule must say it is one
     assert scheduled().greedy and not scheduled(rule="sampling").greedy
@@ -663,15 +753,30 @@ def test_scheduled_speculative_sampling_matches_the_target_law_and_a_token_peeki
     def samples(verifier, n):
         g = torch.Generator().manual_seed(13)
         out, nodes = [], set()
+        rounds[:] = [0]
         for _ in range(n):
             gen = generate(model, torch.tensor(PROMPT), verifier, drafter, k=3, max_new_tokens=N_TOKENS,
                            eos_token_id=(), generator=g)
             out.append(tuple(gen.tokens))
             nodes.update(r.nodes for r in gen.rounds)
+            rounds[0] += len(gen.rounds)
         return out, nodes
+
+    rounds = [0]
 
     got, nodes = samples(scheduled(rule="sampling", cost_per_token=0.9, measure=False), 3000)
     assert nodes == {0, 1, 2, 3}, nodes  # the schedule cut the 3-token drafts at every length
+    assert chi_square_pvalue(got, exact) > THRESHOLD
+    # API 11: rounds whose drafting was skipped after a draft that did not pay (the choice reads earlier rounds only)
+    proposed = []
+    propose = drafter.propose
+    drafter.propose = lambda k, generator=None: proposed.append(k) or propose(k, generator)
+    gated = scheduled(rule="sampling", cost_per_token=0.9, measure=False, skip_drafting=True, draft_cost=0.2,
+                      max_skip=2)
+    got, nodes = samples(gated, 3000)
+    del drafter.propose
+    # each decode's first round drafts; a second one never pays for its drafting at these costs and is skipped
+    assert len(proposed) == 3000 < rounds[0] and nodes == {0, 1, 2, 3}, (len(proposed), rounds, nodes)
     assert chi_square_pvalue(got, exact) > THRESHOLD
     got, _ = samples(Peeking(base.Options(rule="sampling", cost_per_token=0.9, measure=False)), 3000)
     assert chi_square_pvalue(got, exact) < 1e-6

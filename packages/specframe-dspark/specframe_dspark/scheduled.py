@@ -12,6 +12,16 @@ expected tokens per second, E(j) / T(j) > E(j - 1) / T(j - 1); the walk stops at
 The stopping rule reads confidence[: j + 1] to decide on token j, and a drafter computes confidence[j] before it
 draws token j (DSpark's head reads the previous token), so the decision to verify token j never depends on token j:
 verification of the kept prefix is then exactly the inner rule's, greedy or speculative sampling, and as lossless.
+
+The schedule is asked once the draft exists, so it can save the verification's extra cost but never the drafting's.
+Where drafting costs as much as a target step (a small target on a CPU) that is most of the loss. With
+``skip_drafting`` the verifier also decides before drafting (``api.Verifier.draft_budget``, API 11): after each
+drafted round (``observe``) it asks whether drafting paid, i.e. whether the best prefix of that draft, with its drafting
+cost D, gave more expected tokens per cost than a plain step, max_m E(m) / (D + T(m)) > 1 / T(0); if not, the next
+rounds run the target alone, 1, then 2, 4, .. up to ``max_skip`` rounds after each further draft that does not pay
+(the next draft is the probe), and the count falls back to none as soon as one does. D is ``draft_cost`` or the
+drafting seconds the engine reports, in the curve's unit. Skipping depends only on earlier rounds, so it is lossless
+under either rule.
 """
 
 from __future__ import annotations
@@ -53,6 +63,15 @@ class ScheduledOptions:
         "help": "without cost_curve and measure false: the cost of a forward verifying no draft token (any unit)"})
     cost_per_token: float = attrs.field(default=0.1, validator=_non_negative, metadata={
         "help": "without cost_curve and measure false: the extra cost per verified draft token, in cost_base's unit"})
+    skip_drafting: bool = attrs.field(default=False, metadata={
+        "help": "also skip drafting while it does not pay: after a draft whose best prefix returns fewer expected "
+                "tokens per cost (drafting included) than a plain step, run the target alone for 1, 2, 4 .. up to "
+                "max_skip rounds before drafting again"})
+    max_skip: int = attrs.field(default=8, validator=api.positive_int("scheduled"), metadata={
+        "help": "skip_drafting: the most rounds run without drafting before the next probe"})
+    draft_cost: float | None = attrs.field(default=None, metadata={
+        "help": "skip_drafting: one round's drafting in the cost curve's unit; null: measured, the mean drafting "
+                "seconds the engine reports for this decode, in the curve's unit"})
 
     def __attrs_post_init__(self) -> None:
         if self.rule not in RULES:
@@ -65,6 +84,10 @@ class ScheduledOptions:
                                      f"(m = 0, 1, ..), got {curve!r}")
         elif not self.cost_base > 0:
             raise api.UsageError("scheduled option 'cost_base' must be positive (the forward's fixed cost)")
+        if not isinstance(self.skip_drafting, bool):
+            raise api.UsageError(f"scheduled option 'skip_drafting' must be true or false, got {self.skip_drafting!r}")
+        if self.draft_cost is not None:
+            _non_negative(self, attrs.fields(ScheduledOptions).draft_cost, self.draft_cost)
 
     def cost(self, m: int) -> float:
         curve = self.cost_curve
@@ -84,10 +107,21 @@ class ScheduledVerifier(api.Verifier):
         super().__init__(options)
         # id of the target the cost curve was measured on; None while the curve is the user's or not measured yet
         self._measured_on: int | None = None
+        self._start_decode()
+
+    def _start_decode(self) -> None:
+        # skip_drafting's state, one decode long: the confidence of the draft being verified, the drafting costs
+        # seen (curve units), the current run of skipped rounds and how many of it remain
+        self._confidence: list[float] = []
+        self._draft_costs: list[float] = []
+        self._backoff = 0
+        self._skip_left = 0
 
     def bind(self, model: Any) -> None:
         """API 10: without a given ``cost_curve``, measure it on this target (once per target), so the schedule
-        weighs the round costs of the machine and engine it runs on rather than a made-up linear model."""
+        weighs the round costs of the machine and engine it runs on rather than a made-up linear model. The engine
+        calls it at the start of every decode, so it also starts ``skip_drafting``'s record afresh."""
+        self._start_decode()
         o = self.options
         given = o.cost_curve is not None and self._measured_on is None
         if not o.measure or given or self._measured_on == id(model):
@@ -102,14 +136,46 @@ class ScheduledVerifier(api.Verifier):
             raise api.UsageError("the 'scheduled' verifier needs per-token confidence (api.Draft.confidence) from the "
                                  "drafter, and this draft has none (dspark gives it with its confidence head on)")
         o = self.options
+        self._confidence = draft.confidence.double().tolist()
         expected, alive, kept = 1.0, 1.0, 0
-        for j, c in enumerate(draft.confidence.double().tolist(), start=1):
+        for j, c in enumerate(self._confidence, start=1):
             alive *= c
             if (expected + alive) / o.cost(j) <= expected / o.cost(j - 1):
                 break
             expected += alive
             kept = j
         return kept
+
+    def draft_budget(self, k: int) -> int:
+        """API 11: ``k``, or 0 (no drafting this round) while a run of skipped rounds lasts (``skip_drafting``)."""
+        if self._skip_left > 0:
+            self._skip_left -= 1
+            return 0
+        return k
+
+    def observe(self, cost: api.RoundCost) -> None:
+        """API 11: after a drafted round, whether its draft paid for its drafting; if not, skip the next rounds'
+        drafting (1, 2, 4 .. ``max_skip`` rounds: the next draft is the probe)."""
+        o = self.options
+        if not o.skip_drafting or cost.drafted == 0 or not self._confidence:
+            return
+        if o.draft_cost is not None:
+            drafting = float(o.draft_cost)
+        else:  # seconds to the curve's unit by this round's own forward (the ratio is 1 for a measured curve)
+            unit = o.cost(cost.verified) / cost.target_seconds if cost.target_seconds > 0 else 1.0
+            self._draft_costs.append(cost.draft_seconds * unit)
+            drafting = statistics.fmean(self._draft_costs)
+        expected, alive, best = 1.0, 1.0, 1.0 / (drafting + o.cost(0))
+        for m, c in enumerate(self._confidence, start=1):
+            alive *= c
+            expected += alive
+            best = max(best, expected / (drafting + o.cost(m)))
+        self._confidence = []
+        if best > 1.0 / o.cost(0):
+            self._backoff = 0
+        else:
+            self._backoff = min(o.max_skip, max(1, 2 * self._backoff))
+            self._skip_left = self._backoff
 
     @property
     def greedy(self) -> bool:
