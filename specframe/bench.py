@@ -251,7 +251,7 @@ def checkpoint_method(path: str | Path, target_config: Any, *, k: int | None = N
     """A trained drafter from a checkpoint, a run's output folder or a foreign drafter folder (speculators,
     SafeAILab / SpecForge, PARD), in eval mode, with its provenance."""
     from specframe.drafter_folders import load_drafter, locate
-    from specframe.results import file_hash
+    from specframe.engine.checkpoint import drafter_hash
 
     directory = locate(path)[1]
     drafter = load_drafter(directory, target_config)
@@ -262,7 +262,7 @@ def checkpoint_method(path: str | Path, target_config: Any, *, k: int | None = N
     k, tree = _shape(drafter, k, tree)
     return Method(
         label=label or drafter.name, drafter=drafter, k=k, tree=tree, checkpoint=str(directory),
-        checkpoint_hash=file_hash(directory), token_budget=token_budget(directory),
+        checkpoint_hash=drafter_hash(directory), token_budget=token_budget(directory),
     )
 
 

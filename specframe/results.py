@@ -123,10 +123,12 @@ def _total_memory() -> int | None:
         return None
 
 
-def file_hash(path: Path) -> str:
-    """sha256 of a file, or of a directory's files (names and contents, sorted), as ``sha256:<hex>``."""
+def file_hash(path: Path, exclude: frozenset[str] = frozenset()) -> str:
+    """sha256 of a file, or of a directory's files (names and contents, sorted), as ``sha256:<hex>``. ``exclude``:
+    names (relative to ``path``) of a directory's files left out."""
     digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = (sorted(p for p in path.rglob("*") if p.is_file() and str(p.relative_to(path)) not in exclude)
+             if path.is_dir() else [path])
     for file in files:
         if path.is_dir():
             digest.update(str(file.relative_to(path)).encode() + b"\0")

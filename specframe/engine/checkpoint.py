@@ -59,6 +59,24 @@ def resolve(path: str | os.PathLike) -> Path:
     raise SpecframeError(f"{p} is neither a checkpoint nor a training output directory with a checkpoint")
 
 
+#: A checkpoint's files that only resume training: the run's arguments (``config.json``, which names where the run
+#: lived: its output and cache paths), the optimizer, LR schedule, RNG, gradient scaler and step. Drafting reads none.
+TRAINING_STATE_FILES = frozenset({"config.json", "optimizer.safetensors", "optimizer.json", "scheduler.json",
+                                  "rng.safetensors", "scaler.json", "state.json"})
+
+
+def drafter_hash(directory: Path) -> str:
+    """The identity of the drafter a folder holds, as results files record it (``sha256:<hex>``). For a training
+    checkpoint, the files ``Drafter.save`` wrote (weights, the drafter's JSON): the same drafter trained in another
+    folder, or moved, or resumed, hashes the same, which a hash of every file does not (``config.json`` holds the
+    output path). Any other folder (an exported or foreign drafter, whose ``config.json`` is the drafter's own) is
+    hashed whole."""
+    from specframe.results import file_hash
+
+    directory = Path(directory)
+    return file_hash(directory, TRAINING_STATE_FILES if (directory / "state.json").exists() else frozenset())
+
+
 def has_checkpoint(out: Path) -> bool:
     return (out / LATEST).exists()
 

@@ -89,3 +89,43 @@ def test_no_other_core_module_decides_ours_or_foreign():
             if isinstance(node, ast.FunctionDef) and node.name == "load_drafter" and rel not in owners:
                 found.append(f"{rel}:{node.lineno}: def load_drafter")
     assert not found, found
+
+
+def test_a_drafter_hashes_the_same_wherever_its_run_lived_and_differs_when_its_weights_do(run, tmp_path):
+    """Results files name a trained drafter by ``drafter_hash``: a run retrained or moved elsewhere (its
+    ``config.json`` names its output and cache paths) or resumed (optimizer, RNG, step) is the same drafter; its
+    weights or its own JSON are not."""
+    import json
+    import shutil
+
+    from specframe import bench
+
+    target, out = run
+    original = ckpt.resolve(out)
+    first = bench.checkpoint_method(out, open_drafter(out).target_config).checkpoint_hash
+    moved = tmp_path / "elsewhere" / original.name
+    shutil.copytree(original, moved)
+    config = json.loads((moved / "config.json").read_text())
+    config.update(output=str(tmp_path / "elsewhere"), cache=str(tmp_path / "cache"))
+    (moved / "config.json").write_text(json.dumps(config))
+    (moved / "rng.safetensors").write_bytes((moved / "rng.safetensors").read_bytes() + b" ")
+    assert ckpt.drafter_hash(moved) == ckpt.drafter_hash(original) == first
+
+    for name in ("drafter.json", "model.safetensors"):
+        changed = tmp_path / name / original.name
+        shutil.copytree(original, changed)
+        data = bytearray((changed / name).read_bytes())
+        data[-2] ^= 1  # inside a JSON value's text or the last weight's bytes
+        (changed / name).write_bytes(bytes(data))
+        assert ckpt.drafter_hash(changed) != first, name
+
+
+def test_a_folder_that_is_not_a_training_checkpoint_is_hashed_whole(tmp_path):
+    """An exported or foreign drafter's ``config.json`` is the drafter's own configuration: it counts."""
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "config.json").write_text('{"block_size": 7}')
+    first = ckpt.drafter_hash(folder)
+    (folder / "config.json").write_text('{"block_size": 8}')
+    assert ckpt.drafter_hash(folder) != first
