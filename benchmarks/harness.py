@@ -180,6 +180,7 @@ class Workspace:
                 *(["--mask-builder", p.mask_builder] if p.mask_builder else []),
                 "--partitioner", p.partitioner, "--partitions", str(p.partitions),
                 "--memory-budget", p.memory_budget, "--save-every", str(p.eval_every or max(1, p.steps // 4)), "--seed", "0",
+                *(["--keep-drafter-at", ",".join(map(str, p.keep_drafter_at))] if p.keep_drafter_at else []),
                 "--device", p.device, "--config", str(config), "--output", str(out), "--json"]
 
     def trained(self, drafter: str) -> dict[str, Any]:

@@ -94,6 +94,9 @@ class Preset:
     #: seq_len slots, which packing fills only in part (whole conversations, never split), so this is checked on the
     #: tokens the run reports, before anything is measured (harness.too_few_tokens)
     min_train_tokens: int = 0
+    #: per-drafter jobs: training steps whose drafter is kept whole (``train --keep-drafter-at``), beside the final
+    #: one: the points of the served learning curve (whole-set acceptance in vLLM at each, issue 57)
+    keep_drafter_at: tuple[int, ...] = ()
 
     def train_options(self, drafter: str, depth: int | None = None) -> dict:
         """The drafter's options: its architecture from ``drafters``, plus the preset's shared draft vocabulary,
@@ -199,6 +202,8 @@ PRESETS = {
         batch_size=4, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED, pack=True,
         eval_every=50, mask_builder=None, memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=3,
         per_drafter_jobs=True, vllm_ks=(2, 3, 5), speed_k=3, vllm_repeats=3, speed_prompts=10,
+        # about 128K, 255K and 510K training tokens (packing fills about 1,417 tokens a step), then the final 1.02M
+        keep_drafter_at=(90, 180, 360),
         # dflash 1: drafts from its full block on the reference engine, and vLLM serves it at block_size - 1 only,
         # which none of vllm_ks is (GPU-path review item 3)
         job_revisions={"dflash": 1},

@@ -166,7 +166,9 @@ def job_key(p, drafter: str) -> str:
     """What decides whether a drafter's finished job still stands: the preset, the drafter's options and its
     revision (``Preset.job_revisions``), and what a job measures (``JOB_SCHEMA``)."""
     # the other drafters' entries stay out: adding a drafter, or rerunning another, leaves this one's job standing
-    shared = attrs.asdict(p, filter=lambda a, _: a.name not in ("drafters", "plugin_drafters", "job_revisions"))
+    # keep_drafter_at joined the preset later: a preset without kept steps keeps the key it had
+    shared = attrs.asdict(p, filter=lambda a, v: a.name not in ("drafters", "plugin_drafters", "job_revisions")
+                          and not (a.name == "keep_drafter_at" and not v))
     return fingerprint([shared, drafter, p.train_options(drafter), p.job_revisions.get(drafter, 0), JOB_SCHEMA])
 
 

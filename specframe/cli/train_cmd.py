@@ -23,6 +23,17 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
     return {table: values[table] for table in run_config.PLUGIN_TABLES if table in values}
 
 
+def _steps(value: str | None) -> tuple[int, ...] | None:
+    """``--keep-drafter-at 180,360``: the step numbers, in order, each once."""
+    if value is None:
+        return None
+    try:
+        steps = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--keep-drafter-at takes a comma list of step numbers, not {value!r}") from None
+    return tuple(sorted(set(steps)))
+
+
 @click.command("train")
 @click.option("--drafter", default=None, help="Drafter plugin to train (see `specframe plugins`), e.g. peagle. "
               "Required, here or as `drafter` in --config.")
@@ -97,6 +108,9 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
 @click.option("--save-every", type=int, default=0, show_default=True,
               help="Write a checkpoint every N steps (0: only at the end). The previous one is kept until the new "
                    "one is complete.")
+@click.option("--keep-drafter-at", callback=lambda ctx, param, value: _steps(value), default=None,
+              help="Comma list of steps whose checkpoint is also kept whole in OUTPUT/kept/step-N (the rolling "
+                   "checkpoint removes earlier ones), e.g. 180,360 to measure served acceptance along the run later.")
 @click.option("--eval-every", type=int, default=0, show_default=True,
               help="Validate every N steps (0: only at the end): loss, per-depth top-1 accuracy, expected AL.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of initialisation, data order and COD.")

@@ -6,6 +6,7 @@ Layout of an output directory::
     OUT/config.json           the resolved run config
     OUT/metrics.jsonl         one JSON object per log / evaluation
     OUT/latest                name of the newest complete checkpoint
+    OUT/kept/step-00000020/   a copy of an earlier checkpoint kept whole (``--keep-drafter-at``), never removed
     OUT/step-00000040/        one checkpoint: the drafter's own files (``Drafter.save``: weights safetensors +
                               JSON), config.json, optimizer.safetensors + optimizer.json, scheduler.json,
                               rng.safetensors, state.json (step, data position), and with --dtype fp16
@@ -218,6 +219,40 @@ def save(
     if previous is not None and previous != final:
         shutil.rmtree(previous, ignore_errors=True)
     return final
+
+
+KEPT = "kept"
+
+
+def keep(out: Path, ckpt: Path) -> Path:
+    """Copy the complete checkpoint ``ckpt`` to OUT/kept/<its name>, atomically: a copy is staged, fsynced and
+    renamed into place, so a kill leaves either no kept folder for the step or a complete one (a staging copy left by
+    a kill is replaced by the next attempt). A kept folder of the same step is replaced: a resumed run reaching the
+    step again writes the same drafter (training is deterministic from its checkpoint)."""
+    root = out / KEPT
+    root.mkdir(exist_ok=True)
+    final = root / ckpt.name
+    tmp = root / f".{ckpt.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(ckpt, tmp)
+    _fsync_tree(tmp)
+    if final.exists():
+        old = root / f".{ckpt.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
+def kept(out: Path) -> list[Path]:
+    """The complete kept checkpoints of a run folder, by step."""
+    root = Path(out) / KEPT
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith("step-") and (p / "state.json").exists())
 
 
 def _finish_swap(out: Path, tmp: Path, final: Path) -> None:

@@ -95,6 +95,9 @@ class TrainConfig:
     drafter_options: dict[str, Any] = attrs.field(factory=dict)
     mask_builder_options: dict[str, Any] = attrs.field(factory=dict)
     partitioner_options: dict[str, Any] = attrs.field(factory=dict)
+    #: steps whose drafter is kept as a whole checkpoint in OUTPUT/kept/step-N/ (the rolling checkpoint removes the
+    #: previous one), so a learning curve can be measured later on what a served drafter accepts at each of them
+    keep_drafter_at: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=lambda i, a, v: _check_keep(v))
 
     def __attrs_post_init__(self) -> None:
         if (self.data is None) == (self.cache is None):
@@ -113,6 +116,12 @@ class TrainConfig:
 
 
 FEATURE_ENGINES = TARGET_ENGINES  # the engines a target runs on (specframe.devices)
+
+
+def _check_keep(steps: tuple[int, ...]) -> None:
+    bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or s < 1]
+    if bad:
+        raise UsageError(f"--keep-drafter-at takes positive step numbers, got {', '.join(map(repr, bad))}")
 
 
 def _check_feature_engine(value: Any) -> None:

@@ -206,6 +206,9 @@ class Trainer:
         self.train_ids = list(range(n - n_val))
         self.val_ids = list(range(n - n_val, n))
         self.total_steps = resolve_steps(cfg, len(self.train_ids))
+        late = [step for step in cfg.keep_drafter_at if step > self.total_steps]
+        if late:
+            raise UsageError(f"--keep-drafter-at {','.join(map(str, late))}: the run has only {self.total_steps} steps")
         # online features stay in memory only for the training sequences the run visits more than once (and the
         # validation ones, visited at every evaluation); the others are computed on use and let go, so one epoch
         # over a dataset of any size holds a step's features, not the dataset's
@@ -612,6 +615,16 @@ class Trainer:
         self.dist.barrier()
         return path
 
+    def keep(self, last: Path | None) -> Path:
+        """This step's checkpoint (written now unless it is ``last``), also copied whole to OUTPUT/kept/step-N, which
+        later checkpoints never remove. Returns the step's checkpoint."""
+        if last is None or last.name != checkpoint.step_name(self.step):
+            last = self.save()
+        if self.dist.rank == 0:
+            checkpoint.keep(self.out, last)
+        self.dist.barrier()
+        return last
+
     def _whole(self) -> contextlib.AbstractContextManager:
         """The drafter's parameters whole on every rank for the block (FSDP), else nothing to do."""
         return sharding.gathered(self.fsdp) if self.fsdp is not None else contextlib.nullcontext()
@@ -664,6 +677,9 @@ class Trainer:
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < total:
                     with self.timer("checkpoint"):
                         last_ckpt = self.save()
+                if self.step in cfg.keep_drafter_at and self.step < total:
+                    with self.timer("checkpoint"):
+                        last_ckpt = self.keep(last_ckpt)
         with self.timer("eval"):
             final_eval = self.evaluate()
         if final_eval:
@@ -684,6 +700,9 @@ class Trainer:
         if calibration is not None or last_ckpt is None or last_ckpt.name != checkpoint.step_name(self.step):
             with self.timer("checkpoint"):
                 last_ckpt = self.save()
+        if self.step in cfg.keep_drafter_at:
+            with self.timer("checkpoint"):
+                last_ckpt = self.keep(last_ckpt)
         losses = [h["train_loss"] for h in history if h["train_loss"] is not None]
         profile = profile_seconds = None
         if self.timer.enabled:

@@ -106,6 +106,7 @@ def test_a_finished_job_is_skipped_only_under_its_own_key(tmp_path):
     assert key == job_key(attrs.evolve(p, job_revisions={"eagle3": 1}), "peagle")  # another drafter rerun
     assert key != job_key(attrs.evolve(p, job_revisions={"peagle": 1}), "peagle")  # this drafter's change
     assert key != job_key(attrs.evolve(p, steps=p.steps + 1), "peagle")
+    assert key != job_key(attrs.evolve(p, keep_drafter_at=(100,)), "peagle")  # other kept steps: another command
     assert key != job_key(attrs.evolve(p, drafters={**p.drafters, "peagle": {"layers": 2}}), "peagle")
     write(tmp_path / "job.json", "bench.job", {"drafter": "peagle", "complete": True, "checkpoint_hash": "h"},
           {"key": key})
