@@ -40,14 +40,15 @@ def target(tmp_path_factory):
     return tiny_target(tmp_path_factory.mktemp("dspark"))
 
 
-def make(target, length: int = 18, docs: int = 1, seed: int = 0, **options):
+def make(target, length: int = 18, docs: int = 1, seed: int = 0, mask=None, **options):
     torch.manual_seed(seed)
     cls = plugins.get("drafter", "dspark")
     drafter = cls(target.config, cls.Options(**{**SMALL, **options}))
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(7, target.config.vocab_size, (length,), generator=g)
-    mask = torch.ones(length, dtype=torch.bool)
-    mask[:2] = False
+    if mask is None:
+        mask = torch.ones(length, dtype=torch.bool)
+        mask[:2] = False
     doc = torch.arange(length) * docs // length
     plain = api.TrainingExample(ids, mask, doc)
     drafter.prepare(target, [plain])
@@ -120,7 +121,9 @@ def oracle_loss(drafter, ex, elems, sup, target):
     conf = drafter.model.confidence_head
     total = torch.zeros((), dtype=torch.float64)
     for a in sorted(set(elems.anchor.tolist())):
-        want = [int(d) for aa, d in zip(elems.anchor.tolist(), elems.depth.tolist()) if aa == a and sup[a + d]]
+        # DeepSpec's sampler: a block whose anchor token is supervised, slots up to its first unsupervised one
+        want = [int(d) for aa, d in zip(elems.anchor.tolist(), elems.depth.tolist())
+                if aa == a and ex.loss_mask[a + 1] and bool(sup[a : a + d + 1].all())]
         if not want:
             continue
         hidden = block_forward(drafter, ex, a)
@@ -182,13 +185,42 @@ def test_declares_the_block_rule_its_depth_and_defaults(target):
         cls.Options(markov_rank=0)
 
 
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+def test_starts_as_the_reference_does(target, head):
+    """DeepSpec's post_init (SpecForge and speculators alike): every Linear / Embedding N(0, 0.02), biases 0; the
+    Markov head's W1 is not PyTorch's N(0, 1) embedding default."""
+    cls = plugins.get("drafter", "dspark")
+    torch.manual_seed(0)
+    model = cls(target.config, cls.Options(**{**SMALL, "markov_rank": 64, "markov_head_type": head})).model
+    linear = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear | torch.nn.Embedding)}
+    assert {"markov_head.markov_w1", "markov_head.markov_w2", "confidence_head.proj", "fc"} <= set(linear)
+    for name, m in linear.items():
+        w = m.weight.detach().double()
+        assert abs(float(w.std()) - 0.02) < 0.1 * 0.02 and abs(float(w.mean())) < 0.01, (name, float(w.std()))
+        if getattr(m, "bias", None) is not None:
+            assert not m.bias.any(), name
+    assert (head == "rnn") == ("markov_head.joint_proj" in linear)
+    norms = [p for name, p in model.named_parameters() if name.endswith("norm.weight")]
+    assert norms and all(bool((p == 1).all()) for p in norms)
+
+
 # ------------------------------------------------------------------------------------------------------- training
 
 
-@pytest.mark.parametrize("head,docs,confidence", [("vanilla", 1, True), ("vanilla", 2, True), ("rnn", 2, True),
-                                                  ("vanilla", 1, False)])
-def test_training_loss_and_gradients_equal_the_per_block_oracle(target, head, docs, confidence):
-    drafter, ex = make(target, docs=docs, markov_head_type=head, confidence_head=confidence)
+def two_turns(length=20):
+    """A loss mask of two assistant turns after their prompts: x_4..x_9 and x_12..x_19 supervised (the second
+    prompt shorter than a block, so a block anchored in the first answer reaches into the second)."""
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[4:10] = mask[12:] = True
+    return mask
+
+
+@pytest.mark.parametrize("head,docs,confidence,turns", [("vanilla", 1, True, False), ("vanilla", 2, True, False),
+                                                        ("rnn", 2, True, False), ("vanilla", 1, False, False),
+                                                        ("vanilla", 1, True, True)])
+def test_training_loss_and_gradients_equal_the_per_block_oracle(target, head, docs, confidence, turns):
+    drafter, ex = make(target, length=20 if turns else 18, docs=docs, mask=two_turns() if turns else None,
+                       markov_head_type=head, confidence_head=confidence)
     elems, sup = grid(drafter, ex)
     loss, grads, _ = run(drafter, ex, elems, sup)
     count = int(sup[elems.position].sum())
@@ -202,6 +234,26 @@ def test_training_loss_and_gradients_equal_the_per_block_oracle(target, head, do
     assert ("markov_head.markov_w1.weight" in grads) and (("confidence_head.proj.weight" in grads) == confidence)
     if head == "rnn":
         assert "markov_head.joint_proj.weight" in grads
+
+
+def test_blocks_are_anchored_on_answer_tokens_and_stop_at_their_first_unsupervised_slot(target):
+    """DeepSpec's and SpecForge's samplers: an element (a, d) trains only if its anchor token x_{a+1} and the
+    targets x_{a+2} .. x_{a+2+d} are all supervised. The others the engine charges carry no loss and no confidence
+    (so no held-out chain for calibration), but keep their verdicts."""
+    mask = two_turns()
+    drafter, ex = make(target, length=20, mask=mask)
+    elems, sup = grid(drafter, ex)
+    seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    terms = drafter.loss(ex, elems, seg, api.SegmentAttention.build(plugins.get("mask builder", "dense")(), elems))
+    charged = sup[elems.position]
+    anchor, depth = elems.anchor[charged], elems.depth[charged]
+    rule = torch.tensor([bool(mask[a + 1 : a + 3 + d].all()) for a, d in zip(anchor.tolist(), depth.tolist())])
+    assert torch.equal(drafter.last_trained, rule)
+    assert torch.equal(terms.confidence.isnan(), ~rule) and terms.hit.numel() == terms.count == int(charged.sum())
+    on_prompt = ~mask[anchor + 1]  # anchored on a prompt token, its own target supervised
+    after_gap = mask[anchor + 1] & ~rule  # a slot past the first unsupervised one of an answer-anchored block
+    assert on_prompt.any() and after_gap.any() and not drafter.last_trained[on_prompt | after_gap].any()
+    # that they carry no loss is the oracle test's two-turn case (loss and gradients)
 
 
 def test_the_chunked_loss_is_the_unchunked_one(target):

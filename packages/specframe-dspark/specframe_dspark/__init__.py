@@ -40,6 +40,8 @@ from specframe import api
 
 AUX, FINAL = "aux_hidden", "final_hidden"
 HEAD_TYPES = ("vanilla", "rnn")
+#: the std of every Linear / Embedding at the start (transformers' initializer_range, DeepSpec's Qwen3 config)
+INIT_STD = 0.02
 _positive = api.positive_int("dspark")
 
 
@@ -182,6 +184,19 @@ class DSparkModel(api.block.BlockModel):
         self.confidence_head = None
         if options.confidence_head:
             self.confidence_head = ConfidenceHead(shape.hidden + (options.markov_rank if self.with_markov else 0))
+        self.reference_init()
+
+    @torch.no_grad()
+    def reference_init(self) -> None:
+        """DeepSpec's start (its drafter is a transformers ``PreTrainedModel``, ``post_init``; SpecForge and
+        speculators alike): every Linear and Embedding N(0, INIT_STD), biases 0, norms 1. PyTorch's defaults would
+        start ``markov_w1`` at N(0, 1), a random bias of about +-0.6 nats on every logit from the previous token.
+        The embedding and lm_head are the target's, copied over this by ``prepare``."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                module.weight.normal_(0.0, INIT_STD)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.zero_()
 
     def confidence_logit(self, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         feats = torch.cat([hidden, self.markov_head.embed(prev).to(hidden.dtype)], -1) if self.with_markov else hidden
@@ -311,6 +326,20 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         # position i reads x_{i+1} with g_i and is charged with x_{i+2}: the EAGLE indexing, so the EAGLE rule
         return api.eagle.shifted_supervision(example.loss_mask, example.doc)
 
+    @staticmethod
+    def trained_elements(example: api.TrainingExample, sup: torch.Tensor, anchor: torch.Tensor,
+                         depth: torch.Tensor) -> torch.Tensor:
+        """Which charged elements (a, d) the loss trains, as DeepSpec's and SpecForge's samplers choose them: the
+        block's anchor token x_{a+1} is supervised (a generated token: drafting only ever anchors on one) as is its
+        first target, and slot d only while slots 0..d are all supervised (a block stops at its first unsupervised
+        slot). The engine's supervision is per position, so the elements outside this rule stay charged (counted,
+        verdicts reported) with weight 0."""
+        lm = example.loss_mask.to(torch.bool)
+        # unsupervised positions before i: slots a..a+d are all supervised iff none lies in [a, a + d]
+        gaps = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum((~sup.to(torch.bool)).long(), 0)])
+        contiguous = gaps[anchor + depth + 1] == gaps[anchor]
+        return lm[anchor + 1] & contiguous
+
     def _teacher(self, device: torch.device, dtype: torch.dtype) -> Any:
         if self.target_head is None:
             # a drafter restored from a checkpoint without prepare(): the head is the lm_head it shares (a plain
@@ -365,8 +394,10 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         # the target's distribution for x_{a+2+d} comes from its final hidden state at position a+1+d
         target_hidden = example.features[FINAL][anchor + depth + 1].to(device=device, dtype=dtype)
         gamma = opts.loss_decay_gamma
+        trained = self.trained_elements(example, sup, anchor, depth)
         weight = (torch.ones(depth.shape, dtype=dtype) if gamma is None
-                  else torch.exp(-depth.to(torch.float64) / gamma).to(dtype)).to(device)
+                  else torch.exp(-depth.to(torch.float64) / gamma).to(dtype))
+        weight = (weight * trained).to(device)
         teacher = self._teacher(device, dtype)
         total = hidden.new_zeros(())
         hits, accepts, confidences = [], [], []
@@ -389,11 +420,15 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         # (NaN without the head)
         self.last_acceptance = torch.cat(accepts).detach().cpu()
         self.last_confidence_estimate = torch.sigmoid(logit.double() / self.confidence_temperature[depth]).float()
+        self.last_trained = trained
         count_total = torch.bincount(depth, minlength=k)[:k]
         correct = torch.bincount(depth[hit], minlength=k)[:k]
-        # the raw logits go to the engine (API 8), which measures their calibration and hands them to `calibrate`
+        # the raw logits go to the engine (API 8), which measures their calibration and hands them to `calibrate`;
+        # an element the reference does not train gives none (NaN), so its chain stays out of the held-out chains
+        # (those are situations drafting never meets)
         return api.LossTerms(total, int(anchor.numel()), correct, count_total, hit=hit,
-                             confidence=logit if model.confidence_head is not None else None)
+                             confidence=logit.masked_fill(~trained, float("nan"))
+                             if model.confidence_head is not None else None)
 
     # ------------------------------------------------------------------------------------------------- calibration
     def calibrated_confidence(self, logits: torch.Tensor) -> torch.Tensor:
