@@ -106,7 +106,11 @@ from specframe.layouts import export as vllm_layouts
 #:   and is told each round's outcome and costs (``Verifier.observe(RoundCost)``). Defaults: ``k`` and nothing,
 #:   which is what every version-10 verifier did. A drafter may now see ``accept`` twice without a ``propose``
 #:   between (every built-in queues what it has not forwarded; ``specframe.testing.DrafterContract`` checks it).
-API_VERSION = "11"
+#: - "12" (additive): ``LossTerms.acceptance``, each charged element's chance of acceptance under the rule its
+#:   confidence is calibrated for (a 0 / 1 verdict, or 1 - TV for speculative sampling), which the engine then
+#:   measures and fits the calibration against instead of ``hit`` (``api.calibration`` takes values in [0, 1]). A
+#:   version-11 drafter returns none and is calibrated against ``hit`` as before.
+API_VERSION = "12"
 
 __all__ = [
     "API_VERSION",
@@ -542,6 +546,11 @@ class LossTerms:
     #: accepted, in ``hit``'s order; with ``hit`` the engine measures its calibration (``val_confidence_ece``) and
     #: hands the held-out figures to ``Drafter.calibrate`` at the end of training
     confidence: torch.Tensor | None = None
+    #: API 12 (optional, float [count] in [0, 1]): the chance that the rule the drafter's confidence is calibrated
+    #: for accepts each charged element's draft token (teacher-forced), in ``hit``'s order: a verdict, or the
+    #: expected acceptance of speculative sampling (1 - TV). Given, the engine measures the confidence's
+    #: calibration against it and hands it to ``Drafter.calibrate`` instead of ``hit``.
+    acceptance: torch.Tensor | None = None
 
 
 class Drafter(Component, ABC):
@@ -677,7 +686,8 @@ class Drafter(Component, ABC):
     def calibrate(self, logits: torch.Tensor, accepted: torch.Tensor) -> bool:
         """API 8. Fit the drafter's confidence calibration on held-out data: called by the engine after the final
         validation and before the final checkpoint, with the raw ``LossTerms.confidence`` logits and the top-1
-        verdicts (bool) of held-out anchors with a full chain, as matrices [anchors, K]. The engine calls it on half
+        verdicts (float 0 / 1; API 12: the drafter's ``LossTerms.acceptance`` when it gives one, values in [0, 1]) of
+        held-out anchors with a full chain, as matrices [anchors, K]. The engine calls it on half
         of the validation sequences first (to measure the calibration on the other half), then on all of them: a
         call replaces what an earlier one fitted. Keep the fit in ``describe()`` / ``restore_checkpoint`` (or the
         weights), so it travels with the checkpoint. Return True when something was fitted (the engine then reports

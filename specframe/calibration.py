@@ -14,8 +14,11 @@ that the tokens before it were accepted. Calibration is measured and fitted on t
   estimates (a temperature cannot reorder them), so it corrects over- and under-confidence and nothing else.
 
 Inputs are matrices [anchors, K] of held-out elements with a full chain (every depth supervised), as the training
-engine's validation collects them: ``logits`` the head's raw logits, ``accepted`` the top-1 verdicts under teacher
-forcing (which equal greedy decoding's verdicts while the prefix before them was accepted).
+engine's validation collects them: ``logits`` the head's raw logits, ``accepted`` each element's acceptance under
+teacher forcing, in [0, 1]: a verdict (bool, or 0 / 1) or, where the verifying rule accepts with a probability
+(speculative sampling: 1 - TV of the two distributions), that probability (``LossTerms.acceptance``, API 12), whose
+product along the chain is the expected prefix acceptance. By default the engine hands the top-1 verdicts against
+the data token (``LossTerms.hit``).
 """
 
 from __future__ import annotations
@@ -37,12 +40,16 @@ def _check(values: torch.Tensor, accepted: torch.Tensor) -> tuple[torch.Tensor, 
                          f"{tuple(accepted.shape)}")
     if not torch.isfinite(values).all():
         raise ValueError("confidence values must be finite")
-    return values.double(), accepted.bool()
+    accepted = accepted.double()
+    if not bool(((accepted >= 0) & (accepted <= 1)).all()):  # also refuses NaN
+        raise ValueError("acceptance values must lie in [0, 1]")
+    return values.double(), accepted
 
 
 def prefix_acceptance(accepted: torch.Tensor) -> torch.Tensor:
-    """[anchors, K] float: 1 where the first j + 1 tokens were all accepted."""
-    return torch.as_tensor(accepted).bool().long().cumprod(1).double()
+    """[anchors, K] float: the (expected) acceptance of the first j + 1 tokens, the product of theirs; with
+    verdicts, 1 where they were all accepted."""
+    return torch.as_tensor(accepted).double().cumprod(1)
 
 
 def prefix_ece(probs: torch.Tensor, accepted: torch.Tensor, bins: int = 10) -> dict[str, Any]:

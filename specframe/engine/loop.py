@@ -503,6 +503,8 @@ class Trainer:
             hits = torch.full((elems.seq_len, self.depth), -1, dtype=torch.long)
             # the drafter's confidence logit of each element (API 8), NaN where it gives none
             logits = torch.full((elems.seq_len, self.depth), math.nan, dtype=torch.float64)
+            # its chance of acceptance under the rule the confidence is calibrated for (API 12), NaN where none
+            acceptance = torch.full((elems.seq_len, self.depth), math.nan, dtype=torch.float64)
             for seg in self.segments(elems):
                 with self.precision.autocast():
                     terms = self._segment_loss(example, elems, seg, sup, training=False)
@@ -518,12 +520,15 @@ class Trainer:
                 record_hits(hits, elems, seg, sup, terms.hit)
                 if getattr(terms, "confidence", None) is not None:
                     record_hits(logits, elems, seg, sup, terms.confidence.double())
+                if getattr(terms, "acceptance", None) is not None:
+                    record_hits(acceptance, elems, seg, sup, terms.acceptance.double())
             if chained:
                 c = chain_acceptance(hits)
                 chain += torch.tensor([c.anchors, c.accepted_sum, *c.reached, *c.accepted], dtype=chain.dtype)
                 full = hits.ge(0).all(1) & logits.isfinite().all(1)  # anchors with a full chain and its confidence
                 if full.any():
-                    held_out.append((logits[full], hits[full].bool(), torch.full((int(full.sum()),), j)))
+                    observed = torch.where(acceptance.isnan(), hits.clamp(min=0).double(), acceptance)
+                    held_out.append((logits[full], observed[full], torch.full((int(full.sum()),), j)))
         flag = torch.tensor([0.0 if chained else 1.0])
         for t in (loss_sum, count, correct, total, chain, flag, masked):
             self.dist.sum_(t)

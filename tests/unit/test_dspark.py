@@ -581,8 +581,8 @@ def test_serving_an_export_on_this_vllm_is_refused_before_start_up(target, tmp_p
     assert "only in its V2 model runner" in message and "\n" not in message
     from specframe.cli.serve_cmd import serve_command
 
-    with pytest.raises(api.SpecframeError, match="the installed vLLM cannot serve this dspark export: vLLM serves "
-                                                 "method dspark only in its V2 model runner"):
+    with pytest.raises(api.SpecframeError, match="the installed vLLM cannot serve this dspark export for target .*: "
+                                                 "vLLM serves method dspark only in its V2 model runner"):
         serve_command(None, tmp_path / "out")
 
 
@@ -891,6 +891,8 @@ def test_the_engine_calibrates_on_the_held_out_chains_and_the_checkpoint_keeps_i
     from specframe.drafter_folders import load_drafter
     from specframe.targets import load_target
 
+    import specframe_dspark.sts
+
     calls = []
     fitted = torch.tensor([0.5, 1.5, 2.0, 3.0], dtype=torch.float64)
 
@@ -898,8 +900,9 @@ def test_the_engine_calibrates_on_the_held_out_chains_and_the_checkpoint_keeps_i
         calls.append((logits.clone(), accepted.clone()))
         return fitted
 
-    monkeypatch.setattr(calibration, "fit_temperatures", fake_fit)
-    target_dir, out, metrics = _train_dspark(tmp_path)
+    monkeypatch.setattr(specframe_dspark.sts, "fit_temperatures", fake_fit)
+    monkeypatch.setattr(calibration, "fit_temperatures", lambda *a: pytest.fail("the cross-entropy fit was used"))
+    target_dir, out, metrics = _train_dspark(tmp_path, calibration_rule="sampling")
     evals = [m for m in metrics if "val_loss" in m]
     assert len(evals) == 2 and all(0.0 <= m["val_confidence_ece"] <= 1.0 for m in evals)
     record = [m for m in metrics if m.get("calibrated")]
@@ -909,10 +912,14 @@ def test_the_engine_calibrates_on_the_held_out_chains_and_the_checkpoint_keeps_i
     # first on the even validation sequences (the odd ones measured out of sample), then on every chain
     assert len(calls) == 2 and calls[1][0].shape == calls[1][1].shape == (n, SMALL["block_size"])
     assert 0 < calls[0][0].shape[0] < n and record[0]["calibration_checked_anchors"] == n - calls[0][0].shape[0]
-    assert torch.isfinite(calls[1][0]).all() and calls[1][1].dtype == torch.bool
+    assert torch.isfinite(calls[1][0]).all()
+    # API 12: what reaches the fit is the drafter's acceptance under its rule (sampling: 1 - TV, a probability),
+    # not the engine's 0 / 1 top-1 hits
+    accepted = calls[1][1]
+    assert accepted.dtype == torch.float64 and ((accepted > 0) & (accepted < 1)).any()
     assert 0.0 <= record[0]["confidence_ece_after"] <= 1.0
     info = json.loads((out / (out / "latest").read_text().strip() / "drafter.json").read_text())
-    assert info["confidence_temperature"] == fitted.tolist()
+    assert info["confidence_temperature"] == fitted.tolist() and info["confidence_calibration_rule"] == "sampling"
     reloaded = load_drafter(out, load_target(target_dir).config)
     assert reloaded.confidence_temperature.tolist() == fitted.tolist()
     logits = torch.tensor([[1.0, -1.0, 2.0, 0.5]])
@@ -942,6 +949,61 @@ def test_bench_measures_the_block_whole_and_scheduled_side_by_side(tmp_path):
     # API 10: the schedule weighed the round costs measured on this target, and the results file records them
     curve = json.loads((tmp_path / "r.json").read_text())["config"]["also_verifier_options"]["scheduled"]["cost_curve"]
     assert len(curve) == 9 and all(isinstance(t, float) and t > 0 for t in curve)
+
+
+@pytest.mark.parametrize("rule", ["greedy", "sampling"])
+def test_the_confidence_is_calibrated_against_the_rule_that_will_verify(target, rule):
+    """The acceptance the calibration is fitted on (``LossTerms.acceptance``) is the verifying rule's: greedy, the
+    draft token equals the target's argmax; sampling, 1 - TV(q, p). Random data tokens are not the target's
+    argmax: a drafter fitted to them by cross-entropy alone hits them, and is not what either rule accepts."""
+    drafter, ex = make(target, length=14, calibration_rule=rule, ce_weight=1.0, l1_weight=0.0)
+    elems, sup = grid(drafter, ex)
+    opt = torch.optim.Adam([p for p in drafter.module().parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(30):
+        opt.zero_grad()
+        run(drafter, ex, elems, sup)
+        opt.step()
+    seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
+    with torch.no_grad():
+        terms = drafter.loss(ex, elems, seg, api.SegmentAttention.build(plugins.get("mask builder", "dense")(), elems))
+        head = target.model.get_output_embeddings().weight.double()
+        charged = sup[elems.position]
+        want = []
+        for a, d in zip(elems.anchor[charged].tolist(), elems.depth[charged].tolist()):
+            hidden = block_forward(drafter, ex, a)
+            prev = ex.input_ids[[min(a + 1 + s, ex.input_ids.shape[0] - 1) for s in range(drafter.depth)]]
+            q = torch.softmax(drafter.model.lm_head(hidden[d]) + markov_biases(drafter, hidden, prev)[d], -1)
+            p = torch.softmax(ex.features["final_hidden"][a + 1 + d] @ head.T, -1)
+            want.append(float(q.argmax() == p.argmax()) if rule == "greedy" else float(1 - 0.5 * (q - p).abs().sum()))
+    assert terms.acceptance.dtype == torch.float64
+    assert torch.allclose(terms.acceptance, torch.tensor(want, dtype=torch.float64), atol=1e-9)
+    assert not torch.equal(terms.acceptance, terms.hit.double())
+    with pytest.raises(api.UsageError, match="'calibration_rule' must be one of greedy, sampling"):
+        plugins.get("drafter", "dspark").Options(calibration_rule="top1")
+
+
+def test_the_calibration_minimises_the_ece_of_the_product_not_the_cross_entropy():
+    """The paper's fit (section 3.2.1): per position, the grid temperature of least ECE of the cumulative product.
+    Two groups of anchors no single temperature fits: the ECE and cross-entropy optima differ."""
+    from specframe import calibration
+    from specframe_dspark import sts
+
+    z = torch.cat([torch.full((100,), 4.0), torch.full((100,), -1.0)])
+    y = torch.cat([torch.arange(100) < 90, torch.arange(100) < 80]).double()
+
+    def ece(t):  # 10 equal-width bins, as the engine reports it, written out
+        p = torch.sigmoid(z / t)
+        b = (p * 10).long().clamp(0, 9)
+        return float(sum((p[b == i].sum() - y[b == i].sum()).abs() for i in range(10)) / len(z))
+
+    fitted = float(sts.fit_temperatures(z[:, None], y[:, None])[0])
+    best = min(ece(float(t)) for t in torch.logspace(math.log10(0.05), math.log10(20), 2000))
+    assert ece(fitted) <= best + 2e-3
+    assert ece(float(calibration.fit_temperatures(z[:, None], y[:, None])[0])) > ece(fitted) + 0.01
+    # positions where every anchor's prefix went one way have nothing to fit, and the fit is deterministic
+    assert sts.fit_temperatures(torch.stack([z, z], 1), torch.zeros(200, 2)).tolist() == [1.0, 1.0]
+    assert torch.equal(sts.fit_temperatures(torch.stack([z, z], 1), torch.stack([y, y], 1)),
+                       sts.fit_temperatures(torch.stack([z, z], 1), torch.stack([y, y], 1)))
 
 
 def test_without_calibration_the_head_is_kept_as_trained(tmp_path):

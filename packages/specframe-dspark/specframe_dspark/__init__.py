@@ -38,8 +38,12 @@ from torch.utils.checkpoint import checkpoint
 
 from specframe import api
 
+from . import sts
+
 AUX, FINAL = "aux_hidden", "final_hidden"
 HEAD_TYPES = ("vanilla", "rnn")
+#: the verification rules a confidence can be calibrated for (the 'scheduled' verifier's rules)
+RULES = ("greedy", "sampling")
 #: the std of every Linear / Embedding at the start (transformers' initializer_range, DeepSpec's Qwen3 config)
 INIT_STD = 0.02
 _positive = api.positive_int("dspark")
@@ -84,8 +88,13 @@ class DSparkOptions:
         "help": "weight exp(-d / gamma) on slot d (d = 0 at the anchor); null: uniform (DeepSpec: 4)"})
     calibrate_confidence: bool = attrs.field(default=True, metadata={
         "help": "at the end of training, fit one temperature per slot on the held-out sequences so the product of "
-                "the confidences matches the observed prefix acceptance (sequential temperature scaling, the "
-                "paper's calibration); kept with the checkpoint, read by drafting and the 'scheduled' verifier"})
+                "the confidences matches the prefix acceptance under calibration_rule (sequential temperature "
+                "scaling by ECE grid search, the paper's calibration); kept with the checkpoint and the export, "
+                "read by drafting and the 'scheduled' verifier"})
+    calibration_rule: str = attrs.field(default="greedy", metadata={
+        "help": "the verification the confidence is calibrated for: 'greedy' (accepted iff the draft token is the "
+                "target's argmax; the default verifier and vLLM at temperature 0) or 'sampling' (speculative "
+                "sampling at temperature 1: the expected acceptance 1 - TV); recorded with the fit"})
     draft_temperature: float = attrs.field(default=0.0, validator=_non_negative, metadata={
         "help": "drafting on the reference engine: 0 takes each slot's argmax (one-hot q); > 0 samples each slot from "
                 "softmax(logits / T) left to right and hands the verifier that q (Draft.probs)"})
@@ -98,6 +107,9 @@ class DSparkOptions:
         k = self.k_infer
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.block_size:
             raise api.UsageError(f"dspark option 'k_infer' must be in 1..block_size ({self.block_size}), got {k!r}")
+        if self.calibration_rule not in RULES:
+            raise api.UsageError(f"dspark option 'calibration_rule' must be one of {', '.join(RULES)}, got "
+                                 f"{self.calibration_rule!r}")
         if self.markov_head_type not in HEAD_TYPES:
             raise api.UsageError(f"dspark option 'markov_head_type' must be one of {', '.join(HEAD_TYPES)}, got "
                                  f"{self.markov_head_type!r}")
@@ -205,8 +217,9 @@ class DSparkModel(api.block.BlockModel):
 
 def _chunk_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_w, w2, conf_w, conf_b,
                  target_head, ce_w: float, l1_w: float, c_w: float):
-    """One chunk of rows: the weighted loss sum, each row's top-1 hit, its analytical acceptance 1 - TV and the
-    confidence head's raw logit (NaN without the head)."""
+    """One chunk of rows: the weighted loss sum, each row's top-1 hit (against the data token), its greedy verdict
+    (against the target's argmax), its analytical acceptance 1 - TV and the confidence head's raw logit (NaN without
+    the head)."""
     dtype = torch.promote_types(hidden.dtype, torch.float32)
     logits = (F.linear(hidden, lm_w) + F.linear(latent, w2)).to(dtype)
     logq = torch.log_softmax(logits, -1)
@@ -221,7 +234,8 @@ def _chunk_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_w
         conf = F.linear(conf_feats, conf_w, conf_b).squeeze(-1).to(dtype)
         per = per + c_w * F.binary_cross_entropy_with_logits(conf, accept, reduction="none")
         confidence = conf.detach()
-    return (per * weight).sum(), logits.argmax(-1) == labels, accept, confidence
+    top1 = logits.argmax(-1)
+    return (per * weight).sum(), top1 == labels, top1 == p.argmax(-1), accept, confidence
 
 
 class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
@@ -278,6 +292,8 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         self.target_head: Any = None  # the target's head (the l1 term's teacher), set by prepare
         # slot j's confidence is sigmoid(logit / T_j): 1 until `calibrate` fits them (kept in describe())
         self.confidence_temperature = torch.ones(opts.block_size, dtype=torch.float64)
+        # the verification rule the temperatures were fitted for (None: not fitted, T = 1)
+        self.calibration_rule: str | None = None
         self._reset_inference()
 
     # ------------------------------------------------------------------------------------------------ description
@@ -400,7 +416,7 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         weight = (weight * trained).to(device)
         teacher = self._teacher(device, dtype)
         total = hidden.new_zeros(())
-        hits, accepts, confidences = [], [], []
+        hits, greedy, accepts, confidences = [], [], [], []
         n, chunk = int(rows.numel()), opts.loss_chunk
         for lo in range(0, n, chunk):
             sl = slice(lo, lo + chunk)
@@ -408,10 +424,11 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
                     labels[sl], weight[sl], model.lm_head.weight, model.markov_head.markov_w2.weight, conf_w, conf_b,
                     teacher, opts.ce_weight, opts.l1_weight, opts.confidence_weight)
             # recomputed in backward: only one chunk's [chunk, V] logits, softmaxes and gradients live at a time
-            part, hit, accept, confidence = checkpoint(_chunk_terms, *args, use_reentrant=False) if torch.is_grad_enabled() \
+            part, hit, verdict, accept, confidence = checkpoint(_chunk_terms, *args, use_reentrant=False) if torch.is_grad_enabled() \
                 else _chunk_terms(*args)
             total = total + part
             hits.append(hit)
+            greedy.append(verdict)
             accepts.append(accept)
             confidences.append(confidence)
         hit = torch.cat(hits).cpu()
@@ -426,23 +443,29 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         # the raw logits go to the engine (API 8), which measures their calibration and hands them to `calibrate`;
         # an element the reference does not train gives none (NaN), so its chain stays out of the held-out chains
         # (those are situations drafting never meets)
+        # what the confidence is calibrated against (API 12): the acceptance under the rule that will verify, not the
+        # top-1 hit against the data token (the same only when the data is the target's own greedy output)
+        acceptance = (torch.cat(greedy).cpu().double() if opts.calibration_rule == "greedy"
+                      else self.last_acceptance.double())
         return api.LossTerms(total, int(anchor.numel()), correct, count_total, hit=hit,
                              confidence=logit.masked_fill(~trained, float("nan"))
-                             if model.confidence_head is not None else None)
+                             if model.confidence_head is not None else None, acceptance=acceptance)
 
     # ------------------------------------------------------------------------------------------------- calibration
     def calibrated_confidence(self, logits: torch.Tensor) -> torch.Tensor:
         return api.calibration.apply_temperatures(logits, self.confidence_temperature)
 
     def calibrate(self, logits: torch.Tensor, accepted: torch.Tensor) -> bool:
-        """Sequential temperature scaling on the held-out chains (``api.calibration.fit_temperatures``): slot j's
-        temperature with slots 0..j-1's fixed, so the product of the confidences predicts the prefix acceptance the
-        scheduler weighs."""
+        """Sequential temperature scaling on the held-out chains by ECE grid search (``sts.fit_temperatures``, the
+        paper's): slot j's temperature with slots 0..j-1's fixed, so the product of the confidences predicts the
+        prefix acceptance the scheduler weighs. ``accepted`` is what ``loss`` returned as ``LossTerms.acceptance``:
+        the acceptance under ``calibration_rule``, which the fit is recorded for."""
         if self.model.confidence_head is None or not self.options.calibrate_confidence:
             return False
-        fitted = api.calibration.fit_temperatures(logits, accepted)
+        fitted = sts.fit_temperatures(logits, accepted)
         self.confidence_temperature = torch.ones(self.depth, dtype=torch.float64)
         self.confidence_temperature[: fitted.numel()] = fitted
+        self.calibration_rule = self.options.calibration_rule
         return True
 
     # --------------------------------------------------------------------------------------------------- inference
@@ -497,6 +520,7 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
             **self.shape.config_fields(),
             "num_hidden_layers": self.options.layers,
             "confidence_temperature": [float(t) for t in self.confidence_temperature],
+            "confidence_calibration_rule": self.calibration_rule,
         }
 
     def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
@@ -515,6 +539,9 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
                 raise api.SpecframeError(f"dspark: the checkpoint's confidence_temperature {temperatures!r} is not "
                                          f"{self.depth} positive numbers")
             self.confidence_temperature = torch.tensor(temperatures, dtype=torch.float64)
+        # a checkpoint calibrated before the rule was recorded was fitted on top-1 hits against the data token
+        fitted = temperatures is not None and any(t != 1 for t in temperatures)
+        self.calibration_rule = info.get("confidence_calibration_rule", "data-top1" if fitted else None)
 
     def import_weights(self, imported: Any) -> None:
         """Load a speculators ``dspark`` folder of this drafter's shape, with its mask token: ``generate`` / ``bench
@@ -544,6 +571,7 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         self.model.load_state_dict(state)
         self.mask_token_id = imported.mask_token_id
         self.confidence_temperature = torch.ones(self.depth, dtype=torch.float64)
+        self.calibration_rule = None
 
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
         """The speculators ``dspark`` layout vLLM 0.32 serves with method ``dspark``: the module's state dict already
