@@ -246,3 +246,40 @@ def test_export_vllm_writes_the_peagle_layout(setup, tmp_path):
         tensors.update(load_file(str(f)))
     assert torch.equal(tensors["mask_hidden"], drafter.module().mask_hidden.detach())
     assert torch.equal(tensors["d2t"], drafter.module().d2t)
+
+
+def test_drafting_feeds_every_mask_slot_the_mask_hidden_projection(setup):
+    """While drafting, every mask slot (the first included) reads fc(mask_hidden), as in training, and never the zero
+    rows that pad the features: the states reaching the head equal a forward in which those slots are ordinary
+    positions whose features are mask_hidden itself (fc is linear, so no is_mask path is involved). mask_hidden is
+    scaled up here: at its initial scale (std 0.02) fc(mask_hidden) is so close to fc(0) that argmax drafts, the
+    only thing the other drafting tests compare, come out the same either way."""
+    _, drafter, ex = setup
+    model = drafter.module().eval()
+    ids, aux = ex.input_ids, ex.features["aux_hidden"]
+    n, k = 10, 4
+    saved = model.mask_hidden.detach().clone()
+    seen = []
+    hook = model.lm_head.register_forward_hook(lambda m, a, o: seen.append(a[0].detach().clone()))
+    try:
+        with torch.no_grad():
+            model.mask_hidden.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(3))
+        drafter.start(ids[:n], {"aux_hidden": aux[:n]})
+        drafter.accept(ids[n : n + 1], {"aux_hidden": aux[n - 1 : n]})
+        drafter.propose(k)
+        toks = torch.cat([ids[1 : n + 1], torch.full((k - 1,), drafter.mask_token_id)])
+        feats = torch.cat([aux[:n], model.mask_hidden.detach().view(1, -1).expand(k - 1, -1).to(aux.dtype)])
+        with torch.no_grad():
+            ref, _ = model(toks, feats, torch.zeros(n + k - 1, dtype=torch.bool), torch.arange(n + k - 1),
+                           causal_attention(0))
+            zeros, _ = model(toks, torch.cat([aux[:n], aux.new_zeros(k - 1, aux.shape[1])]),
+                             torch.zeros(n + k - 1, dtype=torch.bool), torch.arange(n + k - 1), causal_attention(0))
+    finally:
+        hook.remove()
+        with torch.no_grad():
+            model.mask_hidden.copy_(saved)
+    drafted = seen[0]
+    assert drafted.shape[0] == k
+    assert torch.allclose(drafted, ref[n - 1 :], atol=1e-4)
+    # the check can tell: zero features at the mask slots give other states at every mask slot
+    assert all(not torch.allclose(zeros[n - 1 + j], ref[n - 1 + j], atol=1e-2) for j in range(1, k))
