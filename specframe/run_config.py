@@ -33,7 +33,7 @@ PLUGIN_TABLES = {
 #: config.json read back skips them (anywhere else they are unknown keys, so a typo such as ``steps`` is caught)
 RECORD_KEYS = frozenset({
     "memory_budget_enforced", "world_size", "target_id", "target_weights_hash", "train_sequences", "val_sequences",
-    "conversations", "steps",
+    "conversations", "steps", "changed_on_resume",
 })
 RUN_RECORD = "config.json"
 #: filled only when the run starts (documented in ``--print-config``'s help and the YAML header)
@@ -170,3 +170,97 @@ def dump(cfg: TrainConfig | dict[str, Any], fmt: str = "yaml") -> str:
     header = "# specframe train --config FILE (flags typed with it override these values)\n"
     header += "".join(f"# {line}\n" for line in UNRESOLVED_NOTE.splitlines())
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+# ------------------------------------------------------------------------------------------------------ resuming a run
+#: the flag that resumes a run under settings other than those it was started with
+ALLOW_CHANGED = "--allow-changed-settings"
+#: the record key (in OUTPUT/config.json and each checkpoint's) listing every resume that changed settings
+CHANGED_RECORD = "changed_on_resume"
+#: settings a resumed run may change without ``ALLOW_CHANGED``: none of them changes the steps the run takes (the
+#: loss, the gradients, the data and the learning-rate schedule). They say where it runs (the device, device_map,
+#: FSDP or DDP at any world size: batch_size counts sequences over all ranks and checkpoints are in the one-process
+#: format), how fast (data_workers, prefetch, the vLLM engine's size), what is logged, saved and guarded (output,
+#: log_every, report_to, save_every, eval_every, keep_drafter_at, memory_budget), or how the same loss is computed:
+#: every mask builder builds the same visibility and a partition's segments add up to the one-pass gradient
+#: (docs/design.md section 3), so those, like the device, change only the order of floating-point sums.
+#: trust_remote_code only lets the same target load; init_from is read only when a run starts, never on resume.
+#: Every other setting, a new one included, is compared: the features' engine too (vLLM's states pass a parity gate,
+#: not an equality).
+RESUME_FREE = frozenset({
+    "output", "device", "device_map", "fsdp", "data_workers", "prefetch", "log_every", "report_to", "save_every",
+    "eval_every", "keep_drafter_at", "memory_budget", "trust_remote_code", "init_from", "mask_builder",
+    "mask_builder_options", "partitioner", "partitions", "partitioner_options", "gate_sequences", "vllm_kv_cache_gib",
+    "vllm_tensor_parallel_size", "vllm_gpu_memory_utilization",
+})
+#: settings that name a file or folder: the same path written another way is the same setting
+PATH_SETTINGS = frozenset({"target", "data", "cache", "chat_template"})
+
+
+def _same(name: str, old: Any, new: Any) -> bool:
+    if old == new:
+        return True
+    if name in PATH_SETTINGS and isinstance(old, str) and isinstance(new, str):
+        a, b = Path(old).expanduser(), Path(new).expanduser()
+        return a.exists() and b.exists() and a.resolve() == b.resolve()
+    return False
+
+
+def resume_changes(recorded: dict[str, Any], cfg: TrainConfig) -> list[tuple[str, Any, Any]]:
+    """(setting, recorded value, new value) for every setting outside ``RESUME_FREE`` in which ``cfg`` differs from a
+    run's recorded config (a checkpoint's config.json). Plugin options are compared one by one (``drafter_options.
+    layers``). ``cfg`` is resolved first, as the run's record was (the depth, every option's default), so the same
+    flags, or a --config file or the record itself, compare equal. A setting the record lacks (added to specframe
+    after the run started) is not compared."""
+    new = json.loads(json.dumps(as_dict(resolve(cfg))))
+    changes: list[tuple[str, Any, Any]] = []
+    for name in fields():
+        if name in RESUME_FREE or name not in recorded:
+            continue
+        old, value = recorded[name], new[name]
+        if name in PLUGIN_TABLES and isinstance(old, dict) and isinstance(value, dict):
+            changes += [(f"{name}.{key}", old[key], value[key]) for key in value
+                        if key in old and not _same(f"{name}.{key}", old[key], value[key])]
+        elif not _same(name, old, value):
+            changes.append((name, old, value))
+    return changes
+
+
+def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
+    """``--lr 0.001 -> 0.0003, drafter option layers 2 -> 3``: each setting as the command line names it."""
+    def label(name: str) -> str:
+        table, _, key = name.partition(".")
+        if key:
+            return f"{table.removesuffix('_options').replace('_', ' ')} option {key}"
+        return "--" + name.replace("_", "-")
+
+    return ", ".join(f"{label(name)} {json.dumps(old)} -> {json.dumps(new)}" for name, old, new in changes)
+
+
+def check_resume(resume: str | Path, cfg: TrainConfig, allow_changed: bool = False,
+                 ) -> tuple[Path, dict[str, Any], list[tuple[str, Any, Any]]]:
+    """The checkpoint ``resume`` names, its recorded config and how ``cfg`` changes it; refused (before a target is
+    loaded or a file written) when it is another drafter's, or when it changes a setting outside ``RESUME_FREE``
+    without ``allow_changed``."""
+    from specframe.engine import checkpoint
+    from specframe.errors import SpecframeError, read_json
+
+    directory = checkpoint.resolve(resume)
+    checkpoint.check_files(directory)
+    record = directory / RUN_RECORD
+    saved = read_json(record, "the checkpoint's run config")
+    if saved.get("drafter") != cfg.drafter:
+        raise SpecframeError(
+            f"--resume {resume} is a checkpoint of drafter '{saved.get('drafter')}', not '{cfg.drafter}' "
+            "(nothing was overwritten)"
+        )
+    changes = resume_changes(saved, cfg)
+    if changes and not allow_changed:
+        # a resume continues the run as it was started (its schedule, data and drafter); a new run from its weights
+        # is a warm start
+        raise UsageError(
+            f"--resume {resume}: the run was started with other settings: {describe_changes(changes)} (nothing was "
+            f"written); resume it with its own (--config {record} gives them), pass {ALLOW_CHANGED} to continue "
+            "under the new ones, or warm start a new run from an export of it with --init-from"
+        )
+    return directory, saved, changes

@@ -129,7 +129,15 @@ def _steps(value: str | None) -> tuple[int, ...] | None:
                    "`specframe export` writes), a SafeAILab or SpecForge EAGLE-3 folder, or a PARD causal LM of the "
                    "target's tokenizer; checked against the target and the drafter's options, loaded before step 1.")
 @click.option("--resume", default=None, type=click.Path(exists=True, file_okay=False),
-              help="Continue exactly from a checkpoint or an output directory (its latest checkpoint).")
+              help="Continue exactly from a checkpoint or an output directory (its latest checkpoint). Give the "
+                   "settings the run was started with (--config OUTPUT/config.json loads them): a change in what "
+                   "the steps compute (learning rate, run length, batch, data, seed, precision, the drafter's "
+                   "options, ...) is refused, naming each setting; output, logging, saving, the device and the mask "
+                   "builder may change.")
+@click.option("--allow-changed-settings", is_flag=True,
+              help="With --resume: continue under settings that differ from the run's recorded ones (each change "
+                   "is printed and kept in OUTPUT/config.json as changed_on_resume). For a new run that starts from "
+                   "a trained drafter's weights use --init-from.")
 @click.option("--config", "config_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="A whole run in one TOML, YAML or JSON file: every option above by its name (seq_len or "
                    "seq-len), plus the plugin option tables drafter_options, mask_builder_options and "
@@ -159,8 +167,8 @@ def _steps(value: str | None) -> tuple[int, ...] | None:
               "optimizer, eval, checkpoint) and print the table at the end (under --json: as 'profile', and the "
               "unrounded seconds per phase as 'profile_seconds').")
 @click.pass_context
-def train(ctx: click.Context, resume: str | None, config_file: str | None, print_config: bool, as_json: bool,
-          profile: bool, **flags: Any) -> None:
+def train(ctx: click.Context, resume: str | None, allow_changed_settings: bool, config_file: str | None,
+          print_config: bool, as_json: bool, profile: bool, **flags: Any) -> None:
     """Train a drafter on the shared long-context engine.
 
     Every run writes OUTPUT/config.json (the resolved config), OUTPUT/metrics.jsonl and checkpoints
@@ -172,7 +180,8 @@ def train(ctx: click.Context, resume: str | None, config_file: str | None, print
 
     known = run_config.fields()
     unknown = sorted(name for name in flags if name not in known)
-    if unknown:  # every flag other than --resume / --config / --print-config / --json is a TrainConfig field
+    if unknown:  # every flag other than --resume / --allow-changed-settings / --config / --print-config / --json
+        # / --profile is a TrainConfig field
         raise UsageError(f"internal: train flags without a TrainConfig field: {', '.join(unknown)}")
     typed = {name: value for name, value in flags.items()
              if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
@@ -191,6 +200,14 @@ def train(ctx: click.Context, resume: str | None, config_file: str | None, print
         if as_json:
             click.echo()
         return
+    if allow_changed_settings and resume is None:
+        raise UsageError(f"{run_config.ALLOW_CHANGED} continues a run under new settings: give it with --resume")
+    if resume is not None:
+        # refused here, before the cache or the target is opened; the engine checks again (its Python callers)
+        _, _, changes = run_config.check_resume(resume, cfg, allow_changed_settings)
+        if changes:
+            click.echo(f"warning: --resume {resume} continues under changed settings (kept in config.json as "
+                       f"{run_config.CHANGED_RECORD}): {run_config.describe_changes(changes)}", err=True)
     from specframe.engine import train as run_training
 
     # a progress bar on a terminal; otherwise plain lines, so a log file or a pipe shows progress too (stderr under
@@ -205,7 +222,8 @@ def train(ctx: click.Context, resume: str | None, config_file: str | None, print
         engine_record = FeatureCache(cfg.cache).engine
         if engine_record is not None:
             click.echo(f"cache {cfg.cache}: {describe_engine(engine_record)}", err=as_json)
-    result = run_training(cfg, resume=resume, progress=bar, log_lines=lines, profile=profile)
+    result = run_training(cfg, resume=resume, progress=bar, log_lines=lines, profile=profile,
+                          allow_changed=allow_changed_settings)
     summary = {
         "steps": result.steps,
         "checkpoint": str(result.checkpoint),

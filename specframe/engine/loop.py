@@ -32,7 +32,7 @@ from specframe import api, compose, memory
 from specframe.elements import full_grid, position_docs
 from specframe.engine import checkpoint, sharding, tracking, validate
 from specframe.engine.config import TrainConfig, to_dict
-from specframe.errors import SpecframeError, UsageError, read_json
+from specframe.errors import SpecframeError, UsageError
 from specframe.metrics import chain_acceptance
 
 
@@ -123,8 +123,9 @@ class _Dist:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, resume: str | None = None, target: Any = None, log: Callable = print,
-                 profile: bool = False):
+                 profile: bool = False, allow_changed: bool = False):
         self.cfg = cfg
+        self.allow_changed = allow_changed
         self.log = log
         self.profile_requested = profile
         memory.pin_mmap_threshold()
@@ -165,6 +166,8 @@ class Trainer:
             raise
 
     def _check_output(self, resume: str | None) -> Path | None:
+        self.changed_on_resume: list[dict[str, Any]] = []
+        self.resume_changes: dict[str, dict[str, Any]] = {}
         if resume is None:
             if checkpoint.has_checkpoint(self.out):
                 raise SpecframeError(
@@ -172,14 +175,13 @@ class Trainer:
                     "another --output (nothing was overwritten)"
                 )
             return None
-        directory = checkpoint.resolve(resume)
-        checkpoint.check_files(directory)
-        saved = read_json(directory / "config.json", "the checkpoint's run config")
-        if saved.get("drafter") != self.cfg.drafter:
-            raise SpecframeError(
-                f"--resume {resume} is a checkpoint of drafter '{saved.get('drafter')}', not '{self.cfg.drafter}' "
-                "(nothing was overwritten)"
-            )
+        from specframe import run_config
+
+        directory, saved, changes = run_config.check_resume(resume, self.cfg, self.allow_changed)
+        # every resume that changed settings stays in the run's record (allow_changed), so a reader of config.json
+        # sees the run was not one schedule from start to end
+        self.changed_on_resume = list(saved.get(run_config.CHANGED_RECORD) or [])
+        self.resume_changes = {name: {"recorded": old, "now": new} for name, old, new in changes}
         return directory
 
     def _setup(self, target: Any) -> None:
@@ -264,6 +266,8 @@ class Trainer:
                 sharding.shard_optimizer_state(self.optimizer)
             self.step = int(state["step"])
             self.tokens_seen = int(state.get("tokens_seen", 0))
+            if self.resume_changes:
+                self.changed_on_resume.append({"step": self.step, "changed": self.resume_changes})
         self.metrics_path = self.out / "metrics.jsonl"
         if self.dist.rank == 0:
             self._trim_metrics()
@@ -281,6 +285,8 @@ class Trainer:
         d["val_sequences"] = len(self.val_ids)
         d["conversations"] = len(self.source.conversations)
         d["steps"] = self.total_steps
+        if self.changed_on_resume:
+            d["changed_on_resume"] = self.changed_on_resume
         return d
 
     def _trim_metrics(self) -> None:
@@ -865,12 +871,13 @@ def _progress(enabled: bool) -> Any:
 
 def train(
     cfg: TrainConfig, *, resume: str | None = None, target: Any = None, progress: bool = True,
-    log_lines: Callable[[str], None] | None = None, profile: bool = False,
+    log_lines: Callable[[str], None] | None = None, profile: bool = False, allow_changed: bool = False,
 ) -> TrainResult:
     """Train (or, with ``resume``, continue) a drafter as ``cfg`` says; returns where the last checkpoint is.
     ``log_lines`` receives a plain progress line every ``cfg.log_every`` steps (see ``Trainer.run``); ``profile``
-    times every phase and returns the table in ``TrainResult.profile``."""
-    trainer = Trainer(cfg, resume=resume, target=target, profile=profile)
+    times every phase and returns the table in ``TrainResult.profile``; ``allow_changed`` resumes under settings
+    other than the run's recorded ones (``run_config.check_resume``), recording that it did."""
+    trainer = Trainer(cfg, resume=resume, target=target, profile=profile, allow_changed=allow_changed)
     try:
         return trainer.run(progress=progress, log_lines=log_lines)
     finally:

@@ -197,7 +197,7 @@ def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(assets, tmp_p
         raise OSError(errno.ENOSPC, "No space left on device", str(filename))
 
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
-    code, _, err, exc = train_cli(assets, out, "--max-steps", 2, "--resume", out)
+    code, _, err, exc = train_cli(assets, out, "--max-steps", 2, "--resume", out, "--allow-changed-settings")
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     assert saves["n"] >= 1, "the fault was never injected"
     assert code != 0, exc
@@ -207,5 +207,5 @@ def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(assets, tmp_p
     assert not [p for p in out.iterdir() if "tmp" in p.name]
     assert tree_hash(out / "step-00000001") == before
     # the checkpoint left behind still resumes
-    code, _, err, _ = train_cli(assets, out, "--max-steps", 2, "--resume", out)
+    code, _, err, _ = train_cli(assets, out, "--max-steps", 2, "--resume", out, "--allow-changed-settings")
     assert code == 0, err

@@ -47,7 +47,8 @@ def test_train_writes_a_checkpoint_and_resumes(assets, tmp_path):
     assert config["depth"] == 3 and config["drafter_options"]["layers"] == 2 and config["memory_budget_enforced"] is False
     evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if "val_loss" in x]
     assert [e["step"] for e in evals] == [1, 2] and len(evals[0]["val_accuracy"]) == 3
-    code, text = run(*base(assets, out, "--max-steps", 3, "--resume", out, "--json"))
+    # a run extended past its recorded length is a changed run, continued on purpose (test_resume_changed.py)
+    code, text = run(*base(assets, out, "--max-steps", 3, "--resume", out, "--allow-changed-settings", "--json"))
     assert code == 0, text
     assert json.loads(text[text.index("{"):])["steps"] == 3
     assert sorted(p.name for p in out.glob("step-*")) == ["step-00000003"]

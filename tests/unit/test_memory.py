@@ -186,7 +186,8 @@ def test_guard_stops_cleanly_and_keeps_the_last_checkpoint(assets, tmp_path):
     before = {p.name: p.read_bytes() for p in step2.iterdir() if p.is_file()}
     latest = (out / "latest").read_text()
     # a budget far below the process's size, past the start-up estimate: the guard must stop step 3
-    over = _train([*common, "--resume", str(out), "--max-steps", "4", "--memory-budget", "1MiB"],
+    over = _train([*common, "--resume", str(out), "--max-steps", "4", "--allow-changed-settings",
+                   "--memory-budget", "1MiB"],
                   env={"SPECFRAME_SKIP_MEMORY_CHECK": "1"})
     assert over.returncode == 3, over.stderr
     assert "error: memory budget exceeded: peak " in over.stderr
