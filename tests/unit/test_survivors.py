@@ -3,7 +3,7 @@ test here fails with that slip planted back, without vLLM or speculators (those 
 are not installed, so they cannot be what catches it).
 
 - the ``scheduled`` verifier's ``skip_drafting`` converts drafting seconds to the cost curve's unit by the forward the
-  target actually ran (the verified length), not the drafted one;
+  target actually ran (the verified length), not the drafted one, and the engine reports that length as verified;
 - ``regenerate --capture``'s fallback pairs each conversation that has no staged states with its own states;
 - the captured cache is in the order ``specframe prepare`` reads the same answers (the sources round-robin), not in
   the answers file's order;
@@ -65,6 +65,36 @@ def test_skip_drafting_prices_drafting_by_the_forward_that_verified_not_the_draf
     w.schedule(draft)
     w.observe(api.RoundCost(drafted=4, verified=kept, accepted=0, draft_seconds=0.1, target_seconds=0.02))
     assert w.draft_budget(4) == 0
+
+
+def test_the_engine_reports_the_scheduled_length_as_verified():
+    """API 11's ``RoundCost`` as the reference engine fills it: ``drafted`` what the drafter proposed, ``verified`` what
+    the target read after ``schedule`` cut the chain. The other budget test's verifier never schedules, so the two
+    are equal there and a report of the drafted length as verified passed it; here the schedule keeps 1 of 3 and
+    scheduled's ``skip_drafting`` prices drafting by that length (the test above)."""
+    from specframe.inference import generate
+    from tests.decoding_helpers import OracleDrafter, naive_greedy, tiny_target
+
+    greedy = plugins.get("verifier", "greedy")
+
+    class Cutting(greedy):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def schedule(self, draft):
+            return 1
+
+        def observe(self, cost):
+            self.seen.append(cost)
+
+    model, prompt = tiny_target(), [5, 9, 200, 7]
+    v = Cutting()
+    gen = generate(model, torch.tensor(prompt), v, OracleDrafter(naive_greedy(model, prompt, 12), 256), k=3,
+                   max_new_tokens=12, eos_token_id=())
+    assert len(v.seen) == len(gen.rounds) > 1
+    for cost, r in zip(v.seen[:-1], gen.rounds[:-1], strict=True):  # the last round may be cut by max_new_tokens
+        assert (cost.drafted, cost.verified, r.nodes) == (3, 1, 1)
 
 
 # ------------------------------------------------------------------------------------- regenerate --capture
