@@ -21,6 +21,7 @@ from torch import nn
 
 from specframe import modeling
 from specframe.declarations import Training, positive_int, unit_interval
+from specframe.elements import position_docs
 from specframe.errors import SpecframeError, UsageError
 from specframe.features import default_aux_layers
 from specframe.target_head import TargetHead, as_target_head, target_head
@@ -40,15 +41,21 @@ __all__ = [
     "PendingInputs",
     "QueuedInference",
     "all_token_counts",
+    "ce_share",
+    "copy_target_layers",
     "default_aux_layers",
     "depth_weights",
     "draft_vocabulary",
+    "freeze_head",
     "full_vocab_top1",
     "in_draft_vocab",
+    "loss_kind",
     "kl_teacher",
     "mask_token_ids",
     "per_depth",
+    "sequence_weights",
     "shifted_supervision",
+    "supervised_per_document",
     "target_head",
 ]
 
@@ -136,7 +143,8 @@ class EagleBackbone(nn.Module):
 class FamilyFields:
     """The option fields the EAGLE family's drafters share (``k_infer``, ``draft_vocab_size``, ``aux_layer_ids``,
     ``train_embedding``, ``cod_ratio``, ``cod_min_ratio``, ``activation_checkpointing``, ``loss_chunk``,
-    ``vocab_position_mask``), defined once: type, validator, default and help. A drafter's ``Options`` class takes
+    ``vocab_position_mask`` and issue 54's levers ``train_head``, ``loss_mask_bit``, ``loss_normalisation``,
+    ``loss``, ``ce_weight``, ``init_from_target_layers``), defined once: type, validator, default and help. A drafter's ``Options`` class takes
     each with ``fields.loss_chunk()`` where it wants it, after a one-line ``fields = api.eagle.FamilyFields("name")``.
 
     Why fields and not a base class: attrs puts a base class's fields before the subclass's own, which would reorder
@@ -189,6 +197,128 @@ class FamilyFields:
         return attrs.field(default=True, metadata=self._help(
             "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as the "
             "EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped", ""))
+
+    # The training levers of issue 54 (docs/training/deviations.md): each default is today's behaviour, each
+    # alternative a reference trainer's, until a measured ablation decides.
+
+    def _choice(self, choices: tuple[str, ...]) -> Any:
+        owner = self.owner
+
+        def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+            if value not in choices:
+                raise UsageError(f"{owner} option '{attribute.name}' must be one of {', '.join(choices)}, got {value!r}")
+
+        return check
+
+    def train_head(self, note: str = "") -> Any:
+        return attrs.field(default=True, validator=_bool(self.owner), metadata=self._help(
+            "train the draft lm_head (initialised from the target's rows of the draft vocabulary); false freezes it "
+            "as speculators and DeepSpec do: no gradient, not optimised, not counted as trainable", note))
+
+    def loss_mask_bit(self) -> Any:
+        return attrs.field(default="predicted", validator=self._choice(LOSS_MASK_BITS), metadata=self._help(
+            "whose loss-mask bit gates the element that reads x_{i+1} and predicts x_{i+2}: 'predicted' (x_{i+2}'s) "
+            "or 'input' (x_{i+1}'s, speculators' shift_batch); one position apart at assistant-turn boundaries", ""))
+
+    def loss_normalisation(self) -> Any:
+        return attrs.field(default="tokens", validator=self._choice(LOSS_NORMALISATIONS), metadata=self._help(
+            "'tokens': one mean over the step's charged elements; 'sequence': every document (conversation) weighs "
+            "the same, its elements' mean (DeepSpec's per-sequence local mean), counted over all its segments", ""))
+
+    def loss(self) -> Any:
+        return attrs.field(default="kl", validator=self._choice(LOSS_KINDS), metadata=self._help(
+            "'kl': forward KL to the target over the draft vocabulary; 'ce': hard cross-entropy against the "
+            "target's argmax over the draft vocabulary; 'mix': (1 - ce_weight) KL + ce_weight CE", ""))
+
+    def ce_weight(self) -> Any:
+        return attrs.field(default=0.1, validator=self.unit, metadata=self._help(
+            "the CE share of loss 'mix' (ignored by 'kl' and 'ce')", ""))
+
+    def init_from_target_layers(self) -> Any:
+        return attrs.field(default=False, validator=_bool(self.owner), metadata=self._help(
+            "initialise draft layer i from target layer L - n + i (the target's last n layers), every tensor whose "
+            "shape matches; EAGLE-3's first layer reads 2H, so its q/k/v_proj and hidden_norm stay fresh", ""))
+
+
+#: values of the family's lever options (``FamilyFields``)
+LOSS_MASK_BITS = ("predicted", "input")
+LOSS_NORMALISATIONS = ("tokens", "sequence")
+LOSS_KINDS = ("kl", "ce", "mix")
+
+
+def _bool(owner: str) -> Any:
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise UsageError(f"{owner} option '{attribute.name}' must be true or false, got {value!r}")
+
+    return check
+
+
+def ce_share(options: Any) -> float:
+    """The CE weight ``modeling.chunked_forward_kl`` takes for a drafter's ``loss`` / ``ce_weight`` options."""
+    return {"kl": 0.0, "ce": 1.0}.get(options.loss, float(options.ce_weight))
+
+
+def loss_kind(options: Any) -> dict[str, float]:
+    """``chunked_forward_kl``'s keyword for the drafter's ``loss`` option: none for plain KL, so a loss kernel
+    written before the option (a test's reference, a plugin's wrapper) is still called exactly as it was."""
+    w = ce_share(options)
+    return {"ce_weight": w} if w else {}
+
+
+def freeze_head(model: nn.Module, train: bool) -> None:
+    """``train_head`` false: the draft lm_head gets no gradient, so the engine neither optimises it nor counts it
+    (both take ``requires_grad`` parameters), and the memory estimate charges it as frozen weights."""
+    model.lm_head.weight.requires_grad_(bool(train))
+
+
+def copy_target_layers(layers: nn.ModuleList, target_model: Any) -> list[str]:
+    """Copy the target's last ``len(layers)`` decoder layers into ``layers`` (draft layer i from target layer
+    L - n + i), every tensor whose name and shape match the target's ``model.layers.J.*``; returns the names (in the
+    draft layer's terms, ``i.self_attn.o_proj.weight``) that were not copied. EAGLE-3's first layer reads
+    cat(embedding, hidden) (2H), so its q/k/v_proj have no counterpart and its hidden_norm none at all."""
+    source = target_model.state_dict()
+    total = int(target_model.config.num_hidden_layers)
+    n = len(layers)
+    if n > total:
+        raise UsageError(f"init_from_target_layers: {n} draft layers cannot come from a {total}-layer target")
+    fresh = []
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            for key, value in layer.state_dict(keep_vars=True).items():
+                src = source.get(f"model.layers.{total - n + i}.{key}")
+                if src is None or tuple(src.shape) != tuple(value.shape):
+                    fresh.append(f"{i}.{key}")
+                    continue
+                value.copy_(src.to(dtype=value.dtype, device=value.device))
+    return fresh
+
+
+def supervised_per_document(examples: Iterable[Any], supervision: Callable[[Any], torch.Tensor]) -> float:
+    """Mean supervised positions per document (one with any) over ``examples``: the fixed scale of
+    ``loss_normalisation = 'sequence'`` (see ``sequence_weights``)."""
+    total, docs = 0, 0
+    for example in examples:
+        sup = supervision(example).to(torch.bool)
+        doc = position_docs(example.doc, sup.shape[0])  # the documents the engine gives the drafter's positions
+        total += int(sup.sum())
+        docs += int(torch.unique(doc[sup]).numel())
+    return total / docs if docs else 1.0
+
+
+def sequence_weights(elements: Any, supervised: torch.Tensor, rows: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per-row loss weights of ``loss_normalisation = 'sequence'``: ``scale`` / n_doc, n_doc being the charged
+    elements of the row's document in the *whole* element set (every segment of the sequence), so a document's
+    elements sum to ``scale`` however the engine cuts it into segments. ``supervised`` bool [positions]: the
+    drafter's supervision; ``rows``: the charged elements' indices into ``elements``.
+
+    The engine divides a step's loss by its charged count N, so the step's loss is scale / N times the sum of the
+    documents' means: the per-document mean up to that one positive factor per step (scale is the training data's
+    mean supervised positions per document, so the factor stays near 1 / elements per position)."""
+    charged = supervised.to(torch.bool).cpu()[elements.position.cpu()]
+    doc = elements.doc.cpu()
+    n_doc = torch.bincount(doc[charged], minlength=int(doc.max()) + 1 if doc.numel() else 1).float()
+    return (scale / n_doc[doc[rows.cpu()]]).to(rows.device)
 
 
 def family_training(options: Any, depth: int) -> Training:
@@ -397,17 +527,21 @@ class PendingInputs:
         return tokens, aux
 
 
-def shifted_supervision(loss_mask: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
+def shifted_supervision(loss_mask: torch.Tensor, doc: torch.Tensor, bit: str = "predicted") -> torch.Tensor:
     """Which of an EAGLE-family drafter's L - 1 positions carry a loss (docs/design.md section 8 indexing).
 
     Position i reads x_{i+1} with feature g_i and is charged with x_{i+2}: its bit is x_{i+2}'s loss-mask bit, and
     x_i, x_{i+1} and x_{i+2} must lie in one document (a packed sequence's first position of a document reads the
     previous document's last feature: it is never charged, see ``specframe.elements.position_docs``). The last
-    position has nothing to predict.
+    position has nothing to predict. ``bit`` 'input' takes x_{i+1}'s bit instead (the token the position reads, as
+    speculators' ``shift_batch`` aligns l_{i+1} with it): one position earlier at every assistant-turn boundary.
     """
+    if bit not in LOSS_MASK_BITS:
+        raise UsageError(f"loss_mask_bit must be one of {', '.join(LOSS_MASK_BITS)}, got {bit!r}")
     lm = loss_mask.to(torch.bool)
     n = lm.shape[0] - 1
     sup = torch.zeros(max(n, 0), dtype=torch.bool)
     if n >= 2:
-        sup[: n - 1] = lm[2:] & (doc[2:] == doc[1:-1]) & (doc[1:-1] == doc[:-2])
+        gate = lm[2:] if bit == "predicted" else lm[1:-1]
+        sup[: n - 1] = gate & (doc[2:] == doc[1:-1]) & (doc[1:-1] == doc[:-2])
     return sup

@@ -374,6 +374,7 @@ def chunked_forward_kl(
     position_mask: Callable[[torch.Tensor], torch.Tensor] | None = None,
     target_index: torch.Tensor | None = None,
     row_weight: torch.Tensor | None = None,
+    ce_weight: float = 0.0,
 ) -> KLResult:
     """Sum over rows of KL(p_target || q_draft) over the draft vocabulary, in row chunks.
 
@@ -399,12 +400,20 @@ def chunked_forward_kl(
     ``position_mask(target_hidden_rows)`` (bool per row) keeps only the rows it marks in the loss, as the EAGLE-3 and
     P-EAGLE reference trainers do with ``t2d[target argmax]``: a row whose target top-1 lies outside the draft
     vocabulary contributes nothing (its hit verdict is still reported); ``dropped`` counts the rows left out.
+    ``ce_weight`` w in [0, 1] mixes in hard cross-entropy: each row's term is (1 - w) KL + w CE, the CE label being
+    the teacher's own argmax over the draft vocabulary (the target's greedy token as the renormalised teacher ranks
+    it, not the data token); w = 1 is plain CE against that argmax. The teacher p is replaced by
+    (1 - w) p + w onehot(argmax), whose gradient q sum(p) - p the same loop forms (a position whose teacher has no
+    mass in the draft vocabulary, possible with a top-k teacher, keeps teaching nothing).
     """
     n = hidden.shape[0]
+    if not 0.0 <= ce_weight <= 1.0:
+        raise ValueError(f"ce_weight must be in [0, 1], got {ce_weight!r}")
     if n == 0:
         return KLResult(hidden.new_zeros(()) + 0.0 * head.sum(), torch.zeros(0, dtype=torch.bool))
     with _phase("loss"):
-        teacher = _PositionTeacher(target_hidden, target_head, target_index, n, chunk, reference_top1, position_mask)
+        teacher = _PositionTeacher(target_hidden, target_head, target_index, n, chunk, reference_top1, position_mask,
+                                   ce_weight)
         return _kl(hidden, head, teacher, chunk, row_weight)
 
 
@@ -412,8 +421,10 @@ class _PositionTeacher:
     """The target's side of the KL: the rows grouped by the position that teaches them, and per block of ``chunk``
     positions its log-probabilities over the draft vocabulary, keep mask and reference top-1."""
 
-    def __init__(self, target_hidden, target_head, target_index, n, chunk, reference_top1, position_mask) -> None:
+    def __init__(self, target_hidden, target_head, target_index, n, chunk, reference_top1, position_mask,
+                 ce_weight: float = 0.0) -> None:
         self.target_hidden = target_hidden
+        self.ce_weight = float(ce_weight)
         self.target_head = None if target_head is None else as_target_head(target_head)
         self.reference_top1, self.position_mask = reference_top1, position_mask
         device = target_hidden.device
@@ -440,13 +451,23 @@ class _PositionTeacher:
         lo, hi = self.blocks[b]
         th = self.target_hidden[lo:hi] if self.positions is None else self.target_hidden[self.positions[lo:hi]]
         if isinstance(th, TopKTeacher):
-            return self._top_k_block(th)
+            return self._mix(*self._top_k_block(th))
         t_logp = torch.log_softmax(self.target_head.logits(th).float(), dim=-1)
         p = t_logp.exp()
         plogp = (p * t_logp).sum(-1)
         keep = self.position_mask(th).to(torch.bool) if self.position_mask is not None else None
         ref = self.reference_top1(th) if self.reference_top1 is not None else t_logp.argmax(-1)
-        return p, plogp, p.sum(-1), keep, ref
+        return self._mix(p, plogp, p.sum(-1), keep, ref)
+
+    def _mix(self, p, plogp, psum, keep, ref) -> tuple[torch.Tensor, ...]:
+        """(1 - w) KL + w CE as one teacher: p -> (1 - w) p + w onehot(argmax p); the one-hot has no entropy, so
+        sum(p log p) scales by (1 - w) and the KL loop's value and gradient are the mix's."""
+        w = self.ce_weight
+        if w == 0.0:
+            return p, plogp, psum, keep, ref
+        has = (psum > 0).to(p.dtype)
+        onehot = torch.zeros_like(p).scatter_(1, p.argmax(-1, keepdim=True), has[:, None])
+        return (1.0 - w) * p + w * onehot, (1.0 - w) * plogp, (1.0 - w) * psum + w * has, keep, ref
 
     def _top_k_block(self, t: TopKTeacher) -> tuple[torch.Tensor, ...]:
         ids = t.ids.long()

@@ -71,6 +71,12 @@ class Eagle3Options:
     vocab_position_mask: bool = attrs.field(default=True, metadata={
         "help": "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as "
                 "the EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped"})
+    train_head: bool = _fields.train_head()
+    loss_mask_bit: str = _fields.loss_mask_bit()
+    loss_normalisation: str = _fields.loss_normalisation()
+    loss: str = _fields.loss()
+    ce_weight: float = _fields.ce_weight()
+    init_from_target_layers: bool = _fields.init_from_target_layers()
 
     @property
     def k_train(self) -> int:
@@ -120,6 +126,8 @@ class Eagle3Drafter(api.Drafter):
         self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
         self.model = eagle.EagleBackbone(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers)
         self.model.embed_tokens.weight.requires_grad_(opts.train_embedding)
+        eagle.freeze_head(self.model, opts.train_head)
+        self._sequence_scale = 1.0  # loss_normalisation 'sequence': set by prepare from the training data
         self._target_head: eagle.TargetHead | None = None
         self._reset_inference()
 
@@ -143,10 +151,13 @@ class Eagle3Drafter(api.Drafter):
             self.model.embed_tokens.weight.copy_(emb)
             self.model.set_draft_vocab(draft)
             self.model.lm_head.weight.copy_(head[draft])
+        if self.options.init_from_target_layers:
+            eagle.copy_target_layers(self.model.layers, target.model)
+        self._sequence_scale = eagle.supervised_per_document(examples, self.supervision)
         self._target_head = target_head
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
-        return api.eagle.shifted_supervision(example.loss_mask, example.doc)
+        return api.eagle.shifted_supervision(example.loss_mask, example.doc, self.options.loss_mask_bit)
 
     def loss(
         self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: api.Attention
@@ -221,9 +232,13 @@ class Eagle3Drafter(api.Drafter):
                     hidden = hidden.index_copy(0, nxt, out[row[parent[nxt]]])
         if charged_rows:
             rows = torch.cat(charged_rows)
+            row_weight = weights[depth[rows]]
+            if self.options.loss_normalisation == "sequence":
+                row_weight = row_weight * eagle.sequence_weights(
+                    elements, sup, segment.elements[rows.cpu()], self._sequence_scale).to(device)
             result = modeling.chunked_forward_kl(
                 model.norm(torch.cat(charged_out)), model.lm_head.weight, **teacher, chunk=self.options.loss_chunk,
-                target_index=pos[rows] + 1, row_weight=weights[depth[rows]],
+                target_index=pos[rows] + 1, row_weight=row_weight, **eagle.loss_kind(self.options),
             )
             masked = result.dropped
             loss_sum = loss_sum + result.loss_sum

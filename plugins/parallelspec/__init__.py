@@ -74,6 +74,12 @@ class ParallelSpecOptions:
     activation_checkpointing: bool = _fields.activation_checkpointing()
     loss_chunk: int = _fields.loss_chunk()
     vocab_position_mask: bool = _fields.vocab_position_mask()
+    train_head: bool = _fields.train_head()
+    loss_mask_bit: str = _fields.loss_mask_bit()
+    loss_normalisation: str = _fields.loss_normalisation()
+    loss: str = _fields.loss()
+    ce_weight: float = _fields.ce_weight()
+    init_from_target_layers: bool = _fields.init_from_target_layers()
 
     @property
     def masks(self) -> int:
@@ -119,6 +125,8 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
         )
         self.model.mask_embeddings = nn.Parameter(torch.randn(opts.masks, self.shape.hidden) * 0.02)
         self.model.embed_tokens.weight.requires_grad_(opts.train_embedding)
+        eagle.freeze_head(self.model, opts.train_head)
+        self._sequence_scale = 1.0  # loss_normalisation 'sequence': set by prepare from the training data
         self.mask_token_ids: list[int] | None = None
         self._target_head: eagle.TargetHead | None = None
         self._reset_inference()
@@ -150,6 +158,9 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
             model.lm_head.weight.copy_(head[draft])
             if not self.reads_features:
                 self._copy_layers(target.model)
+        if self.options.init_from_target_layers:
+            eagle.copy_target_layers(model.layers, target.model)
+        self._sequence_scale = eagle.supervised_per_document(examples, self.supervision)
         self._target_head = target_head
 
     def _copy_layers(self, target_model: Any) -> None:
@@ -164,7 +175,7 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
                 value.copy_(source["model." + key].to(value.dtype))
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
-        return api.eagle.shifted_supervision(example.loss_mask, example.doc)
+        return api.eagle.shifted_supervision(example.loss_mask, example.doc, self.options.loss_mask_bit)
 
     def export_vllm(self, directory: Any, tokenizer: Any) -> dict[str, Any]:
         """The EAGLE backbone for vLLM's parallel drafting (eagle3 method), served by specframe's vLLM general plugin
@@ -241,10 +252,14 @@ class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
         charged = segment.loss_mask.to(device) & self.supervision(example).to(device)[pos]
         teacher = eagle.kl_teacher(example.features, model.t2d, self._target_head, device=device, dtype=dtype,
                                    mask=self.options.vocab_position_mask, evaluating=not model.training)
+        row_weight = None
+        if self.options.loss_normalisation == "sequence":
+            row_weight = eagle.sequence_weights(elements, self.supervision(example), segment.elements[charged.cpu()],
+                                                self._sequence_scale).to(device)
         result = modeling.chunked_forward_kl(
             model.norm(out[charged]), model.lm_head.weight, **teacher, chunk=self.options.loss_chunk,
             # the target's distribution at a + d + 1, once per position for every depth that predicts it
-            target_index=pos[charged] + 1,
+            target_index=pos[charged] + 1, row_weight=row_weight, **eagle.loss_kind(self.options),
         )
         correct, total = eagle.per_depth(sub.depth[charged.cpu()], result.correct, elements.max_depth)
         return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu(),

@@ -52,6 +52,10 @@ class PardOptions:
     cod_min_ratio: float = _fields.cod_min_ratio()
     activation_checkpointing: bool = _fields.activation_checkpointing()
     loss_chunk: int = _fields.loss_chunk("PARD's is the full target vocabulary")
+    train_head: bool = _fields.train_head(
+        "PARD's head is the target's whole lm_head; with a tied target (SmolLM2) the embedding is that same tensor "
+        "and freezes with it")
+    loss_normalisation: str = _fields.loss_normalisation()
 
 
 class PardLM(nn.Module):
@@ -90,11 +94,12 @@ class PardLM(nn.Module):
 
 
 def chunked_cross_entropy(
-    hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, chunk: int
+    hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, chunk: int, row_weight: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of hard cross-entropy over rows and the top-1 hits, O(chunk x V) logits at a time (the full vocabulary is
-    large): ``modeling.chunked_cross_entropy``, named here so tests can watch what PARD's loss sees."""
-    return modeling.chunked_cross_entropy(hidden, head, labels, chunk)
+    """Sum of hard cross-entropy over rows (each times ``row_weight``, when given) and the top-1 hits, O(chunk x V)
+    logits at a time (the full vocabulary is large): ``modeling.chunked_cross_entropy``, named here so tests can
+    watch what PARD's loss sees."""
+    return modeling.chunked_cross_entropy(hidden, head, labels, chunk, row_weight=row_weight)
 
 
 class PardDrafter(api.Drafter):
@@ -116,6 +121,8 @@ class PardDrafter(api.Drafter):
         self.vocab_size = int(target_config.vocab_size)
         self.tie = bool(getattr(target_config, "tie_word_embeddings", False))
         self.model = PardLM(self.shape, self.vocab_size, self.options.layers, self.tie)
+        api.eagle.freeze_head(self.model, self.options.train_head)
+        self._sequence_scale = 1.0  # loss_normalisation 'sequence': set by prepare from the training data
         self.mask_token_id: int | None = None
         self._reset_inference()
 
@@ -135,6 +142,7 @@ class PardDrafter(api.Drafter):
         )[0]
         if self.options.init_from_target:
             self._copy_from(target.model)
+        self._sequence_scale = api.eagle.supervised_per_document(examples, self.supervision)
 
     def _copy_from(self, target_model: Any) -> None:
         source = target_model.state_dict()
@@ -173,9 +181,14 @@ class PardDrafter(api.Drafter):
         ids = example.input_ids.to(device)
         tokens = torch.where(depth > 0, torch.full_like(anchor, self.mask_token_id), ids[anchor])
         hidden = model(tokens, pos, attention, checkpointing=self.options.activation_checkpointing)[0]
-        charged = segment.loss_mask.to(device) & self.supervision(example).to(device)[pos]
+        sup = self.supervision(example)
+        charged = segment.loss_mask.to(device) & sup.to(device)[pos]
+        weighting = {}
+        if self.options.loss_normalisation == "sequence":
+            weighting["row_weight"] = api.eagle.sequence_weights(
+                elements, sup, segment.elements[charged.cpu()], self._sequence_scale).to(device)
         loss_sum, hits = chunked_cross_entropy(
-            hidden[charged], model.lm_head.weight, ids[pos[charged] + 1], self.options.loss_chunk
+            hidden[charged], model.lm_head.weight, ids[pos[charged] + 1], self.options.loss_chunk, **weighting
         )
         correct, total = api.eagle.per_depth(sub.depth[charged.cpu()], hits, elements.max_depth)
         return api.LossTerms(loss_sum, int(charged.sum()), correct, total, hit=hits.cpu())

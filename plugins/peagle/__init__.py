@@ -39,6 +39,11 @@ _fields = api.eagle.FamilyFields("peagle")  # the options the EAGLE family share
 _positive = _fields.positive
 
 
+def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise api.UsageError(f"peagle option '{attribute.name}' must be a number >= 0, got {value!r}")
+
+
 @attrs.define
 class PEagleOptions:
     """P-EAGLE settings (the ``[drafter_options]`` table of ``specframe train --config``)."""
@@ -57,6 +62,15 @@ class PEagleOptions:
     activation_checkpointing: bool = _fields.activation_checkpointing()
     loss_chunk: int = _fields.loss_chunk()
     vocab_position_mask: bool = _fields.vocab_position_mask()
+    mask_hidden_std: float = attrs.field(default=0.02, validator=_non_negative, metadata={
+        "help": "std of the shared hidden state mask_hidden's normal init (the raw 3H aux space before fc); "
+                "speculators, NeMo and SpecForge use 1.0"})
+    train_head: bool = _fields.train_head()
+    loss_mask_bit: str = _fields.loss_mask_bit()
+    loss_normalisation: str = _fields.loss_normalisation()
+    loss: str = _fields.loss()
+    ce_weight: float = _fields.ce_weight()
+    init_from_target_layers: bool = _fields.init_from_target_layers()
 
 
 def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
@@ -94,8 +108,11 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
         self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
-        self.model = PEagleModel(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers)
+        self.model = PEagleModel(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers,
+                                 mask_hidden_std=float(opts.mask_hidden_std))
         self.model.set_draft_vocab(torch.arange(self.draft_vocab_size))
+        api.eagle.freeze_head(self.model, opts.train_head)
+        self._sequence_scale = 1.0  # loss_normalisation 'sequence': set by prepare from the training data
         self.mask_token_id: int | None = None
         self._target_head: api.eagle.TargetHead | None = None
         self._reset_inference()
@@ -128,10 +145,13 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
             self.model.embed_tokens.weight.copy_(emb.to(self.model.embed_tokens.weight.dtype))
             self.model.set_draft_vocab(draft)
             self.model.lm_head.weight.copy_(head[draft].to(self.model.lm_head.weight.dtype))
+        if self.options.init_from_target_layers:
+            api.eagle.copy_target_layers(self.model.layers, target.model)
+        self._sequence_scale = api.eagle.supervised_per_document(examples, self.supervision)
         self._target_head = target_head
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
-        return api.eagle.shifted_supervision(example.loss_mask, example.doc)
+        return api.eagle.shifted_supervision(example.loss_mask, example.doc, self.options.loss_mask_bit)
 
     def loss(
         self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: api.Attention
@@ -162,6 +182,10 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         teacher = api.eagle.kl_teacher(example.features, model.t2d, self._target_head, device=device,
                                        dtype=hidden.dtype, mask=self.options.vocab_position_mask,
                                        evaluating=not model.training)
+        row_weight = None
+        if self.options.loss_normalisation == "sequence":
+            row_weight = api.eagle.sequence_weights(elements, sup, segment.elements[charged.cpu()],
+                                                    self._sequence_scale).to(device)
         result = modeling.chunked_forward_kl(
             hidden[charged],
             model.lm_head.weight,
@@ -170,6 +194,8 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
             # element (a, d) is taught by the target's distribution at reference position a + d + 1, computed
             # once per position for all the depths that predict it
             target_index=pos[charged] + 1,
+            row_weight=row_weight,
+            **api.eagle.loss_kind(self.options),
         )
         k = elements.max_depth
         d = depth[charged].cpu()

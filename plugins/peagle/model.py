@@ -20,11 +20,12 @@ class PEagleModel(api.eagle.EagleBackbone):
     learned hidden state that stands in for the target's features at every mask slot."""
 
     def __init__(
-        self, shape: modeling.LayerShape, vocab_size: int, draft_vocab_size: int, num_aux: int, layers: int
+        self, shape: modeling.LayerShape, vocab_size: int, draft_vocab_size: int, num_aux: int, layers: int,
+        mask_hidden_std: float = 0.02,
     ) -> None:
         super().__init__(shape, vocab_size, draft_vocab_size, num_aux, layers)
         self.mask_hidden = nn.Parameter(torch.zeros(1, 1, num_aux * shape.hidden))
-        nn.init.normal_(self.mask_hidden, std=0.02)
+        nn.init.normal_(self.mask_hidden, std=mask_hidden_std)
 
     def forward(
         self,
