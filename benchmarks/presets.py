@@ -82,7 +82,8 @@ class Preset:
     #: per-drafter jobs: bump a drafter's revision when a change alters its training or decoding, so its finished job
     #: (whose results say the commit they were measured at) runs again
     job_revisions: dict[str, int] = attrs.field(factory=dict)
-    #: per-drafter jobs: MT-Bench questions (two turns each) timed at batch 1, and the answer cap there
+    #: per-drafter jobs: MT-Bench questions (two turns each) timed at batch 1, taken in turn from each of its eight
+    #: categories (``bench.spread_over_categories``), and the answer cap there
     speed_prompts: int = 10
     speed_max_new_tokens: int = 128
     #: per-drafter jobs: speed is measured at each of these numbers of requests at once (1: batch 1; 4: the smallest
@@ -201,7 +202,7 @@ PRESETS = {
         min_train_tokens=1_000_000,
         batch_size=4, lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters=PUBLISHED, pack=True,
         eval_every=50, mask_builder=None, memory_cap=3072, memory_depth=4, prompts=2, max_new_tokens=64, repeats=3,
-        per_drafter_jobs=True, vllm_ks=(2, 3, 5), speed_k=3, vllm_repeats=3, speed_prompts=10,
+        per_drafter_jobs=True, vllm_ks=(2, 3, 5), speed_k=3, vllm_repeats=3, speed_prompts=16,  # 2 per category
         # about 128K, 255K and 510K training tokens (packing fills about 1,417 tokens a step), then the final 1.02M
         keep_drafter_at=(90, 180, 360),
         # dflash 1: drafts from its full block on the reference engine, and vLLM serves it at block_size - 1 only,

@@ -198,11 +198,14 @@ def _speed(workspace, target, record: dict, drafter: str, path: Path, provenance
     from specframe.results import write_results
 
     p = workspace.preset
-    prompts = bench.load_prompts("mt-bench", p.speed_prompts)
-    methods = [bench.plugin_method("ngram", target.config, k=p.speed_k, label=f"ngram/k{p.speed_k}")]
+    # MT-Bench's questions come in blocks of ten per category: the first ten would time "writing" alone
+    prompts = bench.spread_over_categories(bench.load_prompts("mt-bench"), p.speed_prompts)
+    # n-gram at every K the drafter is timed at (and the reference engine's), so each K has its baseline
+    ngram_ks = sorted({*ks, p.speed_k})
+    methods = [bench.plugin_method("ngram", target.config, k=k, label=f"ngram/k{k}") for k in ngram_ks]
     methods += [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}") for k in ks]
     config = {"preset": p.name, "drafter": drafter, "dataset": "mt-bench", "prompts": [q.id for q in prompts],
-              "ks": list(ks), "repeats": p.vllm_repeats, "max_new_tokens": p.speed_max_new_tokens,
+              "ks": list(ks), "ngram_ks": ngram_ks, "repeats": p.vllm_repeats, "max_new_tokens": p.speed_max_new_tokens,
               "concurrency": concurrency, "verifier": "greedy"}
     key = fingerprint([config, methods[-1].checkpoint_hash, JOB_SCHEMA])
     saved = saved_metrics(path, key)

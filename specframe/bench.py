@@ -37,6 +37,7 @@ from specframe import api
 from specframe.errors import SpecframeError, UsageError, read_json, unknown_name
 from specframe.inference.engine import DEFAULT_MAX_NEW_TOKENS, Generation, TreeShape, generate
 from specframe.metrics import AggregateMetrics, PromptMetrics, aggregate
+from specframe.stats import TwoWayInterval, two_way_ratio
 
 PLAIN = "plain"
 
@@ -101,6 +102,23 @@ class BenchPrompt:
     source: str
     id: str
     turns: tuple[str, ...]
+    category: str | None = None
+
+
+def spread_over_categories(prompts: Sequence[BenchPrompt], n: int) -> list[BenchPrompt]:
+    """``n`` prompts taken in turn from each category (in the set's order of categories, each category's prompts in
+    the set's order), so a timed subset is not one category's: MT-Bench's first ten questions are all "writing".
+    Prompts without a category count as one category."""
+    groups: dict[str | None, list[BenchPrompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.category, []).append(p)
+    queues = list(groups.values())
+    chosen: list[BenchPrompt] = []
+    depth = 0
+    while len(chosen) < n and any(depth < len(q) for q in queues):
+        chosen += [q[depth] for q in queues if depth < len(q)][: n - len(chosen)]
+        depth += 1
+    return chosen
 
 
 def load_prompts(dataset: str, limit: int | None = None) -> list[BenchPrompt]:
@@ -111,7 +129,7 @@ def load_prompts(dataset: str, limit: int | None = None) -> list[BenchPrompt]:
     if limit is not None and limit < 1:
         raise UsageError(f"--num-prompts must be positive, got {limit}")
     if dataset in EVAL_SETS:
-        return [BenchPrompt(p.source, p.id, p.turns) for p in eval_prompts(dataset, limit=limit)]
+        return [BenchPrompt(p.source, p.id, p.turns, p.category) for p in eval_prompts(dataset, limit=limit)]
     path = Path(dataset).expanduser()
     if not path.is_file():
         err = unknown_name("dataset", dataset, EVAL_SETS)
@@ -419,6 +437,20 @@ class Comparison:
         pairs = zip(self.otps_by_repeat(label), self.otps_by_repeat(over))
         return Interval.of([a / b for i, (a, b) in enumerate(pairs) if i not in exclude])
 
+    def ratio_over_prompts(self, label: str, over: str = PLAIN, exclude: Sequence[int] = ()) -> TwoWayInterval:
+        """OTPS(label) / OTPS(over) pooled over every prompt turn and repeat, with an interval that resamples the
+        turns and the repeats together (``specframe.stats.two_way_ratio``): prompt variation and timing noise, where
+        ``ratio``'s interval over repeats holds the timing noise alone. ``exclude``: repeats left out."""
+        kept = [i for i in range(self.repeats) if i not in exclude]
+        turns = sorted({(r.prompt, r.turn) for r in self.records[over]})
+
+        def cells(name: str, field: str) -> list[list[float]]:
+            by = {(r.prompt, r.turn, r.repeat): r.metrics for r in self.records[name]}
+            return [[float(getattr(by[(prompt, turn, i)], field)) for i in kept] for prompt, turn in turns]
+
+        return two_way_ratio(cells(label, "emitted"), cells(label, "decode_seconds"),
+                             cells(over, "emitted"), cells(over, "decode_seconds"))
+
     def al_by_repeat(self, label: str) -> list[float]:
         return [aggregate([r.metrics for r in self.by_repeat(label, i)], 0).acceptance_length
                 for i in range(self.repeats)]
@@ -473,6 +505,8 @@ class Comparison:
                     kept = [i for i in range(self.repeats) if i not in excluded]
                     entry["speedup"] = _pooled_speedup(self, m.label, kept)
                 entry["speedup_interval"] = self.ratio(m.label, exclude=excluded).as_dict()
+                if len(excluded) < self.repeats:
+                    entry["speedup_interval_prompts"] = self.ratio_over_prompts(m.label, exclude=excluded).as_dict()
                 if self.greedy:
                     entry["lossless"] = not self.mismatches(m.label)
                 if m.verifier is not None:

@@ -111,34 +111,37 @@ def _speed(documents: list[tuple[str, dict[str, Any]]], done: list[str]) -> list
 
 
 def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int) -> list[str]:
-    rows, fastest = [], None
+    rows, fastest, machines = [], None, {}
     where = "at batch 1" if concurrency == 1 else f"at {concurrency} concurrent requests"
     for name, d in documents:
         drafter = d.get("config", {}).get("drafter") or _drafter_folder(name)
         methods = d["metrics"]["methods"]
         ratios = d["metrics"].get("ratios", {})
-        ngram = next((label for label, m in methods.items() if is_baseline(m)), None)  # the baseline
+        machines[drafter] = _machine(d)
+        # n-gram may be timed at several K (each K its baseline): the fastest is the one a drafter must beat
+        baselines = [label for label, m in methods.items() if is_baseline(m)]
+        ngram = max(baselines, key=lambda label: _speedup(methods[label]).get("mean") or 0, default=None)
         for label, m in methods.items():
-            if label == "plain" or label == ngram:
+            if label == "plain" or label in baselines:
                 continue
-            s = m.get("speedup_interval") or {}
+            s = _speedup(m)
             rows.append((drafter, label, m, s, _over(ratios, label, ngram) if ngram else None))
             if fastest is None or (s.get("mean") or 0) > (fastest[3].get("mean") or 0):
                 fastest = (drafter, label, m, s)
-        if ngram:
-            s = methods[ngram].get("speedup_interval") or {}
-            rows.append(("baseline", ngram, methods[ngram], s, None))
+        rows += [("baseline", label, methods[label], _speedup(methods[label]), None) for label in baselines]
     if not rows:
         return []
     per = "" if concurrency == 1 else " (each request's own tokens/s)"
     lines = [f"**Speed in vLLM {where}** (MT-Bench turns, interleaved repeats; speedup = tokens/s{per} over plain "
-             "vLLM's, 95% interval over repeats; quiet measurements only)", "",
+             "vLLM's, 95% interval over prompt turns and repeats together where the file has it, else over repeats; "
+             "over n-gram: against the fastest n-gram K of the same run; quiet measurements only)", "",
              "| drafter | method | AL | speedup over plain | over n-gram |", "|---|---|---|---|---|"]
     for drafter, label, m, s, vs in rows:
         lines.append(f"| {drafter} | {label} | {m['acceptance_length']:.2f} | "
                      f"{_band(s.get('mean'), s.get('low'), s.get('high'))}x | "
                      f"{'' if vs is None else _band(vs.get('mean'), vs.get('low'), vs.get('high')) + 'x'} |")
     lines.append("")
+    lines += [f"- {drafter}: measured on {text}" for drafter, text in machines.items() if text] + [""]
     if fastest is not None:
         drafter, label, m, s = fastest
         verdict = "faster than" if (s.get("low") or 0) > 1 else (
@@ -146,6 +149,30 @@ def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int) 
         lines += [f"- **Fastest drafter in vLLM {where}:** {label}, "
                   f"{_band(s.get('mean'), s.get('low'), s.get('high'))}x plain vLLM: {verdict} plain decoding", ""]
     return lines
+
+
+def _speedup(m: dict[str, Any]) -> dict[str, Any]:
+    """A method's speedup over plain with its interval: over prompt turns and repeats together when the file holds
+    it (``bench.Comparison.ratio_over_prompts``), else over repeats (older files)."""
+    iv = m.get("speedup_interval_prompts")
+    if iv:
+        return {"mean": iv["estimate"], "low": iv["low"], "high": iv["high"]}
+    return m.get("speedup_interval") or {}
+
+
+def _machine(document: dict[str, Any]) -> str:
+    """Which machine a speed file was measured on, and its plain step: the same drafter's speedup differs between
+    machines mostly through the target's step time (issue 57)."""
+    machine = document.get("provenance", {}).get("machine") or {}
+    cpu = machine.get("cpu") or {}
+    parts = [machine.get("processor") or "an unrecorded CPU"]
+    if cpu.get("family"):
+        parts.append(f"family {cpu['family']} model {cpu.get('model')}")
+    if machine.get("cpu_count"):
+        parts.append(f"{machine['cpu_count']} cores")
+    step = document["metrics"].get("target_seconds_per_forward")
+    text = ", ".join(parts)
+    return text + (f"; plain vLLM step {step * 1000:.1f} ms" if isinstance(step, (int, float)) else "")
 
 
 def _over(ratios: dict[str, Any], label: str, ngram: str) -> dict[str, Any] | None:

@@ -89,6 +89,7 @@ def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": _cpu_model(),
+        "cpu": cpu_details(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "threads": threads(),
@@ -114,6 +115,36 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+#: the CPU flags that decide which kernels the figures ran on (vector and matrix units, their number formats)
+KERNEL_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "vnni", "bf16", "vaes", "vpclmul", "gfni")
+
+
+def cpu_details(cpuinfo: str | None = None) -> dict[str, Any]:
+    """What tells two machines of one model name apart (``AMD EPYC`` names every generation in a VM): family, model,
+    stepping, clock, cache and the kernel-relevant flags of the first CPU in /proc/cpuinfo (empty elsewhere). The
+    same speedup on two machines can differ because the plain step got faster (issue 57): these fields, with the
+    plain step's time, let a reader see which machine a figure came from."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first CPU's block only
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    out: dict[str, Any] = {name: fields[key] for name, key in (
+        ("vendor", "vendor_id"), ("family", "cpu family"), ("model", "model"), ("stepping", "stepping"),
+        ("microcode", "microcode"), ("mhz", "cpu MHz"), ("cache", "cache size")) if key in fields}
+    if "flags" in fields:
+        out["kernel_flags"] = sorted(f for f in fields["flags"].split() if f.startswith(KERNEL_FLAG_PREFIXES))
+    return out
 
 
 def _total_memory() -> int | None:

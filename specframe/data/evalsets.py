@@ -24,18 +24,23 @@ class EvalPrompt:
     source: str
     id: str
     turns: tuple[str, ...]
+    #: the set's own category (MT-Bench's eight: writing, roleplay, ...), None where the set has none
+    category: str | None = None
 
 
 def eval_prompts(name: str, *, limit: int | None = None) -> list[EvalPrompt]:
     """The named evaluation prompt set (``mt-bench``, ``humaneval`` or ``gsm8k``), first ``limit`` prompts."""
-    from specframe.data.sources import load_gsm8k, load_humaneval, load_mtbench
+    from specframe.data.sources import load_gsm8k, load_humaneval, load_mtbench, mtbench_categories
 
+    categories: dict[str, str] = {}
     if name == "mt-bench":
         ds = load_mtbench(limit=limit)
+        categories = mtbench_categories()
     elif name == "humaneval":
         ds = load_humaneval(limit=limit)
     elif name == "gsm8k":
         ds = load_gsm8k(split="eval", limit=limit)
     else:
         raise unknown_name("evaluation set", name, EVAL_SETS)
-    return [EvalPrompt(r["source"], r["id"], tuple(m["content"] for m in r["messages"])) for r in ds]
+    return [EvalPrompt(r["source"], r["id"], tuple(m["content"] for m in r["messages"]), categories.get(r["id"]))
+            for r in ds]

