@@ -245,7 +245,7 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     if layout == "dspark" and isinstance(cfg.get("block_size"), int):
         block = int(cfg["block_size"])
         # sample_from_anchor: every slot predicts, block_size tokens; a bonus-anchor folder drafts block_size - 1
-        limit = block if cfg.get("sample_from_anchor", True) else block - 1
+        limit = block if dspark_samples_from_anchor(cfg) else block - 1
         floor = limit  # vLLM's DSpark speculator runs exactly the slots the K tokens need: full blocks only
     return Manifest(
         layout=layout, method=method, parallel_drafting=parallel, drafter=provenance.get("drafter"),
@@ -368,6 +368,8 @@ def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("speculators_model_type") == "dspark":
         flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
         flat.update({k: config[k] for k in _DSPARK_FIELDS if config.get(k) is not None})
+        provenance = config.get(PROVENANCE) if isinstance(config.get(PROVENANCE), dict) else {}
+        flat.update({k: provenance[k] for k in DSPARK_CALIBRATION if provenance.get(k) is not None})
         return _with_target_hidden_size(flat)
     model_type = layer.get("model_type", "llama")
     if model_type != "llama":
@@ -567,8 +569,10 @@ def _dflash_config(
     }
 
 
-def _dflash_parts(tensors: dict[str, torch.Tensor], cfg: Mapping[str, Any], target_num_layers: int | None) -> dict:
-    """Check a DFlash export's tensors against its flat config (every weight vLLM's DFlash model loads, shaped)."""
+def _dflash_parts(tensors: dict[str, torch.Tensor], cfg: Mapping[str, Any], target_num_layers: int | None,
+                  min_aux: int = 1) -> dict:
+    """Check a DFlash export's tensors against its flat config (every weight vLLM's DFlash model loads, shaped);
+    ``min_aux``: the least aux id the layout's vLLM model reads (DSpark's reads 0, the embeddings)."""
     h, heads, kv, head_dim, inter, vocab, layers, h_t = _require_ints(
         cfg, "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
         "vocab_size", "num_hidden_layers", "target_hidden_size")
@@ -576,10 +580,10 @@ def _dflash_parts(tensors: dict[str, torch.Tensor], cfg: Mapping[str, Any], targ
     if not isinstance(aux, list) or not aux:
         raise SpecframeError("config.json lacks aux_hidden_state_layer_ids (the target layers DFlash reads)")
     # vLLM reads target layer output id - 1 (update_dflash), so aux id 0 (the embeddings) has no DFlash meaning
-    bad = [i for i in aux if isinstance(i, bool) or not isinstance(i, int) or i < 1 or (
+    bad = [i for i in aux if isinstance(i, bool) or not isinstance(i, int) or i < min_aux or (
         target_num_layers is not None and i >= target_num_layers)]
     if bad:
-        bound = f"1..{target_num_layers - 1}" if target_num_layers is not None else ">= 1"
+        bound = f"{min_aux}..{target_num_layers - 1}" if target_num_layers is not None else f">= {min_aux}"
         raise SpecframeError(f"aux_hidden_state_layer_ids {bad} are not target layers DFlash can read ({bound})")
     _check_layer_order(aux, "aux_hidden_state_layer_ids")
     _token_id("mask_token_id", cfg.get("mask_token_id"), vocab)
@@ -632,7 +636,10 @@ def write_dspark(
     names plus the Markov head (``markov_head.markov_w1`` / ``markov_w2``) and the confidence head
     (``confidence_head.proj``), ``config`` the drafter's layer config (as ``write_dflash``'s), ``block_size`` the
     slots of a block (the anchor and ``block_size - 1`` masks; every slot predicts, ``sample_from_anchor``), so it
-    drafts ``block_size`` tokens per step, the only K vLLM serves it at."""
+    drafts ``block_size`` tokens per step, the only K vLLM serves it at. ``confidence_temperature`` (one per slot)
+    and ``confidence_calibration_rule``: the confidence's fitted calibration and the verification it was fitted for,
+    kept in the ``specframe`` entry (vLLM has no field for them: its adaptive verification reads the raw sigmoid)
+    and read back by an import."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise SpecframeError(f"block_size must be a positive integer, got {block_size!r}")
     if markov_head_type != "vanilla":
@@ -651,7 +658,25 @@ def write_dspark(
     full = _dspark_config(flat, verifier=verifier, speculative_tokens=block_size, drafter=drafter,
                           verifier_architectures=verifier_architectures)
     full[PROVENANCE][MIN_TOKENS] = block_size
+    if confidence_temperature is not None and enable_confidence_head:
+        temperatures = [float(t) for t in confidence_temperature]
+        if len(temperatures) != block_size or not all(0 < t < float("inf") for t in temperatures):
+            raise SpecframeError(f"confidence_temperature {temperatures} is not {block_size} positive numbers")
+        full[PROVENANCE].update(confidence_temperature=temperatures,
+                                confidence_calibration_rule=confidence_calibration_rule)
     return _write(directory, tensors, full, tokenizer)
+
+
+#: the ``specframe`` entry's DSpark calibration fields (``write_dspark``), read back into the flat config
+DSPARK_CALIBRATION = ("confidence_temperature", "confidence_calibration_rule")
+#: vLLM 0.32's ``update_dspark`` reads an absent ``sample_from_anchor`` as false (a bonus-anchor block), as do the
+#: speculators releases before its dspark default; every reader here takes that one default
+DSPARK_SAMPLE_FROM_ANCHOR_DEFAULT = False
+
+
+def dspark_samples_from_anchor(config: Mapping[str, Any]) -> bool:
+    """Whether a DSpark config's anchor slot predicts (block_size draft tokens), as vLLM reads it."""
+    return bool(config.get("sample_from_anchor", DSPARK_SAMPLE_FROM_ANCHOR_DEFAULT))
 
 
 # the top-level fields of a DSpark speculators config (vLLM's update_dspark reads them), beside its layer config
@@ -662,6 +687,8 @@ _DSPARK_FIELDS = _DFLASH_FIELDS + ("markov_rank", "markov_head_type", "enable_co
 def _dspark_config(
     flat: Mapping[str, Any], *, verifier: str | None, speculative_tokens: int, drafter: str | None,
     verifier_architectures: Sequence[str] | None = None,
+    confidence_temperature: Sequence[float] | None = None,
+    confidence_calibration_rule: str | None = None,
 ) -> dict[str, Any]:
     config = _dflash_config({k: v for k, v in flat.items() if k not in _DSPARK_FIELDS or k in _DFLASH_FIELDS},
                             verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
@@ -682,8 +709,9 @@ def _dspark_parts(tensors: dict[str, torch.Tensor], cfg: Mapping[str, Any], targ
         raise SpecframeError(f"markov_rank must be positive (vLLM always builds the Markov head), got {rank}")
     if cfg.get("markov_head_type", "vanilla") != "vanilla":
         raise SpecframeError(f"markov_head_type is {cfg.get('markov_head_type')!r}; vLLM serves the vanilla head only")
-    if not cfg.get("sample_from_anchor", False):
-        raise SpecframeError("sample_from_anchor is false (a bonus-anchor block); specframe's DSpark predicts from "
+    if not dspark_samples_from_anchor(cfg):
+        said = "is false" if "sample_from_anchor" in cfg else "is absent, which vLLM reads as false"
+        raise SpecframeError(f"sample_from_anchor {said} (a bonus-anchor block); specframe's DSpark predicts from "
                              "the anchor slot (sample_from_anchor = true, block_size draft tokens)")
     heads = {"markov_head.markov_w1.weight": (vocab, rank), "markov_head.markov_w2.weight": (vocab, rank)}
     if cfg.get("enable_confidence_head"):
@@ -695,7 +723,10 @@ def _dspark_parts(tensors: dict[str, torch.Tensor], cfg: Mapping[str, Any], targ
     extra = sorted(k for k in backbone if k.startswith(("markov_head.", "confidence_head.")))
     if extra:
         raise SpecframeError(f"weights vLLM's DSpark model does not load: {', '.join(extra)}")
-    _dflash_parts(backbone, cfg, target_num_layers)
+    # vLLM's DSpark takes aux ids as they are (update_dspark -> eagle_aux_hidden_state_layer_ids, read first by
+    # eagle3_utils.get_eagle3_aux_layers_from_config) and the target collects id 0 before its first layer
+    # (qwen2.py): the embeddings, as specframe's features and DeepSpec's -1 mean it
+    _dflash_parts(backbone, cfg, target_num_layers, min_aux=0)
     return tensors
 
 

@@ -27,8 +27,8 @@ unpickles, and SafeAILab's published EAGLE-3 drafters are ``pytorch_model.bin`` 
   names vLLM's ``Qwen3DSparkModel`` took from it (``fc``, ``hidden_norm``, ``layers.N.*``, ``norm``,
   ``embed_tokens``, ``lm_head``, ``markov_head.markov_w1`` / ``markov_w2``, ``confidence_head.proj``). DeepSpec's
   layer id k is the output of target layer k (``hidden_states[k + 1]``, -1 the embeddings), specframe's aux id k + 1;
-  its anchor is the first prediction slot, as specframe's DSpark. Its gated Markov head has no specframe counterpart
-  and is refused.
+  its anchor is the first prediction slot, as specframe's DSpark. Its RNN head (``markov_head.joint_proj``) is
+  specframe's, name for name; its gated Markov head has no specframe counterpart and is refused.
 - ``specforge-dspark``: a DSpark drafter as sgl-project/SpecForge saves it (``specforge.export.to_hf``:
   ``DSparkDraftModel.save_pretrained``, ``specforge/modeling/draft/dspark.py`` on ``dflash.py``'s backbone): a Qwen3
   config (``architectures`` ``DSparkDraftModel``; the first release wrote ``DFlashDraftModel`` with
@@ -243,7 +243,9 @@ def _read(directory: Path, target_config: Any) -> Imported:
         )
     _refuse_pickles(directory)
     check_files(directory)
-    if fmt == "speculators":
+    if fmt == "speculators" and _is_recurrent_dspark(directory):
+        imported = _read_speculators_rnn_dspark(directory, target_config)
+    elif fmt == "speculators":
         manifest, tensors, flat = layouts.check_layout(directory)
         # older speculators releases saved the verifier's own lm_head / norm beside the drafter: not the drafter's
         tensors = {k: v for k, v in tensors.items() if not k.startswith("verifier_")}
@@ -363,14 +365,16 @@ def _read_deepspec(directory: Path, target_config: Any) -> Imported:
     ids = cfg.get("target_layer_ids")
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise SpecframeError("config.json lacks target_layer_ids (the target layers DeepSpec's DSpark reads)")
+    if min(ids) < -1:  # DeepSpec's validate_target_layer_ids: -1 (the embeddings) or a layer's output
+        raise SpecframeError(f"target_layer_ids {ids} name no target layer output (DeepSpec's ids are >= -1)")
     rank = cfg.get("markov_rank")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise SpecframeError(f"markov_rank is {rank!r}: a DeepSpec drafter without a Markov head is its DFlash, and "
                              "specframe's dspark always has one")
     head = cfg.get("markov_head_type", "vanilla")
-    if head != "vanilla":
-        raise SpecframeError(f"markov_head_type is {head!r}: specframe imports DeepSpec's vanilla Markov head only "
-                             "(its gated and RNN heads' weights have no counterpart in specframe's dspark)")
+    if head not in ("vanilla", "rnn"):
+        raise SpecframeError(f"markov_head_type is {head!r}: specframe's dspark computes DeepSpec's vanilla and RNN "
+                             "Markov heads only (the gated head's weights have no counterpart)")
     if cfg.get("sample_from_anchor") is False or cfg.get("dspark_bonus_anchor"):
         raise SpecframeError("the drafter predicts from the mask slots only (a bonus-anchor block); specframe's DSpark "
                              "predicts from the anchor slot (block_size draft tokens)")
@@ -385,8 +389,50 @@ def _read_deepspec(directory: Path, target_config: Any) -> Imported:
     )
     tensors = _load_weights(directory)
     layers = None if target_config is None else int(target_config.num_hidden_layers)
-    tensors = layouts._dspark_parts(tensors, flat, layers)
-    return Imported(directory, "deepspec", "dspark", flat, tensors, None, None)
+    recurrent = _recurrence(tensors, head, rank, int(cfg["hidden_size"]))
+    tensors = layouts._dspark_parts(tensors, {**flat, "markov_head_type": "vanilla"}, layers)
+    return Imported(directory, "deepspec", "dspark", flat, {**tensors, **recurrent}, None, None)
+
+
+def _recurrence(tensors: dict[str, torch.Tensor], head: str, rank: int, hidden: int) -> dict[str, torch.Tensor]:
+    """The RNN head's recurrence (``markov_head.joint_proj`` over [state; W1[x_prev]; h] -> gate, candidate, output:
+    DeepSpec's, SpecForge's and speculators' ``RNNHead`` alike, and specframe's), checked and taken out of
+    ``tensors``, so the rest is checked as the vanilla head vLLM serves (the export check knows no other)."""
+    recurrent = {}
+    if head == "rnn":
+        for name, shape in (("markov_head.joint_proj.weight", (3 * rank, 2 * rank + hidden)),
+                            ("markov_head.joint_proj.bias", (3 * rank,))):
+            layouts._check_shape(tensors, name, shape)
+            recurrent[name] = tensors.pop(name)
+    return recurrent
+
+
+def _is_recurrent_dspark(directory: Path) -> bool:
+    cfg = json.loads((directory / "config.json").read_text())
+    return cfg.get("speculators_model_type") == "dspark" and cfg.get("markov_head_type") == "rnn"
+
+
+def _read_speculators_rnn_dspark(directory: Path, target_config: Any) -> Imported:
+    """A speculators ``dspark`` folder with the RNN head (speculators trains it; vLLM serves the vanilla head only,
+    so ``check_layout``, the export check, refuses it): the layout's checks with the recurrence set aside."""
+    from safetensors.torch import load_file
+
+    from specframe.files import check_safetensors
+
+    cfg = json.loads((directory / "config.json").read_text())
+    manifest = layouts.read_manifest(directory)
+    flat = layouts.flat_config(cfg)
+    rank, hidden = layouts._require_ints(flat, "markov_rank", "hidden_size")
+    weights = directory / layouts.WEIGHTS
+    if not weights.is_file():
+        raise SpecframeError(f"{layouts.WEIGHTS} is missing")
+    check_safetensors(weights)
+    tensors = {k: v for k, v in load_file(str(weights)).items() if not k.startswith("verifier_")}
+    recurrent = _recurrence(tensors, "rnn", rank, hidden)
+    layers = None if target_config is None else int(target_config.num_hidden_layers)
+    tensors = layouts._dspark_parts(tensors, {**flat, "markov_head_type": "vanilla"}, layers)
+    return Imported(directory, "speculators", "dspark", flat, {**tensors, **recurrent}, manifest.verifier,
+                    manifest.drafter, manifest.speculative_tokens)
 
 
 def _is_specforge_dspark(cfg: Mapping[str, Any]) -> bool:
@@ -490,13 +536,7 @@ def _read_specforge_dspark(directory: Path, target_config: Any) -> Imported:
         mask_token_id=mask, markov_rank=rank, markov_head_type=head, sample_from_anchor=True,
         enable_confidence_head=enable, confidence_head_with_markov=with_markov,
     )
-    # the RNN head's recurrence (vLLM serves the vanilla head, so the export check does not know it)
-    recurrent = {}
-    if head == "rnn":
-        for name, shape in (("markov_head.joint_proj.weight", (3 * rank, 2 * rank + hidden)),
-                            ("markov_head.joint_proj.bias", (3 * rank,))):
-            layouts._check_shape(tensors, name, shape)
-            recurrent[name] = tensors.pop(name)
+    recurrent = _recurrence(tensors, head, rank, hidden)
     target_layers = None if target_config is None else int(target_config.num_hidden_layers)
     tensors = layouts._dspark_parts(tensors, {**flat, "markov_head_type": "vanilla"}, target_layers)
     return Imported(directory, "specforge-dspark", "dspark", flat, {**tensors, **recurrent}, None, None)

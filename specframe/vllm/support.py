@@ -36,9 +36,7 @@ def problems(layout: str, target_architectures: Sequence[str], drafter_hidden_ac
     known reason)."""
     found = []
     if layout == "dspark":
-        reason = dspark_runner_problem()
-        if reason:
-            found.append(reason)
+        found += [reason for reason in (dspark_runner_problem(), dspark_anchor_problem()) if reason]
     if layout in LLAMA_EAGLE3_LAYOUTS and drafter_hidden_act not in (None, "silu"):
         found.append(f"vLLM's EAGLE-3 drafter model (llama_eagle3) builds only silu layers, and this drafter's "
                      f"activation is the target's {drafter_hidden_act}")
@@ -90,6 +88,41 @@ def dspark_runner_problem() -> str | None:
     why = ("it has no Triton (the CPU build)" if not HAS_TRITON else "VLLM_USE_V2_MODEL_RUNNER turns that runner off")
     return ("vLLM serves method dspark only in its V2 model runner (DSparkSpeculator), and " + why + ", so it would "
             "start its V1 runner, which refuses dspark speculative decoding")
+
+
+def dspark_anchor_problem(algos: str | os.PathLike | None = None) -> str | None:
+    """Why the installed vLLM would serve a ``sample_from_anchor`` DSpark export one slot off (None: it reads the
+    field, or vLLM / its DSpark config reader is absent). Builds between vLLM 0.25.2 and PR #48639 set
+    ``dspark_bonus_anchor`` true in ``update_dspark`` whatever the config says, so every slot is served shifted by
+    one with no error. The installed reader is asked itself: ``update_dspark`` is run on an anchor-first config, from
+    its source file (``algos``: that file; default the installed vLLM's), without importing vLLM (a minute here)."""
+    import importlib.util
+
+    if algos is None:
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        algos = Path(list(spec.submodule_search_locations)[0], "transformers_utils", "configs", "speculators",
+                     "algos.py")
+    algos = Path(algos)
+    if not algos.is_file():
+        return None
+    namespace: dict[str, Any] = {"__name__": "specframe_probe_vllm_algos"}
+    try:
+        exec(compile(algos.read_text(), str(algos), "exec"), namespace)  # the module defines functions only
+        update = namespace.get("update_dspark")
+        if update is None:
+            return None  # a vLLM without DSpark: its own refusal names it
+        read: dict[str, Any] = {}
+        update({"architectures": ["Qwen3DSparkModel"], "sample_from_anchor": True, "aux_hidden_state_layer_ids": [1],
+                "mask_token_id": 0, "block_size": 2}, read)
+    except Exception:  # noqa: BLE001 - a reader that cannot run alone is left to vLLM (nothing known against it)
+        return None
+    if read.get("sample_from_anchor") is True and not read.get("dspark_bonus_anchor"):
+        return None
+    return ("this vLLM's update_dspark serves every DSpark export as a bonus-anchor block (dspark_bonus_anchor "
+            "hard-coded true; fixed by vllm-project/vllm PR #48639), so the anchor-first export would be served one "
+            "slot off; install a vLLM with that fix")
 
 
 def _architectures(target: str | os.PathLike) -> list[str]:

@@ -10,6 +10,7 @@ right, and decoding through the reference engine's verifiers.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -1111,7 +1112,7 @@ def deepspec_folder(drafter, target, path):
            "layer_types": ["full_attention"] * drafter.options.layers, "mask_token_id": drafter.mask_token_id,
            "target_layer_ids": [i - 1 for i in drafter.aux_layer_ids], "num_anchors": 512,
            "enable_confidence_head": True, "confidence_head_with_markov": True,
-           "markov_rank": drafter.options.markov_rank, "markov_head_type": "vanilla"}
+           "markov_rank": drafter.options.markov_rank, "markov_head_type": drafter.options.markov_head_type}
     (path / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.detach().contiguous().float() for k, v in drafter.module().state_dict().items()},
               str(path / "model.safetensors"))
@@ -1160,6 +1161,135 @@ def test_a_deepspec_folder_it_cannot_hold_is_refused_by_name(target, tmp_path, c
     (folder / "config.json").write_text(json.dumps({**cfg, **change}))
     with pytest.raises(api.SpecframeError, match=f"cannot import {folder}: .*{says}"):
         load_drafter(folder, target.config)
+
+
+def test_rnn_head_folders_of_deepspec_and_speculators_import_and_draft_like_their_source(target, tmp_path):
+    """DeepSpec's and speculators' RNN head is specframe's name for name (``markov_head.joint_proj`` over [state;
+    W1[x_prev]; h]): both folders import (vLLM serves only the vanilla head, so the export check is not theirs)."""
+    from safetensors.torch import load_file, save_file
+
+    from specframe.drafter_folders import load_drafter
+    from specframe.layouts import export as layouts
+
+    drafter, ex = make(target, markov_rank=8, markov_head_type="rnn")
+    drafter.module().float()
+    deepspec_folder(drafter, target, tmp_path / "deepspec")
+    assert_same_drafter(drafter, load_drafter(tmp_path / "deepspec", target.config), ex)
+    # a speculators dspark folder with the RNN head: the layout vLLM reads, markov_head_type "rnn", joint_proj beside
+    weights = {k: v.detach().contiguous().float() for k, v in drafter.module().state_dict().items()}
+    recurrence = {k: weights.pop(k) for k in list(weights) if ".joint_proj." in k}
+    out = tmp_path / "speculators"
+    layouts.write_dspark(out, weights, config=layouts.llama_config(target.config, 2, **drafter.shape.config_fields()),
+                         aux_layer_ids=drafter.aux_layer_ids, target_hidden_size=drafter.shape.hidden,
+                         mask_token_id=drafter.mask_token_id, block_size=4, markov_rank=8, markov_head_type="vanilla",
+                         enable_confidence_head=True, confidence_head_with_markov=True)
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "markov_head_type": "rnn"}))
+    save_file({**load_file(str(out / "model.safetensors")), **recurrence}, str(out / "model.safetensors"))
+    back = load_drafter(out, target.config)
+    assert back.options.markov_head_type == "rnn"
+    assert_same_drafter(drafter, back, ex)
+    with pytest.raises(api.SpecframeError, match="vanilla"):  # still not served by vLLM
+        layouts.check_layout(out)
+
+
+def test_an_untrained_confidence_head_is_refused_and_an_old_one_exported_switched_off(target, tmp_path):
+    """confidence_weight 0 never trains the head (DeepSpec: enable_confidence_head = confidence_head_alpha > 0):
+    training refuses it; a checkpoint that has one exports without it, so vLLM does not verify by its estimates."""
+    from safetensors.torch import load_file
+
+    drafter, _ = make(target, confidence_weight=0.0)
+    with pytest.raises(api.UsageError, match="'confidence_weight' is 0, so the confidence head would never train"):
+        drafter.check_training(4, "dense", "none")
+    make(target, confidence_weight=0.0, confidence_head=False)[0].check_training(4, "dense", "none")
+    drafter.module().float()
+    drafter.export_vllm(tmp_path / "out", target.tokenizer)
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["enable_confidence_head"] is False and cfg["confidence_head_with_markov"] is False
+    assert not any(k.startswith("confidence_head.") for k in load_file(str(tmp_path / "out" / "model.safetensors")))
+
+
+def test_the_fitted_calibration_travels_with_the_export(target, tmp_path):
+    """vLLM has no field for the temperatures: they are kept in the export's specframe entry with the rule they were
+    fitted for, and an import drafts with them; an uncalibrated drafter writes none."""
+    from specframe.drafter_folders import load_drafter
+
+    drafter, _ = make(target)
+    drafter.module().float()
+    drafter.export_vllm(tmp_path / "raw", target.tokenizer)
+    assert "confidence_temperature" not in json.loads((tmp_path / "raw" / "config.json").read_text())["specframe"]
+    fitted = [0.5, 1.5, 2.0, 3.0]
+    drafter.confidence_temperature = torch.tensor(fitted, dtype=torch.float64)
+    drafter.calibration_rule = "sampling"
+    drafter.export_vllm(tmp_path / "out", target.tokenizer)
+    entry = json.loads((tmp_path / "out" / "config.json").read_text())["specframe"]
+    assert entry["confidence_temperature"] == fitted and entry["confidence_calibration_rule"] == "sampling"
+    back = load_drafter(tmp_path / "out", target.config)
+    assert back.confidence_temperature.tolist() == fitted and back.calibration_rule == "sampling"
+    assert load_drafter(tmp_path / "raw", target.config).calibration_rule is None
+
+
+def test_aux_id_0_the_embeddings_trains_exports_and_imports(target, tmp_path):
+    """vLLM's DSpark takes aux ids as they are and the target collects id 0 before its first layer (the embeddings),
+    as specframe's features and DeepSpec's -1 mean it: what trains exports, and DeepSpec's -1 imports as aux 0."""
+    from specframe.drafter_folders import load_drafter
+
+    drafter, ex = make(target, markov_rank=8, aux_layer_ids=[0, 3])
+    drafter.module().float()
+    drafter.export_vllm(tmp_path / "out", target.tokenizer)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["aux_hidden_state_layer_ids"] == [0, 3]
+    assert_same_drafter(drafter, load_drafter(tmp_path / "out", target.config), ex)
+    cfg = deepspec_folder(drafter, target, tmp_path / "deepspec")
+    assert cfg["target_layer_ids"] == [-1, 2]
+    assert load_drafter(tmp_path / "deepspec", target.config).aux_layer_ids == [0, 3]
+
+
+@pytest.mark.parametrize("value, says", [(None, "is absent, which vLLM reads as false"), (False, "is false")])
+def test_an_absent_sample_from_anchor_is_read_one_way_everywhere(target, tmp_path, value, says):
+    """vLLM 0.32 reads an absent sample_from_anchor as false (a bonus-anchor block): the manifest's token limit and
+    the layout check agree with it, and such a folder is refused by name rather than imported one slot off."""
+    from specframe.drafter_folders import load_drafter
+    from specframe.layouts import export as layouts
+
+    drafter, _ = make(target, markov_rank=8)
+    drafter.module().float()
+    out = tmp_path / "out"
+    drafter.export_vllm(out, target.tokenizer)
+    assert layouts.read_manifest(out).max_speculative_tokens == 4
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.pop("sample_from_anchor")
+    if value is not None:
+        cfg["sample_from_anchor"] = value
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert layouts.read_manifest(out).max_speculative_tokens == 3
+    with pytest.raises(api.SpecframeError, match=f"sample_from_anchor {says}"):
+        load_drafter(out, target.config)
+
+
+def test_a_vllm_that_hard_codes_the_bonus_anchor_is_refused_before_it_starts(tmp_path, monkeypatch):
+    """vLLM builds before PR #48639 set dspark_bonus_anchor whatever the config says, serving an anchor-first export
+    one slot off with no error: the installed update_dspark is asked how it reads the export, and such a build is
+    refused in one line naming the PR."""
+    from functools import partial
+
+    from specframe.vllm import support
+
+    old, fixed = tmp_path / "old.py", tmp_path / "fixed.py"
+    old.write_text("def update_dspark(config_dict, pre_trained_config):\n"
+                   "    pre_trained_config['dspark_bonus_anchor'] = True\n")
+    fixed.write_text("def update_dspark(config_dict, pre_trained_config):\n"
+                     "    anchor = config_dict.get('sample_from_anchor', False)\n"
+                     "    pre_trained_config.update(sample_from_anchor=anchor, dspark_bonus_anchor=not anchor)\n")
+    assert "PR #48639" in support.dspark_anchor_problem(old)
+    assert support.dspark_anchor_problem(fixed) is None
+    monkeypatch.setattr(support, "dspark_runner_problem", lambda: None)
+    monkeypatch.setattr(support, "dspark_anchor_problem", partial(support.dspark_anchor_problem, old))
+    (reason,) = support.problems("dspark", [], None)
+    assert "one slot off" in reason and "\n" not in reason
+    assert support.problems("dflash", [], None) == []
+    if importlib.util.find_spec("vllm") is not None:  # the installed vLLM (0.32) reads the field
+        monkeypatch.undo()
+        assert support.dspark_anchor_problem() is None
 
 
 # SpecForge (sgl-project/SpecForge): DSparkDraftModel, saved by specforge.export.to_hf

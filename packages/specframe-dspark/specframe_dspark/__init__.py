@@ -319,6 +319,10 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         if depth > self.depth:
             raise api.UsageError(
                 f"dspark trains at most block_size = {self.depth} depths (its slots), got --depth {depth}")
+        if self.options.confidence_head and self.options.confidence_weight == 0:
+            # DeepSpec builds the head only when it is weighted (enable_confidence_head = confidence_head_alpha > 0)
+            raise api.UsageError("dspark option 'confidence_weight' is 0, so the confidence head would never train "
+                                 "yet be used; set confidence_head = false, or a positive confidence_weight")
 
     def forwarded_rows(self, elements: int, anchors: int) -> int:
         # every slot of each anchor's block runs through the layers, however few of its depths the grid trains
@@ -548,7 +552,8 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         --checkpoint FOLDER``, ``export`` and ``train --init-from`` call it after the core's reader has checked the
         folder against the target. A folder without ``embed_tokens`` / ``lm_head`` shares the target's (vLLM does):
         the reader fills them from the target's files, else (``--init-from``, a prepared drafter) they are this
-        drafter's own, which are the target's. The folder carries no calibration: T = 1 until one is fitted."""
+        drafter's own, which are the target's. The folder carries no calibration (T = 1 until one is fitted) unless
+        specframe exported it: then its temperatures and the rule they were fitted for."""
         where = f"cannot import {imported.directory}"
         if imported.layout != "dspark":
             raise api.SpecframeError(f"{where}: it holds a {imported.layout} drafter, not dspark")
@@ -572,6 +577,11 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         self.mask_token_id = imported.mask_token_id
         self.confidence_temperature = torch.ones(self.depth, dtype=torch.float64)
         self.calibration_rule = None
+        # a specframe export keeps the fitted calibration in its ``specframe`` entry (read into the flat config)
+        temperatures = config.get("confidence_temperature")
+        if temperatures is not None and opts.confidence_head:
+            self.restore_checkpoint({"mask_token_id": self.mask_token_id, "confidence_temperature": temperatures,
+                                     "confidence_calibration_rule": config.get("confidence_calibration_rule")})
 
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
         """The speculators ``dspark`` layout vLLM 0.32 serves with method ``dspark``: the module's state dict already
@@ -588,12 +598,20 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         layouts = api.vllm_layouts
         opts = self.options
         weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        # a head never trained (confidence_weight 0, a checkpoint from before training refused it) is exported
+        # switched off, as DeepSpec derives enable_confidence_head = confidence_head_alpha > 0: vLLM would otherwise
+        # verify by its untrained estimates
+        head = opts.confidence_head and opts.confidence_weight > 0
+        if not head:
+            weights = {k: v for k, v in weights.items() if not k.startswith("confidence_head.")}
         config = layouts.llama_config(self.target_config, opts.layers, **self.shape.config_fields())
         return layouts.write_dspark(
             directory, weights, config=config, aux_layer_ids=ids, target_hidden_size=self.shape.hidden,
             mask_token_id=self.mask_token_id, block_size=opts.block_size, markov_rank=opts.markov_rank,
-            markov_head_type=opts.markov_head_type, enable_confidence_head=opts.confidence_head,
+            markov_head_type=opts.markov_head_type, enable_confidence_head=head,
             confidence_head_with_markov=opts.confidence_head_with_markov,
+            confidence_temperature=[float(t) for t in self.confidence_temperature] if self.calibration_rule else None,
+            confidence_calibration_rule=self.calibration_rule,
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config),
             verifier_architectures=layouts.verifier_architectures_of(self.target_config),
