@@ -7,7 +7,8 @@ are not installed, so they cannot be what catches it).
 - ``regenerate --capture``'s fallback pairs each conversation that has no staged states with its own states;
 - the captured cache is in the order ``specframe prepare`` reads the same answers (the sources round-robin), not in
   the answers file's order;
-- a DSpark export carries every key vLLM 0.32's ``update_dspark`` reads, each with the drafter's value.
+- a DSpark export carries every key vLLM 0.32's ``update_dspark`` reads, each with the drafter's value (and the
+  EAGLE-3, P-EAGLE and DFlash exports every key their readers take).
 """
 
 from __future__ import annotations
@@ -221,16 +222,33 @@ def _keys_read(source: str, function: str) -> set[str]:
     return keys
 
 
-def test_the_pinned_dspark_keys_are_what_the_installed_vllm_reads():
-    """The list above stays vLLM's: read from the installed vLLM's source text (never imported: it takes a minute and
+#: the same for the other exports vLLM reads through the speculators reader (same file; ``update_dflash`` also reads
+#: ``sample_from_anchor`` and ``sliding_window_non_causal``, whose defaults, the anchor a bonus token and non-causal
+#: attention, are DFlash's own, so its export leaves them to vLLM)
+VLLM_KEYS = {
+    "update_dspark": VLLM_DSPARK_KEYS,
+    "update_dflash": frozenset({"draft_vocab_size", "target_hidden_size", "mask_token_id",
+                                "aux_hidden_state_layer_ids"}),
+    "update_eagle3": frozenset({"draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+                                "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}),
+    "update_peagle": frozenset({"draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+                                "mask_token_id", "norm_before_residual", "norm_before_fc"}),
+}
+LEFT_TO_VLLM = {"update_dflash": frozenset({"sample_from_anchor", "sliding_window_non_causal"})}
+
+
+@pytest.mark.parametrize("function", sorted(VLLM_KEYS))
+def test_the_pinned_keys_are_what_the_installed_vllm_reads(function):
+    """The lists above stay vLLM's: read from the installed vLLM's source text (never imported: it takes a minute and
     raises the test process's memory for good)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("vLLM is not installed: the pinned list is checked against its source where it is")
+        pytest.skip("vLLM is not installed: the pinned lists are checked against its source where it is")
     algos = Path(next(iter(spec.submodule_search_locations))) / "transformers_utils/configs/speculators/algos.py"
     if not algos.exists():
-        pytest.skip(f"this vLLM has no {algos.name} (another version than the 0.32 the list was read from)")
-    assert _keys_read(algos.read_text(encoding="utf-8"), "update_dspark") == VLLM_DSPARK_KEYS
+        pytest.skip(f"this vLLM has no {algos.name} (another version than the 0.32 the lists were read from)")
+    read = _keys_read(algos.read_text(encoding="utf-8"), function)
+    assert read == VLLM_KEYS[function] | LEFT_TO_VLLM.get(function, frozenset())
 
 
 @needs_dspark
@@ -254,3 +272,30 @@ def test_a_dspark_export_writes_every_key_vllm_reads_with_the_drafters_value(tmp
     assert cfg["enable_confidence_head"] is o.confidence_head
     assert cfg["confidence_head_with_markov"] is (o.confidence_head and o.confidence_head_with_markov)
     assert cfg["use_aux_hidden_state"] is True and isinstance(cfg["sample_from_anchor"], bool)
+
+
+@pytest.mark.parametrize("drafter_name, function, options", [
+    ("eagle3", "update_eagle3", {}),
+    ("peagle", "update_peagle", {"layers": 1}),
+    ("dflash", "update_dflash", {"layers": 1, "block_size": 4, "aux_layer_ids": [1, 3]}),
+])
+def test_an_export_writes_every_key_vllm_reads(tmp_path, tiny, drafter_name, function, options):  # noqa: F811
+    """A misspelt key is a vLLM default, silently, unless each key the reader takes is checked for here."""
+    if drafter_name not in plugins.load().names("drafter"):
+        pytest.skip(f"the {drafter_name} drafter is not installed")
+    cls = plugins.get("drafter", drafter_name)
+    torch.manual_seed(0)
+    drafter = cls(tiny.config, cls.Options(**options))
+    ids = torch.randint(7, tiny.config.vocab_size, (12,))
+    example = api.TrainingExample(ids, torch.ones(12, dtype=torch.bool), torch.zeros(12, dtype=torch.long))
+    drafter.prepare(tiny, [example])
+    drafter.export_vllm(tmp_path / "out", tiny.tokenizer)
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    missing = sorted(VLLM_KEYS[function] - set(cfg))
+    assert not missing, f"the {drafter_name} export lacks keys vLLM's {function} reads: {missing}"
+    aux = "aux_hidden_state_layer_ids" if drafter_name == "dflash" else "eagle_aux_hidden_state_layer_ids"
+    assert cfg[aux] == list(drafter.aux_layer_ids)
+    assert cfg["target_hidden_size"] == tiny.config.hidden_size
+    assert cfg["draft_vocab_size"] == (getattr(drafter, "draft_vocab_size", None) or tiny.config.vocab_size)
+    if "mask_token_id" in VLLM_KEYS[function]:
+        assert cfg["mask_token_id"] == drafter.mask_token_id
