@@ -35,14 +35,12 @@ def serve_command(
     from specframe.vllm.engine import DEFAULT_ENV
     from specframe.layouts.export import DEFAULT_SPECULATIVE_TOKENS, read_manifest, speculative_config
 
-    manifest = read_manifest(drafter) if drafter is not None else None
-    if manifest is not None:
-        from specframe.vllm.support import layout_problem
+    from specframe.vllm import support
 
-        # vLLM would fail its config validation after minutes of start-up (specframe.vllm.support): say so first
-        reason = layout_problem(manifest.layout)
-        if reason:
-            raise SpecframeError(f"the installed vLLM cannot serve this {manifest.layout} export: {reason}")
+    manifest = read_manifest(drafter) if drafter is not None else None
+    # vLLM would fail after minutes of start-up (a DSpark runner it lacks, a target without SupportsEagle3, a RoPE its
+    # drafter models cannot take): the check every command runs before vLLM starts says so first
+    support.prestart(target, drafter)
     folder_alone = manifest is not None and manifest.speculators and target is None
     if folder_alone:
         model = str(Path(drafter).resolve())

@@ -288,11 +288,41 @@ def llama_config(target_config: Any, num_hidden_layers: int, **overrides: Any) -
     ``num_hidden_layers`` drafter layers and ``overrides`` applied (e.g. a different ``intermediate_size``)."""
     source = target_config if isinstance(target_config, Mapping) else target_config.to_dict()
     config = {k: source[k] for k in _LLAMA_KEYS if source.get(k) is not None}
+    # every field the drafter's layers compute with, as they read it (modeling.LayerShape): a family that names one
+    # otherwise (Gemma-3's hidden_activation) or leaves it to a default would else be served with vLLM's (silu)
+    config.update(drafter_layer_fields(target_config))
     # specframe's drafter layers have no biases, whatever the target's: vLLM builds biased q/k/v/o and MLP
     # projections from these keys, so a target's attention_bias: true copied here made an export vLLM cannot load
     config.update(attention_bias=False, mlp_bias=False)
     config.update(num_hidden_layers=int(num_hidden_layers), **overrides)
     return config
+
+
+def drafter_layer_fields(target_config: Any) -> dict[str, Any]:
+    """The layer fields a drafter built on ``target_config`` (a transformers config or a dict) computes with
+    (``modeling.LayerShape.from_config``: sizes, head size, activation, norm epsilon, RoPE), under their config
+    names."""
+    from types import SimpleNamespace
+
+    from specframe.modeling import LayerShape
+
+    cfg = SimpleNamespace(**target_config) if isinstance(target_config, Mapping) else target_config
+    return LayerShape.from_config(cfg).config_fields()
+
+
+def split_rope(config: Mapping[str, Any]) -> str | None:
+    """Why vLLM cannot take the RoPE settings of a drafter layer ``config``: a target family that gives them per
+    attention type (Gemma-3: ``rope_parameters`` split into ``sliding_attention`` and ``full_attention``), where vLLM's
+    drafter models take one for every layer (they fail deep in start-up with ``TypeError: unhashable type:
+    'dict'``); None if it can."""
+    for key in ("rope_parameters", "rope_scaling"):
+        value = config.get(key)
+        if isinstance(value, Mapping):
+            parts = sorted(str(k) for k, v in value.items() if isinstance(v, Mapping))
+            if parts:
+                return (f"the target's {key} is split by attention type ({', '.join(parts)}), and vLLM's drafter "
+                        "models take one RoPE setting for every layer")
+    return None
 
 
 # ------------------------------------------------------------------------------------------ speculators config
@@ -1058,6 +1088,10 @@ def _write(
 ) -> dict[str, Any]:
     from safetensors.torch import save_file
 
+    layer = config.get("transformer_layer_config")
+    reason = split_rope(layer if isinstance(layer, Mapping) else config)
+    if reason is not None:  # before anything is written: an export vLLM cannot start is no export
+        raise SpecframeError(f"cannot export this drafter for vLLM: {reason}")
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))

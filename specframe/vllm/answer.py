@@ -93,6 +93,9 @@ class VllmAnswerer:
     name = "vllm"
 
     def __init__(self, model: str, options: AnswerOptions = AnswerOptions()) -> None:
+        from specframe.vllm import support
+
+        support.prestart(model)
         configure_environment(EngineOptions(kv_cache_gib=options.kv_cache_gib,
                                             threads_bind=cpu_binding(options.threads) if options.threads else None))
         LLM = import_llm()

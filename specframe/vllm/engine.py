@@ -228,6 +228,7 @@ class VllmEngine:
         speculative_config: Mapping[str, Any] | None = None,
         options: EngineOptions = EngineOptions(),
     ) -> None:
+        check_job(Job(str(target), dict(speculative_config) if speculative_config else None))
         configure_environment(options)
         LLM = import_llm()
         from specframe.vllm.vllm_plugin import register
@@ -346,12 +347,26 @@ def drafter_job(export_dir: str | os.PathLike, k: int, target: str | os.PathLike
 
     manifest = read_manifest(export_dir)
     manifest.check_tokens(k)  # a K the drafter cannot be served at (DFlash below block_size - 1), with the reason
-    support.check(export_dir, manifest.layout, target)  # before minutes of engine start-up, with the reason
+    support.prestart(target, export_dir)  # before minutes of engine start-up, with the reason
     if target is None:
         if not manifest.speculators:
             raise SpecframeError(f"{export_dir} is a {manifest.layout} export: vLLM needs the target beside it")
         return Job(str(Path(export_dir).resolve()), {"num_speculative_tokens": int(k)})
     return Job(str(target), speculative_config(export_dir, k))
+
+
+def check_job(job: Job) -> None:
+    """``specframe.vllm.support.prestart`` for an engine job: the target alone, the target with the export its
+    ``speculative_config`` names, or an export folder served alone (its verifier the target)."""
+    from specframe.vllm import support
+
+    model = (job.speculative_config or {}).get("model")
+    if model is not None and (Path(model) / "config.json").is_file():
+        support.prestart(job.target, model)
+    elif _speculators_export(job.target):
+        support.prestart(None, job.target)
+    else:
+        support.prestart(job.target)
 
 
 @attrs.frozen
@@ -389,6 +404,8 @@ def run_jobs(
     """Run ``jobs`` one after the other in one child process (vLLM is imported once; each engine is closed before
     the next starts) on the same ``prompts``, and return one ``VllmRun`` per job. ``together``: each engine gets
     every prompt at once (``VllmEngine.generate``), ``options.max_num_seqs`` of them in flight."""
+    for job in jobs:  # here, before the child starts: one line instead of a child's traceback
+        check_job(job)
     request = {
         "jobs": [attrs.asdict(j) for j in jobs],
         "prompts": [[int(t) for t in p] for p in prompts],
@@ -549,6 +566,8 @@ class EngineProcesses:
     def __init__(self, jobs: Mapping[str, Job], options: EngineOptions = EngineOptions(), timeout: float = 1800):
         import multiprocessing
 
+        for job in jobs.values():  # every engine, before the first child starts (``check_job``)
+            check_job(job)
         self.timeout = timeout
         groups = process_groups(jobs)
         self._tmp = tempfile.TemporaryDirectory(prefix="specframe-vllm-")

@@ -49,48 +49,6 @@ def model_len(config: Any, max_length: int, flag: str) -> int:
     return max_length + 1
 
 
-def extraction_problem(target: str | os.PathLike) -> str | None:
-    """Why the installed vLLM cannot extract hidden states from ``target`` here (None: nothing known against it)."""
-    try:
-        from vllm.config.speculative import SpeculativeConfig  # noqa: F401
-        from vllm.distributed.kv_transfer.kv_connector.v1 import (
-            example_hidden_states_connector,  # noqa: F401
-        )
-    except ImportError as exc:
-        return (f"vLLM is not usable here ({exc}); install it with `make setup VLLM=cpu` (CPU) or `VLLM=gpu`")
-    import typing
-
-    from vllm.config import speculative
-
-    methods = set()
-    for alias in ("SpeculativeMethod", "EagleModelTypes"):
-        methods |= _literal_values(getattr(speculative, alias, None), typing)
-    if "extract_hidden_states" not in methods:
-        import vllm
-
-        return f"vLLM {vllm.__version__} has no extract_hidden_states speculative method (vLLM 0.18 added it)"
-    from specframe.vllm.support import _architectures, _model_class, _supports_eagle3
-
-    for arch in _architectures(target):
-        cls = _model_class(arch)
-        if cls is not None and not _supports_eagle3(cls):
-            return (f"vLLM's {arch} does not implement SupportsEagle3, the interface through which it hands out its "
-                    "aux hidden states")
-    return None
-
-
-def _literal_values(alias: Any, typing: Any) -> set[str]:
-    out: set[str] = set()
-    if alias is None:
-        return out
-    for arg in typing.get_args(alias):
-        if isinstance(arg, str):
-            out.add(arg)
-        else:
-            out |= _literal_values(arg, typing)
-    return out
-
-
 class VllmStates:
     """vLLM's offline engine on ``model`` (a model folder or hub id), returning the states at ``layer_ids`` of every
     position of each prompt. ``extract`` may be called many times; ``close`` removes the state files' folder."""
@@ -109,9 +67,9 @@ class VllmStates:
         self.model = str(model)
         #: positions extracted, and how many of them vLLM took from its prefix cache (computed by an earlier request)
         self.tokens = self.cached_tokens = 0
-        problem = extraction_problem(self.model)
-        if problem:
-            raise SpecframeError(f"--engine vllm cannot prepare features for {self.model}: {problem}")
+        from specframe.vllm import support
+
+        support.prestart(self.model, extract_states=True)  # before the engine: what it is known not to run
         configure_environment(EngineOptions(kv_cache_gib=options.kv_cache_gib,
                                             threads_bind=cpu_binding(options.threads) if options.threads else None))
         LLM = import_llm()

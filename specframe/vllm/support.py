@@ -14,6 +14,9 @@ runner only where Triton (with a backend for the device) is installed (``VllmCon
 build has none, so vLLM falls back to the V1 runner, and its config validation then refuses the engine ("Model
 Runner V1 does not support: dspark speculative decoding"), after a couple of minutes of start-up here (measured:
 128 s, the export already resolved as ``Qwen3DSparkModel``). The refusal below says so before any of that.
+
+``prestart`` is the one check every command that starts vLLM runs first; an export's own config is read as written
+(its ``hidden_act``, its RoPE), since that is what vLLM builds the drafter from.
 """
 
 from __future__ import annotations
@@ -49,30 +52,90 @@ def problems(layout: str, target_architectures: Sequence[str], drafter_hidden_ac
     return found
 
 
+def prestart(target: str | os.PathLike | None, export_dir: str | os.PathLike | None = None, *,
+             extract_states: bool = False) -> None:
+    """The one check every command runs before it starts vLLM (``bench acceptance --engine vllm`` and the engines of
+    ``specframe.vllm.engine``, ``serve``, ``prepare`` / ``regenerate --engine vllm``, ``regenerate --capture``,
+    ``train --feature-engine vllm``): refuse, in one line naming every reason, what the installed vLLM is known not
+    to start, instead of its traceback minutes into start-up. ``target``: the target's folder or hub id (None: the
+    verifier the export names); ``export_dir``: the exported drafter served beside it (``check``);
+    ``extract_states``: the target hands out its hidden states (vLLM's ``extract_hidden_states`` method)."""
+    if export_dir is not None:
+        from specframe.layouts.export import read_manifest
+
+        check(export_dir, read_manifest(export_dir).layout, target)
+    if extract_states:
+        problem = extraction_problem(str(target))
+        if problem:
+            raise SpecframeError(f"--engine vllm cannot prepare features for {target}: {problem}")
+
+
 def check(export_dir: str | os.PathLike, layout: str, target: str | os.PathLike | None) -> None:
     """Refuse (``SpecframeError``, every reason named) an export the installed vLLM cannot serve for ``target`` (its
-    folder or hub id; None: the export's recorded verifier). A target whose config cannot be read is left to vLLM."""
+    folder or hub id; None: the export's recorded verifier). A target whose config cannot be read is left to vLLM.
+    The activation and RoPE are read from the drafter's layer config as written: what vLLM builds the drafter from."""
     import json
 
-    from specframe.layouts.export import flat_config, read_manifest
+    from specframe.layouts.export import read_manifest, split_rope
 
     cfg = json.loads((Path(export_dir) / "config.json").read_text())
-    try:
-        act = flat_config(cfg).get("hidden_act") if "transformer_layer_config" in cfg else cfg.get("hidden_act")
-    except SpecframeError:
-        act = None
+    layer = cfg.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else cfg
     verifier = target or read_manifest(export_dir).verifier
-    archs = _architectures(verifier) if verifier else []
-    found = problems(layout, archs, act)
+    target_config = _target_config(verifier) if verifier else None
+    found = [reason] if (reason := split_rope(layer)) else []
+    act = layer.get("hidden_act")
+    if act is None:
+        own = _activation(target_config)
+        if own not in (None, "silu"):
+            # vLLM builds a layer config without hidden_act with silu; the drafter computed the target's activation
+            found.append(f"the export names no hidden_act, so vLLM would build its layers with silu, while the drafter "
+                         f"computes the target's {own} (export it again)")
+    archs = list(getattr(target_config, "architectures", None) or [])
+    found += problems(layout, archs, act)
     if found:
         raise SpecframeError(f"the installed vLLM cannot serve this {layout} export for target {verifier}: "
                              + "; ".join(found))
 
 
-def layout_problem(layout: str) -> str | None:
-    """Why the installed vLLM cannot serve any export of ``layout`` on this machine (None: nothing known against it),
-    for a caller that must refuse before an engine starts (``specframe serve``)."""
-    return dspark_runner_problem() if layout == "dspark" else None
+def extraction_problem(target: str | os.PathLike) -> str | None:
+    """Why the installed vLLM cannot extract hidden states from ``target`` here (None: nothing known against it)."""
+    try:
+        from vllm.config.speculative import SpeculativeConfig  # noqa: F401
+        from vllm.distributed.kv_transfer.kv_connector.v1 import (
+            example_hidden_states_connector,  # noqa: F401
+        )
+    except ImportError as exc:
+        return (f"vLLM is not usable here ({exc}); install it with `make setup VLLM=cpu` (CPU) or `VLLM=gpu`")
+    import typing
+
+    from vllm.config import speculative
+
+    methods = set()
+    for alias in ("SpeculativeMethod", "EagleModelTypes"):
+        methods |= _literal_values(getattr(speculative, alias, None), typing)
+    if "extract_hidden_states" not in methods:
+        import vllm
+
+        return f"vLLM {vllm.__version__} has no extract_hidden_states speculative method (vLLM 0.18 added it)"
+    for arch in _architectures(target):
+        cls = _model_class(arch)
+        if cls is not None and not _supports_eagle3(cls):
+            return (f"vLLM's {arch} does not implement SupportsEagle3, the interface through which it hands out its "
+                    "aux hidden states")
+    return None
+
+
+def _literal_values(alias: Any, typing: Any) -> set[str]:
+    out: set[str] = set()
+    if alias is None:
+        return out
+    for arg in typing.get_args(alias):
+        if isinstance(arg, str):
+            out.add(arg)
+        else:
+            out |= _literal_values(arg, typing)
+    return out
 
 
 def dspark_runner_problem() -> str | None:
@@ -126,12 +189,23 @@ def dspark_anchor_problem(algos: str | os.PathLike | None = None) -> str | None:
 
 
 def _architectures(target: str | os.PathLike) -> list[str]:
+    return list(getattr(_target_config(target), "architectures", None) or [])
+
+
+def _target_config(target: str | os.PathLike) -> Any:
     try:
         from transformers import AutoConfig
 
-        return list(AutoConfig.from_pretrained(str(target)).architectures or [])
+        return AutoConfig.from_pretrained(str(target))
     except (OSError, ValueError):
-        return []
+        return None
+
+
+def _activation(config: Any) -> str | None:
+    """The target's activation, however its family names it (Gemma's ``hidden_activation``, a multimodal config's
+    text part)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None)
 
 
 def _model_class(arch: str) -> Any:

@@ -204,9 +204,9 @@ def test_a_state_nearer_its_neighbour_fails_inside_a_loose_bound():
 
 def test_prepare_refuses_an_unusable_vllm_before_writing(tmp_path, monkeypatch, tiny):  # noqa: F811
     from specframe.cli import main
-    from specframe.vllm import states
+    from specframe.vllm import support
 
-    monkeypatch.setattr(states, "extraction_problem", lambda target: "vLLM 0.1 has no extract_hidden_states method")
+    monkeypatch.setattr(support, "extraction_problem", lambda target: "vLLM 0.1 has no extract_hidden_states method")
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in chat_records(3)))
     res = CliRunner().invoke(main, ["prepare", "--target", str(tiny.path), "--data", str(data), "--output",
