@@ -98,6 +98,8 @@ class Preset:
     #: per-drafter jobs: training steps whose drafter is kept whole (``train --keep-drafter-at``), beside the final
     #: one: the points of the served learning curve (whole-set acceptance in vLLM at each, issue 57)
     keep_drafter_at: tuple[int, ...] = ()
+    #: the sets the served learning curve is measured on at each kept step
+    curve_datasets: tuple[str, ...] = ("mt-bench", "gsm8k")
 
     def train_options(self, drafter: str, depth: int | None = None) -> dict:
         """The drafter's options: its architecture from ``drafters``, plus the preset's shared draft vocabulary,
@@ -176,7 +178,7 @@ PRESETS = {
         memory_segment_len=128, datasets=("mt-bench", "gsm8k"), prompts=1, max_new_tokens=12, ks=(2,), tree=(3, 2, 6),
         speed_k=2, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, eval_every=3, per_drafter_jobs=True,
         acceptance_prompts=3, acceptance_max_new_tokens=16, acceptance_batch=4, acceptance_kv_gib=1, speed_prompts=2,
-        speed_max_new_tokens=12, tree_prompts=1, committed=False, speed_concurrency=(1, 2),
+        speed_max_new_tokens=12, tree_prompts=1, committed=False, speed_concurrency=(1, 2), keep_drafter_at=(3,),
         job_revisions={"dflash": 1},  # 1: drafts from its full block (GPU-path review item 3)
     ),
     "cpu": Preset(

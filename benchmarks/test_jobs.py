@@ -14,6 +14,9 @@ whole answer and its checkpoint need not outlive the job.
      (DFlash only at block_size - 1: vLLM's proposer runs a block of K + 1 slots; each K refused is skipped, its
      reason in ``job.json``'s ``vllm_refused``, and speed in vLLM at those K too; such a drafter is measured at its
      own K instead, so every drafter has vLLM figures);
+     Then the served learning curve: whole-set acceptance at one K of each drafter the run kept before its last
+     step (``keep_drafter_at``), on ``curve_datasets`` -> ``curve-<set>.json`` (each point's step, training tokens
+     and checkpoint hash in its config; the final point is ``acceptance-<set>.json`` at the same K);
   3. for a drafter that builds trees, the EAGLE-2 tree on the reference engine, on a subset -> ``tree-reference.json``;
   4. speed in vLLM at batch 1 and at each further ``speed_concurrency`` (requests at once): plain, n-gram and the
      drafter at each K, interleaved repeats, MT-Bench turns (``bench.compare_vllm``) -> ``speed-batch1.json``,
@@ -131,6 +134,33 @@ def _with_k(methods: list, source: str, workdir: str, refused: dict[str, str] | 
     manifest (its ``min_speculative_tokens``: the fewest draft tokens vLLM serves it at, DFlash's block_size - 1)."""
     jobs = bench.vllm_jobs(methods, source, Path(workdir), refused, manifests)
     return {m.label: (jobs[m.label], m.k) for m in methods if m.label in jobs}
+
+
+def _served_curve(workspace, target, record: dict, drafter: str, k: int, workdir: str, out: Path, provenance: dict,
+                  final_hash: str) -> dict[str, dict]:
+    """Whole-set acceptance in vLLM of the drafters the run kept before its last step (``Preset.keep_drafter_at``),
+    at one K, on each of ``Preset.curve_datasets``: the served learning curve's earlier points (the final point is the
+    job's own acceptance file at the same K). Each point names its step, training tokens and checkpoint hash."""
+    from specframe.engine import checkpoint
+
+    p = workspace.preset
+    methods, points = [], []
+    for folder in checkpoint.kept(record["run"]):
+        state = json.loads((folder / "state.json").read_text())
+        if state["step"] >= p.steps:
+            continue
+        label = f"{drafter}/step{state['step']}/k{k}"
+        method = bench.checkpoint_method(folder, target.config, k=k, label=label)
+        methods.append(method)
+        points.append({"label": label, "step": state["step"], "train_tokens": state.get("tokens_seen"),
+                       "checkpoint_hash": method.checkpoint_hash})
+    if not methods:
+        return {}
+    jobs = _with_k(methods, _source(workspace), workdir)
+    return {dataset: _acceptance(workspace, target, dataset, jobs, out / f"curve-{dataset}.json",
+                                 {"preset": p.name, "drafter": drafter, "dataset": dataset, "k": k, "points": points,
+                                  "final_checkpoint_hash": final_hash}, provenance)
+            for dataset in p.curve_datasets}
 
 
 def test_baselines(benchmark, workspace, target):
@@ -300,6 +330,13 @@ def test_drafter_job(benchmark, workspace, target, drafter):
                     box[dataset] = _acceptance(workspace, target, dataset, jobs, out / f"acceptance-{dataset}.json",
                                                config, prov)
                     files.append(f"acceptance-{dataset}.json")
+                if jobs and p.keep_drafter_at:
+                    # one K along the curve: the reference engine's, or the only one vLLM serves the drafter at
+                    curve_k = own if own is not None else min(p.speed_k, p.depth)
+                    for dataset, metrics in _served_curve(workspace, target, record, drafter, curve_k, tmp, out,
+                                                          prov, ckpt).items():
+                        box[f"curve-{dataset}"] = metrics
+                        files.append(f"curve-{dataset}.json")
             for label, reason in refused.items():
                 print(f"\n{label}: not served in vLLM: {reason}")
             if plugins.get("drafter", drafter).builds_trees:

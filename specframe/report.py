@@ -600,6 +600,9 @@ def speedup_by_k(documents: list[tuple[str, dict[str, Any]]],
         repeats = int(iv.get("repeats") or 1)
         if repeats > out[name].get(int(k), {}).get("repeats", 0):
             low, high = iv.get("low"), iv.get("high")
+            both = m.get("speedup_interval_prompts") or {}
+            if _number(both.get("low")) and _number(both.get("high")):  # prompt turns and repeats together
+                mean, low, high = both["estimate"], both["low"], both["high"]
             r = m.get("round_cost_ratio")
             out[name][int(k)] = {"mean": float(mean), "low": low if _number(low) else None,
                                  "high": high if _number(high) else None, "repeats": repeats,
@@ -613,35 +616,32 @@ def _quiet_batch1(document: dict[str, Any]) -> bool:
 
 
 def tokens_to_beat_plain(documents: list[tuple[str, dict[str, Any]]], goal: float = 1.0) -> dict[str, dict[str, Any]]:
-    """Where no drafter is faster than plain vLLM at batch 1: per drafter with a learning curve, the training tokens
-    its curve says it would need for ``goal`` x plain's speed there. At each K the drafter must gain
-    ``goal x R - AL`` (R, the measured round cost, is the break-even AL: speedup ~ AL / R); at the K needing least,
-    tokens = the curve's last count x 2^(gain / AL gained per doubling), with the slope's 95% interval. An
-    extrapolation that assumes serving AL grows with training tokens as validation AL did (log-linearly) and R
-    stays put. {} when a drafter is already faster than plain or nothing can be estimated."""
+    """Where no drafter is faster than plain vLLM at batch 1: per drafter with a served learning curve on the set its
+    speed was timed on (``SPEED_SET``) and a measured R at that curve's K, the training tokens at which the curve
+    reaches AL = ``goal`` x R (``specframe.projection.project``: the fit of served AL on log2 tokens, with an
+    interval carrying the AL's bootstrap, R's interval and the fit's error). {} when a drafter is already faster
+    than plain or no drafter has such a curve."""
+    from specframe.projection import project, served_curves
+
     speed = speedup_by_k(documents, "vllm")
     if any(v["low"] is not None and v["low"] > 1 for points in speed.values() for v in points.values()):
         return {}
-    slopes, curves = learning_rates(documents), learning_curves(documents)
     out = {}
-    for name, points in speed.items():
-        if name not in slopes or name not in curves:
+    for (name, dataset), (k, points) in sorted(served_curves(documents).items()):
+        v = speed.get(name, {}).get(k)
+        if dataset != SPEED_SET or v is None or v["round_cost_ratio"] is None or not v["al"]:
             continue
-        gains = [(goal * v["round_cost_ratio"] - v["al"], k) for k, v in points.items()
-                 if v["round_cost_ratio"] is not None and v["al"] is not None]
-        if not gains:
-            continue
-        gain, k = min(gains)
-        seen, slope = curves[name][-1][0], slopes[name]
-        entry: dict[str, Any] = {"k": k, "gain": gain, "tokens_seen": seen, "slope": slope["slope"]}
-        if gain <= 0:
-            entry["tokens"] = seen  # there already: more repeats, not more training, would separate it
-        elif slope["slope"] > 0:
-            entry["tokens"] = seen * 2 ** (gain / slope["slope"])
-            entry["high"] = seen * 2 ** (gain / slope["low"]) if slope["low"] > 0 else math.inf
-            entry["low"] = seen * 2 ** (gain / slope["high"])
-        out[name] = entry
+        # R = AL / speedup on the timed turns, so the speedup's interval is R's
+        r_low = v["al"] / v["high"] if v["high"] else None
+        r_high = v["al"] / v["low"] if v["low"] else None
+        found = project(points, v["round_cost_ratio"], r_low, r_high, goal=goal, k=k)
+        if found is not None:
+            out[name] = found.as_dict()
     return out
+
+
+#: the set a per-drafter job times speed on, so the set whose served curve a projection reads
+SPEED_SET = "mt-bench"
 
 
 def _count(tokens: float) -> str:
@@ -653,23 +653,40 @@ def _count(tokens: float) -> str:
     return f"{tokens:.0f}"
 
 
+def _projection_cell(name: str, e: dict[str, Any]) -> str:
+    from specframe.projection import order_of_magnitude
+
+    head = f"{name} (K = {e['k']}, AL {e['al_now']:.2f} now, {e['needed_al']:.2f} needed)"
+    if e["al_now"] >= e["needed_al"]:
+        return f"{head}: there already at {_count(e['tokens_now'])} (more repeats, not more training, would separate it)"
+    if e["tokens"] is None:
+        return f"{head}: its served curve does not rise, no estimate"
+    if e["within_reach"]:
+        return f"{head}: about {_count(e['tokens'])} [{_count(e['low'])}, {_count(e['high'])}]"
+    return (f"{head}: not within reach of this budget ({_count(e['tokens_now'])} tokens): of order "
+            f"{order_of_magnitude(e['tokens'])} tokens (95% interval {order_of_magnitude(e['low'])} to "
+            f"{order_of_magnitude(e['high'])})")
+
+
 def _beat_plain_line(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    speed = speedup_by_k(documents, "vllm")
+    if not speed or any(v["low"] is not None and v["low"] > 1 for points in speed.values() for v in points.values()):
+        return []
     lines = []
     for goal, what in ((1.0, "to break even with"), (GOAL_SPEEDUP, f"for {GOAL_SPEEDUP}x")):
         needs = tokens_to_beat_plain(documents, goal)
-        cells = []
-        for name, e in sorted(needs.items(), key=lambda item: item[1].get("tokens", math.inf)):
-            if "tokens" not in e:
-                cells.append(f"{name} (K = {e['k']}, +{e['gain']:.2f} AL): its curve does not rise, no estimate")
-            elif e["gain"] <= 0:
-                cells.append(f"{name} (K = {e['k']}): there already at {_count(e['tokens_seen'])}")
-            else:
-                cells.append(f"{name} (K = {e['k']}, +{e['gain']:.2f} AL): about {_count(e['tokens'])} "
-                             f"[{_count(e['low'])}, {_count(e['high'])}]")
+        cells = [_projection_cell(name, e) for name, e in
+                 sorted(needs.items(), key=lambda item: item[1]["tokens"] or math.inf)]
         if cells:
-            lines.append(f"- **Training tokens {what} plain vLLM at batch 1** (no drafter is faster yet; the AL each "
-                         "must gain at its best K over its learning curve's AL gained per doubling of tokens, 95% "
-                         "interval; an extrapolation): " + "; ".join(cells))
+            lines.append(f"- **Training tokens {what} plain vLLM at batch 1** (no drafter is faster yet; whole-set "
+                         f"{SPEED_SET} AL served in vLLM at the run's kept checkpoints, fitted on log2 tokens, must "
+                         "reach the goal x R measured at the K timed; 95% interval carrying the AL's bootstrap, R's "
+                         "interval and the fit's error; R is this machine's; a projection): " + "; ".join(cells))
+    if not lines:
+        lines.append(f"- **Training tokens for {GOAL_SPEEDUP}x plain vLLM at batch 1:** no projection: it needs "
+                     f"whole-set {SPEED_SET} AL served in vLLM at three or more checkpoints of a run (a per-drafter "
+                     f"job's `curve-{SPEED_SET}.json`); the validation curve is not used (teacher-forced on the "
+                     "training distribution, it grows faster than served acceptance)")
     return lines
 
 

@@ -49,8 +49,14 @@ def test_a_killed_drafter_job_resumes_from_its_checkpoint_and_a_finished_one_is_
     hashes = {json.loads((results / "peagle" / f).read_text())["provenance"]["drafter_checkpoint_hash"]
               for f in job["metrics"]["files"]}
     assert hashes == {job["metrics"]["checkpoint_hash"]}  # every file of the drafter measured the same checkpoint
-    assert {"training.json", "acceptance-mt-bench.json", "acceptance-gsm8k.json", "speed-batch1.json"} <= set(
-        job["metrics"]["files"])
+    assert {"training.json", "acceptance-mt-bench.json", "acceptance-gsm8k.json", "speed-batch1.json",
+            "curve-mt-bench.json", "curve-gsm8k.json"} <= set(job["metrics"]["files"])
+    # the served curve's earlier point: the drafter kept at step 3 (resumed past it or not), at the one curve K
+    curve = json.loads((results / "peagle" / "curve-gsm8k.json").read_text())
+    (point,) = curve["config"]["points"]
+    assert point["step"] == 3 and 0 < point["train_tokens"] < record["train_tokens"]
+    assert point["checkpoint_hash"] != job["metrics"]["checkpoint_hash"]
+    assert curve["metrics"]["methods"][point["label"]]["k"] == curve["config"]["k"]
     if job["metrics"]["complete"]:  # skipped without training when run again (unless its speed shared the machine)
         stamp = (run / "metrics.jsonl").stat().st_mtime_ns
         third = subprocess.run(_job(work, results, "peagle"), cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -157,13 +157,29 @@ def test_a_drafter_has_one_colour_in_every_figure_and_the_curves_a_log_token_axi
     assert colour("somebody-elses") == colour("somebody-elses/k2")  # a third-party drafter: fixed by its name
 
 
-def _slow_run(tmp_path, peagle_speedup=(0.8, 0.7, 0.9)):
-    """A per-drafter run where P-EAGLE's curve gains exactly 0.1 AL per doubling (1,000 -> 4,000 tokens) and its
-    quiet batch-1 speed at K = 3 is AL 1.2 at round cost R = 1.5."""
+def _slow_run(tmp_path, peagle_speedup=(0.8, 0.7, 0.9), served=((1000, 1.0), (2000, 1.1), (4000, 1.2)),
+              validation=((1000, 1.0), (2000, 1.3), (4000, 1.6))):
+    """A per-drafter run whose served MT-Bench curve (K = 3, kept checkpoints plus the final one) gains exactly 0.1
+    AL per doubling (1,000 -> 4,000 tokens), while its validation curve gains 0.3, and whose quiet batch-1 speed at
+    K = 3 is AL 1.2 at round cost R = 1.5."""
     d = tmp_path / "cpu-large"
-    curve = [{"train_tokens": t, "val_expected_al": al} for t, al in ((1000, 1.0), (2000, 1.1), (4000, 1.2))]
+    curve = [{"train_tokens": t, "val_expected_al": al} for t, al in validation]
     write(d / "peagle" / "training.json", "bench.training", {"methods": {"peagle": {"learning_curve": curve}}},
           {"drafter": "peagle"})
+    *kept, (final_tokens, final_al) = served
+    points = [{"label": f"peagle/step{i}/k3", "step": i, "train_tokens": t, "checkpoint_hash": f"h{i}"}
+              for i, (t, _) in enumerate(kept, 1)]
+    rows = {f"peagle/step{i}/k3": {"k": 3, "acceptance_length": al,
+                                   "acceptance_length_interval": {"low": al - 0.01, "high": al + 0.01}}
+            for i, (_, al) in enumerate(kept, 1)}
+    write(d / "peagle" / "curve-mt-bench.json", "bench.acceptance.whole-set",
+          {"dataset": "mt-bench", "engine": "vllm", "methods": rows},
+          {"drafter": "peagle", "dataset": "mt-bench", "k": 3, "points": points})
+    write(d / "peagle" / "acceptance-mt-bench.json", "bench.acceptance.whole-set",
+          whole({"peagle/k3": (final_al, final_al - 0.01, final_al + 0.01)}), {"drafter": "peagle",
+                                                                            "dataset": "mt-bench"})
+    write(d / "peagle" / "job.json", "bench.job", {"drafter": "peagle", "checkpoint_hash": "h", "complete": True,
+                                                  "train_tokens": final_tokens}, {"key": "k"})
     mean, low, high = peagle_speedup
 
     def speed_doc(quiet=True, concurrency=1, r=1.5, repeats=3):
@@ -182,18 +198,32 @@ def _slow_run(tmp_path, peagle_speedup=(0.8, 0.7, 0.9)):
     return d
 
 
-def test_the_learning_curve_says_how_many_tokens_beating_plain_would_take(tmp_path):
+def test_the_served_curve_says_how_many_tokens_beating_plain_would_take(tmp_path):
     from specframe import report
 
     documents = report.load_results(_slow_run(tmp_path))
     even = report.tokens_to_beat_plain(documents)["peagle"]
-    # break-even: AL must reach R = 1.5, +0.3 AL = 3 doublings of the 4,000 tokens seen
-    assert even["k"] == 3 and even["gain"] == pytest.approx(0.3) and even["tokens"] == pytest.approx(32_000)
+    # break-even: served AL must reach R = 1.5, +0.3 AL = 3 doublings of the 4,000 tokens seen at 0.1 per doubling
+    # (the validation curve's 0.3 per doubling would say 1 doubling: it is not what the projection reads)
+    assert even["k"] == 3 and even["needed_al"] == pytest.approx(1.5) and even["tokens"] == pytest.approx(32_000)
+    assert even["low"] < 32_000 < even["high"] and even["within_reach"]
     goal = report.tokens_to_beat_plain(documents, 1.3)["peagle"]
     assert goal["tokens"] == pytest.approx(4000 * 2 ** ((1.3 * 1.5 - 1.2) / 0.1))
     lines = report.summary(_slow_run(tmp_path))
     assert any("Training tokens to break even with plain vLLM at batch 1" in line and "about 32K" in line
                for line in lines)
+    # 1.3x needs 7.5 doublings (about 724K): past ten times the 4,000 tokens seen, so an order of magnitude only
+    line = next(line for line in lines if "Training tokens for 1.3x" in line)
+    assert "not within reach of this budget (4K tokens): of order 10^6 tokens" in line and "724" not in line
+
+
+def test_without_three_served_points_there_is_no_projection(tmp_path):
+    from specframe import report
+
+    documents = report.load_results(_slow_run(tmp_path, served=((2000, 1.1), (4000, 1.2))))
+    assert report.tokens_to_beat_plain(documents) == {}
+    line = next(line for line in report.answers(documents) if "Training tokens" in line)
+    assert "no projection" in line and "validation curve is not used" in line
 
 
 def test_no_extrapolation_once_a_drafter_beats_plain(tmp_path):
