@@ -223,3 +223,28 @@ def test_cli_page_has_every_command(site):
     html = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
     for command in COMMANDS:
         assert f'id="specframe-{command}"' in html, f"the CLI reference has no `specframe {command}`"
+
+
+def test_readme_answer_quotes_only_what_the_reports_print():
+    """Every figure in README's answer (each decimal number, interval and token count) is one that `specframe report`
+    prints from the committed results folders the section names (`--summary`, or the folder's report.md page), so a
+    stale or hand-rounded figure fails here."""
+    from specframe import report
+
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## The answer so far"):text.index("## The two commands")]
+    folders = sorted(set(re.findall(r"benchmarks/results/([\w-]+)", section)))
+    assert folders, "README's answer names no results folder"
+    # what `report --summary` prints now, and the pages `specframe report` wrote (their tables)
+    printed = "\n".join([line for name in folders for line in report.summary(ROOT / "benchmarks" / "results" / name)]
+                        + [(ROOT / "benchmarks" / "results" / name / "report.md").read_text() for name in folders])
+    # a figure with its interval is checked as one ("0.99 [0.97, 1.02]", an "x" after the value or not), the others
+    # (bare decimals, token counts) each alone
+    unit = lambda t: re.sub(r"(\d)x \[", r"\1 [", t)  # noqa: E731
+    printed, section = unit(printed), unit(section)
+    banded = r"\d+\.\d+ \[\d+\.\d+, \d+\.\d+\]"
+    figures = re.findall(banded, section)
+    figures += re.findall(r"(?<![\d.,\[])\d+\.\d+(?![\d.]| \[)|\d{1,3}(?:,\d{3})+", re.sub(banded, "", section))
+    assert figures, "README's answer quotes no figure"
+    stale = [figure for figure in figures if figure not in printed]
+    assert not stale, f"README's answer quotes figures no committed report prints: {stale}"
