@@ -98,6 +98,9 @@ def _steps(value: str | None) -> tuple[int, ...] | None:
               "over --warmup-steps, then cosine decay to 0).")
 @click.option("--warmup-steps", type=int, default=None,
               help="Steps of linear learning-rate warmup. Default: 10% of the steps (at least 1).")
+@click.option("--warmup-ratio", type=float, default=None,
+              help="Linear learning-rate warmup as a share of the run's steps (e.g. 0.04), rounded to whole steps; "
+                   "give at most one of --warmup-steps and --warmup-ratio.")
 @click.option("--weight-decay", type=float, default=0.0, show_default=True, help="AdamW weight decay.")
 @click.option("--grad-clip", type=float, default=1.0, show_default=True,
               help="Clip the gradient's global norm to this value before each step.")

@@ -98,6 +98,9 @@ class TrainConfig:
     #: steps whose drafter is kept as a whole checkpoint in OUTPUT/kept/step-N/ (the rolling checkpoint removes the
     #: previous one), so a learning curve can be measured later on what a served drafter accepts at each of them
     keep_drafter_at: tuple[int, ...] = attrs.field(default=(), converter=tuple, validator=lambda i, a, v: _check_keep(v))
+    #: linear warmup as a share of the run's steps (DeepSpec's 0.04), rounded to whole steps: what a run whose
+    #: length comes from --epochs cannot say in steps beforehand; at most one of warmup_steps and warmup_ratio
+    warmup_ratio: float | None = attrs.field(default=None, validator=lambda i, a, v: _check_warmup_ratio(v))
 
     def __attrs_post_init__(self) -> None:
         if (self.data is None) == (self.cache is None):
@@ -113,6 +116,18 @@ class TrainConfig:
                              "--engine vllm') and train from it under the budget")
         if self.max_steps is not None and self.epochs is not None:
             raise UsageError("give at most one of --max-steps and --epochs (one of them decides the run's length)")
+        if self.warmup_steps is not None and self.warmup_ratio is not None:
+            raise UsageError("give at most one of --warmup-steps and --warmup-ratio (one of them decides the warmup)")
+
+
+def warmup_steps(cfg: TrainConfig, total_steps: int) -> int:
+    """The run's warmup in steps: ``warmup_steps``, else ``warmup_ratio`` of the steps (rounded), else 10% of them
+    (at least 1, the default since the first runs)."""
+    if cfg.warmup_steps is not None:
+        return cfg.warmup_steps
+    if cfg.warmup_ratio is not None:
+        return round(cfg.warmup_ratio * total_steps)
+    return max(1, total_steps // 10)
 
 
 FEATURE_ENGINES = TARGET_ENGINES  # the engines a target runs on (specframe.devices)
@@ -122,6 +137,13 @@ def _check_keep(steps: tuple[int, ...]) -> None:
     bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or s < 1]
     if bad:
         raise UsageError(f"--keep-drafter-at takes positive step numbers, got {', '.join(map(repr, bad))}")
+
+
+def _check_warmup_ratio(value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+        raise UsageError(f"--warmup-ratio must be in [0, 1) (a share of the run's steps), got {value!r}")
 
 
 def _check_feature_engine(value: Any) -> None:

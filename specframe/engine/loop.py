@@ -31,7 +31,7 @@ import torch
 from specframe import api, compose, memory
 from specframe.elements import full_grid, position_docs
 from specframe.engine import checkpoint, sharding, tracking, validate
-from specframe.engine.config import TrainConfig, to_dict
+from specframe.engine.config import TrainConfig, to_dict, warmup_steps
 from specframe.errors import SpecframeError, UsageError
 from specframe.metrics import chain_acceptance
 
@@ -253,7 +253,7 @@ class Trainer:
         if not self.params:
             raise UsageError(f"drafter '{cfg.drafter}' has no trainable parameters: there is nothing to train")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, self.total_steps // 10)
+        warmup = warmup_steps(cfg, self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup, self.total_steps))
         self.step = 0
         # the last validation's held-out chains (confidence logits, verdicts, validation sequence of each), API 8
