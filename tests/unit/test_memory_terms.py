@@ -4,7 +4,9 @@ ceiling at its documented headroom.
 ``tests/unit/test_memory.py`` checks whole estimates against measured peaks within 25%; on a small drafter a whole term
 (AdamW's moments, say) fits inside that tolerance. Here every fixed term is counted from the objects training really
 holds: the drafter's parameters and buffers, the gradients, the state AdamW allocates in a real step, the target's
-parameters and the feature rows, on a drafter large enough that each term is a sizeable share of the estimate.
+parameters and the feature rows, on a drafter large enough that each term is a sizeable share of the estimate. The
+step's terms follow, each alone: the CPU-only ones, every decoder layer's activations (the layers counted in the built
+drafter) and a dense mask's per-layer copies.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specframe import memory as mem
 from specframe import plugins
+from specframe.attention_memory import DENSE_BYTES_PER_ENTRY
 from specframe.structuring import structure_options
 
 # a target whose drafters are large: their weights, gradients and optimizer state are each hundreds of MiB
@@ -160,3 +163,71 @@ def test_fsdp_shards_the_optimizer_state_and_keeps_a_weight_shard():
     assert four["optimizer_state"] == one["optimizer_state"] // 4
     assert four["drafter_weights"] == one["drafter_weights"] + one["drafter_weights"] // 4
     assert four["drafter_gradients"] == one["drafter_gradients"]
+
+
+# --------------------------------------------------------------------------------------- the step's terms, each alone
+def test_weights_gradients_and_moments_are_16_bytes_a_trainable_parameter(counted):
+    """fp32 weights, gradients and AdamW's two moments: 4 x 4 bytes for every trainable parameter (frozen ones and
+    buffers only weigh), counted from the built drafter's parameters, not from the estimate's own sums."""
+    name, est, _ = counted
+    cls = plugins.get("drafter", name)
+    module = cls(BIG, structure_options(OPTIONS[name], cls.Options, name)).module()
+    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in module.parameters() if not p.requires_grad)
+    buffers = sum(b.numel() for b in module.buffers())
+    b = est.breakdown
+    assert b["drafter_gradients"] + b["optimizer_state"] == 12 * trainable, name
+    assert b["drafter_weights"] == 4 * (trainable + frozen + buffers), name
+    assert b["optimizer_step_transient"] == 4 * trainable, name
+
+
+def test_the_process_baseline_and_step_overhead_are_the_cpu_processes():
+    """CPU: the resident interpreter and the allocator's growth count; CUDA: max_memory_allocated counts tensors
+    only, so neither is charged."""
+    cpu = mem.estimate(config("peagle")).breakdown
+    cuda = mem.estimate(attrs.evolve(config("peagle"), device="cuda")).breakdown
+    assert (cpu["process_baseline"], cpu["step_overhead"]) == (mem.CPU_BASELINE_BYTES, mem.CPU_STEP_OVERHEAD_BYTES)
+    assert (cuda["process_baseline"], cuda["step_overhead"]) == (0, 0)
+    assert {k: v for k, v in cuda.items() if k not in ("process_baseline", "step_overhead")} == {
+        k: v for k, v in cpu.items() if k not in ("process_baseline", "step_overhead")}
+
+
+def _layered(layers: int, checkpointing: bool = False, builder: str = "chunked") -> tuple[mem.Estimate, int]:
+    """The estimate of a P-EAGLE with ``layers`` decoder layers, and the layers counted in the built drafter."""
+    from specframe.modeling import DecoderLayer
+
+    options = {**OPTIONS["peagle"], "layers": layers, "activation_checkpointing": checkpointing}
+    cls = plugins.get("drafter", "peagle")
+    with torch.device("meta"):
+        module = cls(BIG, structure_options(options, cls.Options, "peagle")).module()
+    counted = sum(isinstance(m, DecoderLayer) for m in module.modules())
+    cfg = mem.MemoryConfig(drafter="peagle", target_config=BIG, seq_len=256, mask_builder=builder,
+                           drafter_options=options, features="synthetic")
+    return mem.estimate(cfg), counted
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_every_decoder_layer_saves_its_activations(checkpointing):
+    """Issue 56: a layer shape counted once however many layers share it passed every fast test. Each decoder layer
+    of the built drafter saves its activations for every forwarded row (A_H x hidden + A_I x intermediate floats);
+    under activation checkpointing its input (hidden floats) instead; the backward holds one layer's worth whatever
+    the count."""
+    one, n_one = _layered(1, checkpointing)
+    three, n_three = _layered(3, checkpointing)
+    assert (n_one, n_three) == (1, 3)  # the drafter's own layers, counted by type
+    rows = one.largest_segment["forwarded"]
+    assert three.largest_segment["forwarded"] == rows  # the element counts do not depend on the layers
+    per_row = BIG.hidden_size if checkpointing else mem.A_H * BIG.hidden_size + mem.A_I * BIG.intermediate_size
+    grew = three.breakdown["saved_activations"] - one.breakdown["saved_activations"]
+    assert abs(grew - (n_three - n_one) * rows * per_row * 4) <= 2, (grew, rows, per_row)
+    assert three.breakdown["backward_layer"] == one.breakdown["backward_layer"]
+
+
+def test_a_full_mask_keeps_a_copy_for_every_layers_backward():
+    """SDPA saves an fp32 copy of a dense mask in every layer (4 bytes an entry each) beside the 6 bytes an entry
+    the mask and its build hold once: the attention term grows by 4 x rows^2 a layer."""
+    one, _ = _layered(1, builder="dense")
+    three, _ = _layered(3, builder="dense")
+    rows = one.largest_segment["forwarded"]
+    assert three.breakdown["attention"] - one.breakdown["attention"] == 2 * 4 * rows**2
+    assert one.breakdown["attention"] == (DENSE_BYTES_PER_ENTRY + 4) * rows**2
