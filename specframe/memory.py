@@ -23,9 +23,14 @@ Estimator (an analytic model of what the code holds, checked against measured ch
                                                        gradient, formed in the forward, and a few [chunk, draft vocab]
                                                        blocks at a time)
 
-Element counts are not approximated: the estimator runs the real COD sampler on an all-supervised sequence and the
-real partitioner, so every segment's forwarded and charged counts are the ones training will see (COD sizes depend
-only on L, K and the ratios). "Elements forwarded" is the drafter's ``Drafter.forwarded_rows`` of a segment's
+Element counts: up to ``SAMPLED_MAX_LEN`` tokens the estimator runs the real COD sampler on an all-supervised sequence
+and the real partitioner, so every segment's forwarded and charged counts are the ones a seeded draw gives. Longer
+sequences are counted in closed form (``_closed_segments``), in time and memory that do not grow with L: the full grid
+exactly; COD's per-depth counts exactly while a draw keeps fewer than its candidates (at its floor, without the rare
+drop-out at the sequence's end), and where the P-EAGLE partitioner cuts from each depth's expected share of a range
+(within the spread of draws: ``tests/unit/test_memory_closed_form.py``). A partitioner other than the built-in ones,
+or a drafter whose supervision is not "every position but the last few", is run up to ``RUN_MAX_LEN`` and refused
+beyond. "Elements forwarded" is the drafter's ``Drafter.forwarded_rows`` of a segment's
 elements and anchors: one row per element unless the drafter runs others (DFlash runs each anchor's whole block).
 Per-element byte counts were read off the saved-tensor sizes of ``specframe.modeling.DecoderLayer`` (about
 10.8 H + 4 I floats per element and layer), the row-chunked regime's from the tensors live at the peak of a

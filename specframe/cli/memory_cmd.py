@@ -65,7 +65,8 @@ def memory(
 
     The estimate adds the process baseline, target and drafter weights, gradients and AdamW state, features held in
     memory, and the largest segment's activations, attention scratch and loss, with element counts from the real
-    COD sampler and partitioner (see specframe.memory). `specframe train --memory-budget` applies the same check.
+    COD sampler and partitioner up to 8,192 tokens and in closed form beyond, so any length answers at once (see
+    specframe.memory). `specframe train --memory-budget` applies the same check.
     """
     from specframe import memory as mem
     from specframe.cli.train_cmd import read_config
