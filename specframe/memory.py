@@ -276,8 +276,8 @@ SAMPLED_MAX_LEN = 8192
 #: length (its time and memory grow with the length: refused beyond, instead of growing without bound)
 RUN_MAX_LEN = 65536
 #: the partitioners the closed form describes (the built-in ones, by class: a subclass may partition otherwise)
-_CLOSED_PARTITIONERS = {"specframe_plugins.partition_none.NoPartitioner": "none",
-                        "specframe_plugins.partition_peagle.PeaglePartitioner": "peagle"}
+_CLOSED_PARTITIONERS = frozenset({"specframe_plugins.partition_none.NoPartitioner",
+                                   "specframe_plugins.partition_peagle.PeaglePartitioner"})
 _PROBE_LENGTHS = (64, 65, 200)
 
 
@@ -386,8 +386,10 @@ def _closed_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any,
             return total
         return grid[0].upto(p - 1) + sum(g.upto(p - 1 if block else p - 2) for g in grid[1:])
 
-    kind = _CLOSED_PARTITIONERS[_partitioner_key(cfg)]
-    starts = _cut_starts(before, n, total, cfg.partitions) if kind == "peagle" else [0]
+    from specframe import compose
+
+    splits = compose.partitioner(cfg.partitioner, {})[0].splits_sequences  # of the two described: P-EAGLE's cuts
+    starts = _cut_starts(before, n, total, cfg.partitions) if splits else [0]
     out = []
     for j, x in enumerate(starts):
         y = starts[j + 1] if j + 1 < len(starts) else n
