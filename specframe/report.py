@@ -876,6 +876,23 @@ def figures(documents: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str,
                title="Learning curves")
         _outside_legend(ax)
         made.append(("learning-curves.png", "How fast does each drafter learn per training token?", fig))
+    from specframe.projection import served_curves
+
+    served = served_curves(documents)
+    if served:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for (name, dataset), (k, points) in sorted(served.items()):
+            al = [p.al for p in points]
+            err = [[p.al - p.low if p.low is not None else 0.0 for p in points],
+                   [p.high - p.al if p.high is not None else 0.0 for p in points]]
+            ax.errorbar([p.tokens for p in points], al, yerr=err, marker="o", capsize=3, color=colour(name),
+                        ls="-" if dataset == SPEED_SET else "--", label=f"{name} {dataset} (K = {k})")
+        # the axis a projection fits on: served AL against log2 training tokens (specframe.projection)
+        ax.set(xscale="log", xlabel="training tokens (log scale)", ylabel="whole-set AL served in vLLM",
+               title="Served learning curves (95% interval over prompt turns)")
+        ax.title.set_fontsize(9)
+        _outside_legend(ax)
+        made.append(("served-learning-curves.png", "How fast does served acceptance grow with training tokens?", fig))
     memory, budget = memory_by_context(documents)
     if memory:
         made.append(("memory-by-context.png", "How much memory does training need as the context grows?",

@@ -63,8 +63,26 @@ def jobs_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     lines.append("")
     lines += _ranking(whole)
     lines += _speed(documents, done)
+    lines += _served_curves(documents)
     lines += _curves(documents)
     return lines
+
+
+def _served_curves(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Per set, each drafter's served learning curve: whole-set AL in vLLM at its kept checkpoints and its last one,
+    at one K (``specframe.projection.served_curves``), the points a projection reads."""
+    from specframe.projection import served_curves
+
+    curves = served_curves(documents)
+    if not curves:
+        return []
+    lines = ["**Served learning curves** (whole-set AL in vLLM at the checkpoints each run kept and its last one, at "
+             "one K; 95% bootstrap interval over prompt turns; one token axis for every drafter)", "",
+             "| drafter | set | K | (training tokens, AL [interval]) |", "|---|---|---|---|"]
+    for (drafter, dataset), (k, points) in sorted(curves.items()):
+        cells = ", ".join(f"({p.tokens:,.0f}, {_band(p.al, p.low, p.high)})" for p in points)
+        lines.append(f"| {drafter} | {dataset} | {k} | {cells} |")
+    return lines + [""]
 
 
 def _tokens(job: dict[str, Any]) -> str:
@@ -135,9 +153,12 @@ def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int) 
     lines = [f"**Speed in vLLM {where}** (MT-Bench turns, interleaved repeats; speedup = tokens/s{per} over plain "
              "vLLM's, 95% interval over prompt turns and repeats together where the file has it, else over repeats; "
              "over n-gram: against the fastest n-gram K of the same run; quiet measurements only)", "",
-             "| drafter | method | AL | speedup over plain | over n-gram |", "|---|---|---|---|---|"]
+             "| drafter | method | AL | R (round / plain step) | speedup over plain | over n-gram |",
+             "|---|---|---|---|---|---|"]
     for drafter, label, m, s, vs in rows:
+        r = m.get("round_cost_ratio")
         lines.append(f"| {drafter} | {label} | {m['acceptance_length']:.2f} | "
+                     f"{'' if not isinstance(r, (int, float)) else format(r, '.2f')} | "
                      f"{_band(s.get('mean'), s.get('low'), s.get('high'))}x | "
                      f"{'' if vs is None else _band(vs.get('mean'), vs.get('low'), vs.get('high')) + 'x'} |")
     lines.append("")

@@ -75,13 +75,13 @@ def test_a_partial_run_reports_what_finished_and_names_what_is_missing(partial):
     # the ranking: each method at its best K, best first, with its interval
     assert "| 1 | peagle/k3 | 2.10 [2.00, 2.20] |" in section and "| 2 | ngram/k5 | 1.31 [1.25, 1.37] |" in section
     # speed: quiet measurements only; over n-gram is the inverse of the stored n-gram / drafter ratio
-    assert "| peagle | peagle/k3 | 2.00 | 1.50 [1.40, 1.60]x | 1.25 [1.15, 1.36]x |" in section
+    assert "| peagle | peagle/k3 | 2.00 |  | 1.50 [1.40, 1.60]x | 1.25 [1.15, 1.36]x |" in section
     assert "9.90" not in section
     assert "**Fastest drafter in vLLM at batch 1:** peagle/k3, 1.50 [1.40, 1.60]x plain vLLM: faster than" in section
     # 4 concurrent requests: a table of its own after batch 1's, with its own verdict
     four = section[section.index("**Speed in vLLM at 4 concurrent requests**"):]
     assert section.index("**Speed in vLLM at batch 1**") < section.index("**Speed in vLLM at 4 concurrent")
-    assert "| peagle | peagle/k3 | 2.00 | 1.30 [1.20, 1.40]x |" in four
+    assert "| peagle | peagle/k3 | 2.00 |  | 1.30 [1.20, 1.40]x |" in four
     assert "**Fastest drafter in vLLM at 4 concurrent requests:** peagle/k3, 1.30 [1.20, 1.40]x" in four
     assert "1.30 [1.20, 1.40]x" not in section[:section.index("**Speed in vLLM at 4 concurrent")]
 
@@ -232,3 +232,19 @@ def test_no_extrapolation_once_a_drafter_beats_plain(tmp_path):
     documents = report.load_results(_slow_run(tmp_path, peagle_speedup=(1.2, 1.1, 1.3)))
     assert report.tokens_to_beat_plain(documents) == {}
     assert not any("Training tokens" in line for line in report.answers(documents))
+
+
+def test_the_served_curve_is_a_table_and_a_figure_on_the_log_token_axis(tmp_path):
+    from specframe.report import figures, load_results, summary
+
+    run = _slow_run(tmp_path)
+    text = "\n".join(summary(run))
+    assert "| peagle | mt-bench | 3 | (1,000, 1.00 [0.99, 1.01]), (2,000, 1.10 [1.09, 1.11]), (4,000, 1.20 [1.19, " \
+           "1.21]) |" in text
+    assert "| peagle | peagle/k3 | 1.20 | 1.50 |" in text  # R beside the speedup: why it does not pay
+    made = {name: fig for name, _, fig in figures(load_results(run))}
+    ax = made["served-learning-curves.png"].axes[0]
+    assert ax.get_xscale() == "log"
+    data = [line for line in ax.get_lines() if line.get_marker() == "o"]  # the curve, not its error caps
+    assert [list(line.get_xdata()) for line in data] == [[1000, 2000, 4000]]
+    assert list(data[0].get_ydata()) == [1.0, 1.1, 1.2]
