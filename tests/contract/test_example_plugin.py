@@ -27,13 +27,29 @@ def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True)
 
 
+def installed_as() -> list[str] | None:
+    """How the example is installed in this environment: None (it is not), ["-e"] (editable) or []."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("specframe-example-drafter")
+    except metadata.PackageNotFoundError:
+        return None
+    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    return ["-e"] if direct.get("dir_info", {}).get("editable") else []
+
+
 @pytest.fixture(scope="module")
 def example_installed():
+    # an environment that had the example installed (a user's, or .ci/run's pass with it) gets it back as it was
+    before = installed_as()
     pip("install", "--no-deps", str(EXAMPLE))
     try:
         yield
     finally:
         pip("uninstall", "-y", "specframe-example-drafter")
+        if before is not None:
+            pip("install", "--no-deps", *before, str(EXAMPLE))
 
 
 @pytest.mark.slow

@@ -38,13 +38,29 @@ def test_preset_settings_are_valid(name):
     assert p.steps * p.batch_size <= p.train_examples * 4  # at most a few epochs over the shared sequences
 
 
-def test_installed_plugin_drafters_join_every_suite():
-    """`make setup` installs specframe-dflash: the suites pick it up with no preset edit, at its own architecture, with
-    the preset's depth set through its block size (it has no ``k_train`` and no draft vocabulary)."""
-    assert "dflash" in installed_drafters()
-    assert not {"peagle", "eagle3", "pard", "parallelspec", "ngram"} & set(installed_drafters())  # built-ins
+@pytest.fixture
+def only_plugins(monkeypatch):
+    """``only_plugins("a,b")``: the registry with the built-ins and exactly these third-party plugins, whatever else
+    is installed (another drafter package, the example plugin), as SPECFRAME_LOAD_PLUGINS lets a user choose."""
+
+    def load(names: str) -> None:
+        monkeypatch.delenv("SPECFRAME_DISABLE_PLUGINS", raising=False)
+        monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", names)
+        plugins.reset()
+
+    yield load
+    monkeypatch.undo()
+    plugins.reset()
+
+
+def test_installed_plugin_drafters_join_every_suite(only_plugins):
+    """`make setup` installs specframe-dflash and specframe-dspark: the suites pick them up with no preset edit, at
+    their own architecture, with the preset's depth set through DFlash's block size (it has no ``k_train`` and no draft
+    vocabulary)."""
+    only_plugins("dflash,dspark")
+    assert installed_drafters() == ["dflash", "dspark"]  # the built-ins are not "installed" drafters
     p = resolve("cpu")
-    assert list(p.drafters)[:4] == list(PRESETS["cpu"].drafters) and "dflash" in p.drafters
+    assert list(p.drafters) == [*PRESETS["cpu"].drafters, "dflash", "dspark"]
     assert "ngram" not in p.drafters  # a baseline, measured beside the drafters, never trained
     opts = p.train_options("dflash")
     assert opts == {"block_size": p.depth + 1, "k_infer": min(p.speed_k, p.depth)}
@@ -57,16 +73,10 @@ def test_installed_plugin_drafters_join_every_suite():
     assert resolve("ci").train_options("dflash")["aux_layer_ids"] == [1, 3]
 
 
-def test_uninstalled_plugin_leaves_the_presets(monkeypatch):
-    """With third-party plugins switched off (as after `pip uninstall specframe-dflash specframe-dspark`) the presets
-    are the built-ins."""
-    from specframe import plugins
+def test_uninstalled_plugin_leaves_the_presets(only_plugins):
+    """With no third-party plugin loaded (as after `pip uninstall` of every drafter package: specframe-dflash,
+    specframe-dspark, the example plugin, any other) the presets are the built-ins."""
+    only_plugins("")
+    assert installed_drafters() == []
+    assert resolve("cpu") == PRESETS["cpu"]
 
-    monkeypatch.setenv("SPECFRAME_DISABLE_PLUGINS", "dflash,dspark")
-    plugins.reset()
-    try:
-        assert "dflash" not in installed_drafters()
-        assert resolve("cpu") == PRESETS["cpu"]
-    finally:
-        monkeypatch.delenv("SPECFRAME_DISABLE_PLUGINS")
-        plugins.reset()
