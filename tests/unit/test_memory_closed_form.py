@@ -144,14 +144,31 @@ def test_the_supervision_shapes_the_closed_form_reads():
     assert mem._supervision_shape(Odd()) is None
 
 
-def test_an_unknown_partitioner_is_refused_past_the_run_bound_in_one_line(monkeypatch):
-    monkeypatch.setattr(mem, "_CLOSED_PARTITIONERS", {})  # as a third-party partitioner is: not described
-    ok = mem.estimate(_config("peagle", mem.SAMPLED_MAX_LEN + 64, "peagle", 2))  # run, as before issue 56
-    assert ok.segments == 2
+WHOLE = """
+    import torch
+    from specframe import api
+
+    class Whole(api.Partitioner):  # a third party's: what it does is known only by running it
+        name = "whole"
+
+        def partition(self, elements, num_segments):
+            n = len(elements)
+            return [api.Segment(torch.arange(n), torch.ones(n, dtype=torch.bool))]
+
+    @api.hookimpl
+    def register_partitioners(register):
+        register(Whole)
+"""
+
+
+def test_a_third_party_partitioner_is_run_up_to_the_bound_and_refused_past_it_in_one_line(site):
+    site.add("specframe-whole", "whole", WHOLE)
+    ran = mem.estimate(_config("peagle", mem.SAMPLED_MAX_LEN + 64, "whole"))  # run on the sequence, as before
+    assert ran.segments == 1 and ran.largest_segment["forwarded"] == ran.elements
     with pytest.raises(UsageError) as err:
-        mem.estimate(_config("peagle", mem.RUN_MAX_LEN + 1, "peagle", 2))
+        mem.estimate(_config("peagle", mem.RUN_MAX_LEN + 1, "whole"))
     message = str(err.value)
-    assert message == (f"cannot estimate --seq-len {mem.RUN_MAX_LEN + 1}: partitioner 'peagle' is not one it counts "
+    assert message == (f"cannot estimate --seq-len {mem.RUN_MAX_LEN + 1}: partitioner 'whole' is not one it counts "
                        "without running (none, peagle), so its segments are counted by running it on the sequence, "
                        f"which the estimate does up to {mem.RUN_MAX_LEN} tokens; use --seq-len {mem.RUN_MAX_LEN} "
                        "or less")
@@ -239,3 +256,27 @@ def test_every_drafter_answers_at_a_hundred_million_tokens_under_a_memory_cap():
     for run in doc["runs"]:
         assert run["segments"] == (1 if run["partitioner"] == "none" else 8), run
         assert run["peak"] > 8 * 2**30 and run["advice"], run  # 10^8 tokens never fit 8 GiB: what would is said
+
+
+def _capped(limit: int):
+    def cap():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+    return cap
+
+
+@pytest.mark.slow  # two CLI processes importing torch
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="RLIMIT_DATA is Linux's")
+def test_the_memory_command_answers_the_issues_lengths_under_three_gib():
+    """Issue 56's commands, each in a process whose whole data segment is capped at 3 GiB (the 10^8-token DSpark one
+    was killed at 16.7 GB resident): each answers, with what would fit."""
+    drafters = [n for n in ("dspark", "peagle") if n in _drafters()]
+    for drafter, extra in [(d, ["--seq-len", "100000000", "--memory-budget", "1GiB"]) for d in drafters] + [
+            ("peagle", ["--seq-len", "10000000", "--memory-budget", "8GiB", "--partitioner", "peagle",
+                        "--partitions", "8"])]:
+        done = subprocess.run([sys.executable, "-m", "specframe", "memory", "--drafter", drafter, *extra, "--json"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=600, preexec_fn=_capped(3 * 2**30))
+        assert done.returncode == 0, done.stderr[-2000:]
+        doc = json.loads(done.stdout)
+        assert doc["fits"] is False and doc["advice"] and doc["elements"] > int(extra[1]) - 10, (drafter, doc)
