@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import ROOT, Workspace, default_work
-from presets import PRESETS, resolve
+from presets import ABLATIONS, PRESETS, resolve
 
 
 def pytest_addoption(parser):
@@ -65,7 +65,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         name = Path(str(item.fspath)).name
         per_drafter = name == "test_jobs.py"
-        if name in SUITE_BY_SUITE + ("test_jobs.py",) and per_drafter != preset.per_drafter_jobs:
+        # an ablation preset runs its own suite alone, and no other preset runs it
+        if (name == "test_ablations.py") != (preset.name in ABLATIONS):
+            dropped.append(item)
+        elif name in SUITE_BY_SUITE + ("test_jobs.py",) and per_drafter != preset.per_drafter_jobs:
             dropped.append(item)
         else:
             kept.append(item)

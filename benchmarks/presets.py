@@ -219,3 +219,98 @@ PRESETS = {
         memory_segment_len=2048, prompts=20, max_new_tokens=256, repeats=5, device="cuda",
     ),
 }
+
+
+# ------------------------------------------------------------------------------------------------ ablations (issue 54)
+@attrs.frozen
+class Variant:
+    """One arm of the ablation suite (``benchmarks/test_ablations.py``): today's defaults with one lever moved."""
+
+    name: str
+    #: the reference the lever comes from, and what it changes
+    why: str
+    #: drafter options set on top of the preset's (``FULL_VOCAB`` as a value: the target's whole vocabulary)
+    options: dict = attrs.field(factory=dict)
+    #: training flags that are not drafter options (``lr``, ``warmup_ratio``: a share of the steps)
+    schedule: dict = attrs.field(factory=dict)
+    #: the drafters the lever applies to (empty: every drafter of the preset)
+    only: tuple[str, ...] = ()
+
+
+#: a ``draft_vocab_size`` that stands for the target's whole vocabulary (read from its config when the job starts)
+FULL_VOCAB = "target vocabulary"
+#: the variant trained with every lever whose interval beats the baseline's, set from finished results
+WINNERS = "winners"
+
+VARIANTS = (
+    Variant("baseline", "today's defaults"),
+    Variant("mask_hidden_std", "item 1: mask_hidden starts at N(0, 1) as speculators, NeMo and SpecForge",
+            {"mask_hidden_std": 1.0}, only=("peagle",)),
+    Variant("frozen_head", "item 2: the draft lm_head frozen at the target's rows (speculators)", {"train_head": False}),
+    # EAGLE-3 trains the full grid (cod_ratio 1.0), where the floor changes nothing
+    Variant("no_cod_floor", "item 3: COD keeps r^d with no 0.2 floor (the newer speculators doc)",
+            {"cod_min_ratio": 0.0}, only=("peagle",)),
+    Variant("mask_bit_input", "item 4: the loss gated by the input token's mask bit (speculators' shift_batch)",
+            {"loss_mask_bit": "input"}),
+    # item 5: specframe drops such elements (SpecForge); without the mask the teacher is the target's distribution
+    # renormalised over the draft vocabulary (speculators)
+    Variant("oov_renormalise", "item 5: out-of-vocabulary top-1 kept, teacher renormalised over the draft vocabulary "
+            "(speculators)", {"vocab_position_mask": False}),
+    Variant("full_vocab", "item 6: the target's whole vocabulary (speculators RFC #979, DeepSpec, NeMo)",
+            {"draft_vocab_size": FULL_VOCAB}),
+    Variant("per_sequence", "item 7: loss normalised per sequence (DeepSpec's EAGLE-3)",
+            {"loss_normalisation": "sequence"}),
+    Variant("schedule_6e-4", "item 8: lr 6e-4 with 4% warmup (DeepSpec)", schedule={"lr": 6e-4, "warmup_ratio": 0.04}),
+    Variant("loss_ce", "CE against the teacher's argmax instead of KL", {"loss": "ce"}),
+    # DeepSpec's DSpark weighs its cross-entropy 0.1 beside the distribution term (ce_loss_alpha), the one published
+    # mix of the two that specframe already trains (specframe_dspark's ce_weight default)
+    Variant("loss_mix", "(1 - 0.1) KL + 0.1 CE (DeepSpec DSpark's ce_loss_alpha)", {"loss": "mix", "ce_weight": 0.1}),
+    Variant("init_target_layers", "draft layers initialised from the target's last layers (no trainer has tried it)",
+            {"init_from_target_layers": True}),
+    Variant(WINNERS, "every lever whose validation AL interval beats the baseline's, together"),
+)
+
+
+@attrs.frozen
+class Ablation:
+    """An ablation preset beside its ``Preset`` (same name in ``PRESETS``); kept apart so the per-drafter jobs' keys,
+    which hash every ``Preset`` field, stay as they are."""
+
+    #: the preset whose work folder holds the feature cache (same ``cache_args``: the same cache, never a second)
+    cache_from: str | None = None
+    #: the variants run, by name (empty: all of ``VARIANTS``)
+    variants: tuple[str, ...] = ()
+    #: whole-set acceptance in vLLM on ``served_dataset`` at K = ``served_k`` (when vLLM is installed)
+    served: bool = False
+    served_dataset: str = "mt-bench"
+    served_k: int = 3
+    #: the preset whose committed results hold the served set's contexts (``<results>/baselines/contexts-*.json.gz``)
+    contexts_from: str | None = None
+    #: bump when a change alters what every variant trains or measures, so finished variants run again
+    revision: int = 0
+
+    def variants_for(self, drafter: str) -> list[Variant]:
+        """The variants that apply to ``drafter``, in ``VARIANTS`` order (the baseline first, the winners last)."""
+        chosen = [v for v in VARIANTS if not self.variants or v.name in self.variants]
+        return [v for v in chosen if not v.only or drafter in v.only]
+
+
+PRESETS["ablations"] = attrs.evolve(
+    PRESETS["cpu-large"], name="ablations", description="issue 54: P-EAGLE and EAGLE-3 at one budget (about 260K "
+    "training tokens), today's defaults and each lever alone, on cpu-large's cache; one resumable job per variant",
+    # 184 steps x about 1,417 packed tokens a step: about 260K tokens, over the 250K floor with some margin
+    steps=184, min_train_tokens=250_000, eval_every=46, keep_drafter_at=(),
+    drafters={"peagle": PUBLISHED["peagle"], "eagle3": PUBLISHED["eagle3"]}, per_drafter_jobs=False,
+    datasets=("mt-bench",), vllm_ks=(3,),
+)
+PRESETS["ablations-ci"] = Preset(
+    name="ablations-ci", description="the ablation suite at ci scale: tiny target, a few steps, three variants",
+    target="tiny", data="gsm8k", train_examples=12, val_examples=4, seq_len=256, depth=4, steps=8, batch_size=2,
+    lr=3e-3, draft_vocab=128, memory_budget="2GiB", drafters={"peagle": {"layers": 1}, "eagle3": {"layers": 1}},
+    eval_every=2, committed=False, datasets=("mt-bench",), ks=(2,), speed_k=3, vllm_ks=(3,), min_train_tokens=1,
+)
+ABLATIONS = {
+    "ablations": Ablation(cache_from="cpu-large", served=True, contexts_from="cpu-large"),
+    "ablations-ci": Ablation(variants=("baseline", "mask_hidden_std", "full_vocab", WINNERS)),
+}
+

@@ -105,10 +105,12 @@ def render(directory: Path, output: Path | None = None) -> Path:
     documents = load_results(directory)
     output = output or directory / "report.md"
     output.parent.mkdir(parents=True, exist_ok=True)
+    from specframe.report_ablations import ablations_section
     from specframe.report_jobs import jobs_section
 
     lines = [f"# specframe results: {directory.name}", ""]
     lines += jobs_section(documents)
+    lines += ablations_section(documents)
     lines += headline(documents)
     made = figures(documents)
     if made:
@@ -137,10 +139,11 @@ GOAL_SPEEDUP = 1.3
 
 def summary(directory: Path) -> list[str]:
     """The answer ``render`` puts first (per-drafter jobs, then the answers in sentences), for a terminal."""
+    from specframe.report_ablations import ablations_section
     from specframe.report_jobs import jobs_section
 
     documents = load_results(directory)
-    lines = jobs_section(documents) + answers(documents)
+    lines = jobs_section(documents) + ablations_section(documents) + answers(documents)
     return lines or [f"{directory}: no answer yet (no acceptance, speed or training results to rank)"]
 
 

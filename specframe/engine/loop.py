@@ -500,6 +500,8 @@ class Trainer:
         # [elements the draft-vocabulary position mask left out, elements of segments that report it]
         masked = torch.zeros(2)
         held_out: list[tuple[torch.Tensor, ...]] = []  # (confidence logits, verdicts, sequence) of full chains
+        # [validation index, anchors, accepted sum] per sequence: what a bootstrap over held-out sequences resamples
+        per_sequence: list[list[int]] = []
         for j, idx in enumerate(self.val_ids):
             if j % self.dist.world != self.dist.rank:
                 continue
@@ -531,6 +533,7 @@ class Trainer:
             if chained:
                 c = chain_acceptance(hits)
                 chain += torch.tensor([c.anchors, c.accepted_sum, *c.reached, *c.accepted], dtype=chain.dtype)
+                per_sequence.append([int(idx), c.anchors, c.accepted_sum])
                 full = hits.ge(0).all(1) & logits.isfinite().all(1)  # anchors with a full chain and its confidence
                 if full.any():
                     observed = torch.where(acceptance.isnan(), hits.clamp(min=0).double(), acceptance)
@@ -558,6 +561,7 @@ class Trainer:
             out["val_expected_al"] = 1.0 + float(chain[1].item()) / anchors
             out["val_expected_al_method"] = "chain"
             out["val_chain_anchors"] = anchors
+            out["val_chain_per_sequence"] = self._gather_rows(per_sequence)
             out["val_conditional_accuracy"] = [float(a / r) if r > 0 else 0.0 for a, r in zip(accepted, reached)]
         else:  # the drafter reports per-depth counts only
             out["val_expected_al"] = product
@@ -565,6 +569,14 @@ class Trainer:
         if self.held_out_confidence is not None:
             out.update(self._confidence_figures(*self.held_out_confidence[:2]))
         return out
+
+    def _gather_rows(self, rows: list[list[int]]) -> list[list[int]]:
+        """Every rank's rows together, sorted (the same list on every rank, whatever the sharding)."""
+        if self.dist.world > 1:
+            gathered: list[Any] = [None] * self.dist.world
+            self.dist.dist.all_gather_object(gathered, rows)
+            rows = [row for rank in gathered for row in rank]
+        return sorted(rows)
 
     def _gather_confidence(self, held_out: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...] | None:
         """Every rank's held-out (confidence logits, verdicts, sequence) together, on every rank (a calibration
