@@ -199,9 +199,10 @@ class Workspace:
         attempts = []
         from specframe.engine import checkpoint
 
-        # a run folder is resumed only under the key it was started with: `train --resume` continues any checkpoint
-        # of the drafter, so a folder left by other preset settings (more steps: another learning-rate schedule)
-        # would otherwise go on as a silently different run. Such a folder is set aside, not deleted.
+        # a run folder is resumed only under the key it was started with: `train --resume` refuses a folder left by
+        # other settings (more steps: another learning-rate schedule), which would stop the job, and the key also
+        # covers what the refusal lets change (eval / save frequency, kept steps, threads). Such a folder is set
+        # aside, not deleted, and the job starts its run afresh.
         marker = self.root / "train" / f"{drafter}.bench-key"
         if out.exists() and (not marker.exists() or marker.read_text().strip() != key):
             old = marker.read_text().strip() if marker.exists() else "unknown"
