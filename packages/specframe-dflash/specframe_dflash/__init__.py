@@ -14,6 +14,9 @@ It imports only ``specframe.api``. What it declares, and why (README.md has the 
 - Loss: cross-entropy against the data token with the target's frozen lm_head, weight exp(-d / gamma) at depth d
   (``loss_decay_gamma``; off by default, as in SpecForge), normalised by the engine's supervised count; computed in
   row chunks over the target's vocabulary (``api.modeling.chunked_cross_entropy``), never as a whole [rows, V] block.
+  It trains the elements the reference samplers choose (``trained_elements``): a block anchored on a supervised token
+  whose first target is supervised, up to its first unsupervised slot; the engine's other charged elements weigh 0.
+- Initialisation: every module the drafter owns starts as the reference's ``post_init`` (``reference_init``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,26 @@ from specframe import api
 from .model import DFlashModel
 
 AUX = "aux_hidden"
+#: the std of every Linear the drafter owns at the start (transformers' initializer_range, 0.02 in the references)
+INIT_STD = 0.02
 _positive = api.positive_int("dflash")
+
+
+@torch.no_grad()
+def reference_init(model: torch.nn.Module) -> None:
+    """The references' start: z-lab's, SpecForge's and speculators' DFlash drafters are transformers
+    ``PreTrainedModel`` s whose ``post_init`` draws every Linear N(0, initializer_range = 0.02), biases 0, norms 1
+    (PyTorch's own Linear default is kaiming-uniform, std about 1 / sqrt(3 fan_in)). The embedding and lm_head are
+    left alone: ``prepare`` copies the target's over them. (DSpark's ``DSparkModel.reference_init`` is the same rule;
+    each package keeps its own copy, as a plugin imports only ``specframe.api``.)"""
+    shared = (model.embed_tokens, model.lm_head)
+    for module in model.modules():
+        if any(module is s for s in shared):
+            continue
+        if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+            module.weight.normal_(0.0, INIT_STD)
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            module.bias.zero_()
 
 
 # DFlash's target layers (z-lab's spacing), now shared with DSpark in the core (API 7)
@@ -112,6 +134,7 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         self.shape = api.modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
         self.model = DFlashModel(self.shape, self.vocab_size, len(ids), opts.layers, self.shape.hidden)
+        reference_init(self.model)
         self.mask_token_id: int | None = None
         self._reset_inference()
 
@@ -165,6 +188,21 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         # position i reads x_{i+1} with g_i and is charged with x_{i+2}: the EAGLE indexing, so the EAGLE rule
         return api.eagle.shifted_supervision(example.loss_mask, example.doc)
 
+    @staticmethod
+    def trained_elements(example: api.TrainingExample, sup: torch.Tensor, anchor: torch.Tensor,
+                         depth: torch.Tensor) -> torch.Tensor:
+        """Which charged elements (a, d) the loss trains, as the reference samplers choose them: the block's anchor
+        token x_{a+1} is supervised (drafting only ever anchors on a generated token) as is its first target x_{a+2}
+        (SpecForge's ``_sample_anchor_positions``, DeepSpec's ``build_anchor_candidate_mask``), and slot d only
+        while the targets of slots 0..d are all supervised (DeepSpec's ``build_eval_mask``: a block stops at its
+        first unsupervised slot, as a draft never runs past the end of an answer). The engine's supervision is per
+        position, so the elements outside this rule stay charged (counted, verdicts reported) with weight 0."""
+        lm = example.loss_mask.to(torch.bool)
+        # unsupervised positions before i: positions a..a+d are all supervised iff none lies in [a, a + d]
+        gaps = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum((~sup.to(torch.bool)).long(), 0)])
+        contiguous = gaps[anchor + depth + 1] == gaps[anchor]
+        return lm[anchor + 1] & contiguous
+
     def loss(
         self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: Any
     ) -> api.LossTerms:
@@ -194,7 +232,12 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         rows = (block_of * slots + depth + 1).to(device)
         target = ids[anchor + depth + 2].to(device)
         gamma = self.options.loss_decay_gamma
-        weight = None if gamma is None else torch.exp(-depth.to(device=device, dtype=torch.float64) / gamma)
+        trained = self.trained_elements(example, sup, anchor, depth)
+        self.last_trained = trained
+        weight = trained.to(torch.float64)
+        if gamma is not None:
+            weight = weight * torch.exp(-depth.to(torch.float64) / gamma)
+        weight = weight.to(device)
         # the head is the target's whole vocabulary: full [rows, V] logits (and softmax's saved copy and gradient)
         # would be most of a step's memory, so the core's chunked cross-entropy holds one [chunk, V] block at a time
         loss_sum, hit = api.modeling.chunked_cross_entropy(
