@@ -179,7 +179,9 @@ PRESETS = {
         speed_k=2, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, eval_every=3, per_drafter_jobs=True,
         acceptance_prompts=3, acceptance_max_new_tokens=16, acceptance_batch=4, acceptance_kv_gib=1, speed_prompts=2,
         speed_max_new_tokens=12, tree_prompts=1, committed=False, speed_concurrency=(1, 2), keep_drafter_at=(3,),
-        job_revisions={"dflash": 1},  # 1: drafts from its full block (GPU-path review item 3)
+        # 1: drafts from its full block (GPU-path review item 3); 2: starts as the references' post_init and trains
+        # only their elements (anchor token and first target supervised, up to the first unsupervised slot; issue 54)
+        job_revisions={"dflash": 2},
     ),
     "cpu": Preset(
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; about 2.5 hours on 2 cores",
@@ -208,8 +210,9 @@ PRESETS = {
         # about 128K, 255K and 510K training tokens (packing fills about 1,417 tokens a step), then the final 1.02M
         keep_drafter_at=(90, 180, 360),
         # dflash 1: drafts from its full block on the reference engine, and vLLM serves it at block_size - 1 only,
-        # which none of vllm_ks is (GPU-path review item 3)
-        job_revisions={"dflash": 1},
+        # which none of vllm_ks is (GPU-path review item 3); 2: starts as the references' post_init (N(0, 0.02)) and
+        # trains only their elements (anchor token and first target supervised, up to the first unsupervised slot)
+        job_revisions={"dflash": 2},
     ),
     "gpu": Preset(
         name="gpu", description="SmolLM2 target, about 30x the cpu preset's training tokens, 8 GiB budget, 64K memory search",
