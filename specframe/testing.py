@@ -79,10 +79,10 @@ def accumulated_gradients(model, input_ids, targets, supervised, elements, segme
 
 
 # ---------------------------------------------------------------------------------------- the drafter contract
-# A pytest plugin (the ``pytest11`` entry point ``specframe``, loaded in every pytest session where specframe is
-# installed): the fixture ``specframe_tiny_target`` and ``DrafterContract``, the checks every drafter must pass.
-# A plugin author subclasses it in a test module of their package, as tests/contract/test_contract.py does for the
-# built-ins:
+# ``DrafterContract``, the checks every drafter must pass, run with the fixture ``specframe_tiny_target`` of the
+# pytest plugin (``specframe.pytest_plugin``, the ``pytest11`` entry point ``specframe``, which imports this module
+# only when a test asks for the fixture). A plugin author subclasses it in a test module of their package, as
+# tests/contract/test_contract.py does for the built-ins:
 #
 #     from specframe.testing import DrafterContract
 #
@@ -94,19 +94,17 @@ import math  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, ClassVar  # noqa: E402
 
-import pytest  # noqa: E402
 
 from specframe import api  # noqa: E402
 
 
-@pytest.fixture(scope="session")
-def specframe_tiny_target(tmp_path_factory):
-    """A tiny random Llama target (320 tokens, 4 layers, width 32, grouped-query attention), its lm_head sharpened so
-    its next-token distribution is peaked (a random target is near uniform: a distillation loss would start near
-    zero and a draft would be accepted by chance)."""
+def tiny_test_target(folder: Path) -> Any:
+    """The target behind the ``specframe_tiny_target`` fixture (``specframe.pytest_plugin``), built in ``folder``: a
+    tiny random Llama (320 tokens, 4 layers, width 32, grouped-query attention), its lm_head sharpened so its
+    next-token distribution is peaked (a random target is near uniform: a distillation loss would start near zero
+    and a draft would be accepted by chance)."""
     from specframe.targets import load_target, tiny_target
 
-    folder = tmp_path_factory.mktemp("specframe-tiny-target") / "target"
     tiny_target(folder, vocab=320, layers=4, hidden=32, heads=4, kv_heads=2, seed=0)
     target = load_target(folder)
     with torch.no_grad():
