@@ -317,3 +317,26 @@ ABLATIONS = {
     "ablations-ci": Ablation(variants=("baseline", "mask_hidden_std", "full_vocab", WINNERS)),
 }
 
+
+# ------------------------------------------------------------------------------------------------ peer (issue 54, item 1)
+# speculators' trainer beside specframe's (benchmarks/test_peer.py). One conversation per sequence (no packing), so the
+# held-out split is the same last examples for both trainers; one epoch over the training conversations for both.
+# `drafters` is the matched architecture both trainers build (1 llama layer, no extra norms, full attention); each
+# trainer's defaults run beside it. `depth` is the matched training depth and every row's evaluation depth.
+PRESETS["peer"] = Preset(
+    name="peer", description="issue 54: speculators 0.9.0's trainer and specframe's on SmolLM2, the large "
+    "self-distilled set (1,050 training conversations, about 280K tokens, one epoch), at each trainer's defaults and "
+    "at matched settings, P-EAGLE and EAGLE-3",
+    target="default", data="large", train_examples=1050, val_examples=64, seq_len=512, depth=4, steps=0, batch_size=4,
+    lr=1e-3, draft_vocab=8192, memory_budget="3GiB", drafters={"peagle": {"layers": 1}, "eagle3": {"layers": 1}},
+    mask_builder=None, datasets=("gsm8k", "mt-bench"), ks=(3,), speed_k=3, vllm_ks=(3,), min_train_tokens=250_000,
+)
+PRESETS["peer-ci"] = Preset(
+    name="peer-ci", description="the peer benchmark at ci scale: tiny target, a few conversations, both trainers",
+    target="tiny", data="gsm8k", train_examples=12, val_examples=4, seq_len=256, depth=3, steps=0, batch_size=2,
+    lr=3e-3, draft_vocab=128, memory_budget="2GiB",
+    # a 4-layer target: speculators' default layers [2, L//2, L-3] repeat a layer, which it refuses
+    drafters={"peagle": {"layers": 1, "aux_layer_ids": [1, 2, 3]}, "eagle3": {"layers": 1, "aux_layer_ids": [1, 2, 3]}},
+    committed=False, datasets=("gsm8k", "mt-bench"), ks=(3,), speed_k=3, vllm_ks=(3,), acceptance_prompts=3,
+    acceptance_max_new_tokens=16, acceptance_batch=4, acceptance_kv_gib=1, min_train_tokens=1,
+)

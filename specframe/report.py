@@ -107,10 +107,12 @@ def render(directory: Path, output: Path | None = None) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     from specframe.report_ablations import ablations_section
     from specframe.report_jobs import jobs_section
+    from specframe.report_peer import peer_section
 
     lines = [f"# specframe results: {directory.name}", ""]
     lines += jobs_section(documents)
     lines += ablations_section(documents)
+    lines += peer_section(documents)
     lines += headline(documents)
     made = figures(documents)
     if made:

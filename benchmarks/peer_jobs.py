@@ -1,0 +1,221 @@
+"""One peer job (issue 54, item 1): a (trainer, drafter, settings) trained on the peer data, then measured by the one
+harness every row shares. See ``test_peer.py`` for the order and the files.
+
+Settings: ``defaults`` (each trainer's own, on the same conversations, one epoch; speculators' aux layers stated only
+where its default repeats a layer) and ``matched`` (the architecture both build, the preset's draft vocabulary,
+sequence length, depth, peak lr, fp32, one epoch, seed 0; each trainer keeps its own optimiser and schedule).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from harness import ROOT, beside_cores, busy_cpu_seconds, fingerprint, last_error, run_cli, training_figures
+from presets import Preset
+
+TRAINERS = ("specframe", "speculators")
+SETTINGS = ("defaults", "matched")
+#: what a peer job measures: part of every key, so a change here reruns every job
+SCHEMA = 1
+#: the learning rate of the evaluation run: one step that changes nothing (specframe's evaluator reads the final
+#: validation of `specframe train --init-from FOLDER --max-steps 1`)
+EVAL_LR = 1e-12
+
+
+def cases(preset: Preset) -> list[tuple[str, str, str]]:
+    """(drafter, settings, trainer) in run order: the two trainers back to back for each drafter and settings, so
+    their throughputs are measured under the same load."""
+    return [(d, s, t) for d in preset.drafters for s in SETTINGS for t in TRAINERS]
+
+
+def aux_layers(preset: Preset, drafter: str) -> list[int] | None:
+    return preset.drafters[drafter].get("aux_layer_ids")
+
+
+# ------------------------------------------------------------------------------------------------ specframe
+def specframe_train_args(p: Preset, drafter: str, settings: str, target: str, cache: Path, config: Path,
+                         out: Path) -> list[str]:
+    """`specframe train` on the cache's first examples, one conversation per sequence, one epoch."""
+    args = ["train", "--drafter", drafter, "--target", target, "--cache", str(cache), "--seq-len", str(p.seq_len),
+            "--no-pack", "--epochs", "1", "--max-examples", str(p.train_examples + p.val_examples),
+            "--val-examples", str(p.val_examples), "--memory-budget", p.memory_budget, "--device", p.device,
+            "--eval-every", "0", "--save-every", "25", "--seed", "0", "--output", str(out), "--json"]
+    options = p.train_options(drafter) if settings == "matched" else {
+        k: v for k, v in p.drafters[drafter].items() if k == "aux_layer_ids"}
+    if settings == "matched":
+        args += ["--depth", str(p.depth), "--batch-size", str(p.batch_size), "--lr", str(p.lr)]
+    _write_options(config, options)
+    return [*args, "--config", str(config)]
+
+
+def _write_options(path: Path, options: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[drafter]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(options.items())))
+
+
+# ------------------------------------------------------------------------------------------------ speculators
+SPECULATOR_TYPE = {"peagle": "peagle", "eagle3": "eagle3"}
+
+
+def speculators_train_args(p: Preset, drafter: str, settings: str, target: str, data: Path, ratio: float,
+                           out: Path) -> list[str]:
+    """`speculators train` on the peer data folder, one epoch, the CPU flags; matched: the architecture specframe
+    builds (llama layer, no norm before the residual, no EAGLE 3.1 norms, full attention)."""
+    from peer_speculators import CPU_FLAGS
+
+    args = ["train", "--speculator-type", SPECULATOR_TYPE[drafter], "--verifier-name-or-path", target,
+            "--data-path", str(data), "--save-path", str(out / "ckpt"), "--epochs", "1",
+            "--train-data-ratio", repr(ratio)]
+    for flag, (value, _why) in CPU_FLAGS.items():
+        args += [flag, value]
+    layers = aux_layers(p, drafter)
+    if layers:
+        args += ["--target-layer-ids", *map(str, layers)]
+    if settings == "matched":
+        opts = p.drafters[drafter]
+        args += ["--num-layers", str(opts.get("layers", 1)), "--draft-arch", "llama", "--no-norm-before-residual",
+                 "--full-attention-indices", *map(str, range(int(opts.get("layers", 1)))),
+                 "--draft-vocab-size", str(p.draft_vocab), "--lr", str(p.lr),
+                 "--total-seq-len", str(p.batch_size * p.seq_len), "--seed", "0"]
+        args += (["--num-depths", str(p.depth)] if drafter == "peagle" else
+                 ["--ttt-steps", str(p.depth), "--no-norm-before-fc", "--no-norm-output"])
+    return args
+
+
+_NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"
+
+
+def speculators_throughput(log: str, epoch_tokens: int | None = None) -> dict[str, Any]:
+    """Training tokens and step time from speculators' per-step profile (``profile/step_ms``, ``tokens_per_s``),
+    validation and checkpoint time left out, as specframe's figures leave them out. The tokens are ``epoch_tokens``
+    where given (one epoch reads every training row once: exact), else rate x step time (the log's rounding)."""
+    steps = [float(v) for v in re.findall(r"profile/step_ms=" + _NUMBER, log)]
+    rates = [float(v) for v in re.findall(r"profile/tokens_per_s=" + _NUMBER, log)]
+    if not steps or len(steps) != len(rates):
+        return {"steps": len(steps), "train_tokens": None, "train_seconds": None, "tokens_per_second": None}
+    seconds = sum(steps) / 1000.0
+    logged = round(sum(s / 1000.0 * r for s, r in zip(steps, rates, strict=True)))
+    tokens = logged if epoch_tokens is None else epoch_tokens
+    return {"steps": len(steps), "train_tokens": tokens, "profile_tokens": logged, "train_seconds": seconds,
+            "tokens_per_second": tokens / seconds if seconds else None}
+
+
+def run_speculators(args: list[str], *, pythonpath: Path, threads: int, log: Path) -> dict[str, Any]:
+    """``python -m speculators ARGS`` against the patched copy, with its wall time and the load beside it."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(pythonpath), "HF_HUB_OFFLINE": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "speculators", *args]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        out.write(f"$ PYTHONPATH={pythonpath} {shlex.join(cmd)}\n")
+        out.flush()
+        busy = busy_cpu_seconds()
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+    return {"exit": os.waitstatus_to_exitcode(status), "seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024.0,
+            "beside_cores": beside_cores(busy, busy_cpu_seconds(), usage.ru_utime + usage.ru_stime, seconds)}
+
+
+def speculators_folder(run: Path) -> Path:
+    """The last epoch's checkpoint folder of a speculators run (``ckpt/<epoch>/``)."""
+    epochs = sorted((int(d.name), d) for d in (run / "ckpt").iterdir() if d.name.isdigit() and d.is_dir())
+    if not epochs:
+        raise RuntimeError(f"speculators wrote no checkpoint under {run / 'ckpt'}")
+    return epochs[-1][1]
+
+
+def import_folder(checkpoint: Path, dest: Path) -> Path:
+    """The drafter of a speculators checkpoint as specframe's importer reads it: its config and weights (the pickled
+    optimizer and scheduler states left behind, as speculators' own ``--from-pretrained`` reads the folder)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(checkpoint / name, dest / name)
+    return dest
+
+
+def eval_options(p: Preset, drafter: str, trainer: str, settings: str, folder: Path,
+                 target: str | None = None) -> dict[str, Any]:
+    """The drafter options the evaluation run builds: the shape of the folder it imports (layers, vocabulary, aux
+    layers, and the layer architecture where the importer reads one: ``Imported.architecture``) at the preset's
+    evaluation depth."""
+    if trainer == "speculators":
+        cfg = json.loads((folder / "config.json").read_text())
+        layer = cfg.get("transformer_layer_config") or {}
+        options: dict[str, Any] = {"layers": int(layer.get("num_hidden_layers", 1)),
+                                   "draft_vocab_size": int(cfg.get("draft_vocab_size")),
+                                   "aux_layer_ids": list(cfg.get("eagle_aux_hidden_state_layer_ids") or [])}
+        options.update(_architecture(folder, target))
+    elif settings == "matched":
+        options = dict(p.train_options(drafter))
+    else:
+        options = {k: v for k, v in p.drafters[drafter].items() if k == "aux_layer_ids"}
+    for key in ("k_train", "ttt_steps", "k_infer"):
+        options.pop(key, None)
+    if not options.get("aux_layer_ids"):
+        options.pop("aux_layer_ids", None)
+    return options
+
+
+def _architecture(folder: Path, target: str | None) -> dict[str, Any]:
+    """The layer variants the importer reads from a speculators folder (Qwen3 q/k norms, norm placements, sliding
+    window), those that differ from specframe's layer only; {} where this specframe has no such reading (its
+    importer then refuses the folder, and the refusal is what the row records)."""
+    from specframe.errors import SpecframeError
+    from specframe.layouts import imports
+
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(target) if target else None
+        architecture = getattr(imports.read(folder, config), "architecture", None)
+    except (SpecframeError, OSError, ValueError):
+        return {}
+    if not isinstance(architecture, dict):
+        return {}
+    return {k: v for k, v in architecture.items() if v not in (False, None)}
+
+
+def evaluate(p: Preset, drafter: str, options: dict, folder: Path, target: str, cache: Path, out: Path,
+             threads: int) -> dict[str, Any]:
+    """specframe's validation of the drafter in ``folder`` on the held-out examples: the final evaluation of a
+    one-step run at ``EVAL_LR`` warm-started from it. ``refused``: the importer's one line when it cannot read it."""
+    config = out.with_suffix(".toml")
+    _write_options(config, options)
+    args = ["train", "--drafter", drafter, "--target", target, "--cache", str(cache), "--seq-len", str(p.seq_len),
+            "--no-pack", "--max-steps", "1", "--lr", repr(EVAL_LR), "--depth", str(p.depth),
+            "--max-examples", str(p.train_examples + p.val_examples), "--val-examples", str(p.val_examples),
+            "--memory-budget", p.memory_budget, "--device", p.device, "--seed", "0", "--init-from", str(folder),
+            "--config", str(config), "--output", str(out), "--json"]
+    shutil.rmtree(out, ignore_errors=True)
+    log = out.with_suffix(".log")
+    child = run_cli(args, threads=threads, log=log)
+    if child.exit != 0:
+        return {"refused": last_error(log).removeprefix("error: "), "command": shlex.join(["specframe", *args])}
+    figures = training_figures(out)
+    final = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "val_loss" in line][-1]
+    return {"run": str(out), "command": shlex.join(["specframe", *args]),
+            "val_expected_al": figures["val_expected_al"], "val_expected_al_method": figures["val_expected_al_method"],
+            "val_accuracy": figures["val_accuracy"], "val_chain_per_sequence": final.get("val_chain_per_sequence"),
+            "val_sequences": len(final.get("val_chain_per_sequence") or [])}
+
+
+@attrs.frozen
+class JobPaths:
+    root: Path
+
+    def run(self, drafter: str, settings: str, trainer: str) -> Path:
+        return self.root / "runs" / f"{drafter}-{settings}-{trainer}"
