@@ -10,7 +10,7 @@ Each (drafter, variant) is one resumable job, ``test_ablation[<drafter>-<variant
 1. training through ``harness.Workspace.trained`` in its own folder under the work folder
    (``<work>/variants/<drafter>-<variant>-<options hash>``): a killed run resumes from its last checkpoint, a finished
    one is reused. The feature cache is the one ``cache_from``'s preset built (``ablations``: cpu-large's, the same
-   ``cache_args`` and so the same key: never a second cache);
+   ``cache_args`` and so the same key: never a second cache; refused while unfinished, never prepared here);
 2. the final evaluation's per-sequence chain acceptance (``val_chain_per_sequence`` in the run's metrics.jsonl) gives
    the validation AL with a bootstrap interval over held-out sequences;
 3. where the preset asks for it and vLLM is installed, whole-set acceptance in vLLM on ``served_dataset`` at K =
@@ -90,13 +90,28 @@ class VariantWorkspace(Workspace):
         return args
 
 
+@attrs.define
+class BorrowedCache(Workspace):
+    """Another preset's work folder, whose finished feature cache is read and never built here: its own run builds
+    it, and two ``specframe prepare`` runs writing one folder at once would interleave their shards."""
+
+    def cache(self) -> Path:
+        key = fingerprint(self.cache_args())
+        done = self.root / f"cache-{key}.done.json"
+        if not done.exists():
+            raise RuntimeError(f"the {self.preset.name} feature cache {self.root / f'cache-{key}'} is not finished "
+                               f"(no {done.name}): let `make bench PRESET={self.preset.name}` build it first; the "
+                               "ablations read it and never build it")
+        return super().cache()
+
+
 def cache_workspace(ablation: Workspace) -> Workspace:
     """Where the cache comes from: ``cache_from``'s work folder and settings (resolved as its own run resolves
     them, installed plugin drafters included, so its cache key is the one that run built), else this preset's."""
     source = ABLATIONS[ablation.preset.name].cache_from
     if source is None:
         return ablation
-    return Workspace(resolve(source), default_work(PRESETS[source]), ablation.results)
+    return BorrowedCache(resolve(source), default_work(PRESETS[source]), ablation.results)
 
 
 def resolved_options(options: dict[str, Any], vocab_size: int) -> dict[str, Any]:

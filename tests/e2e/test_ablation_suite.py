@@ -92,6 +92,18 @@ def test_the_ablations_preset_trains_on_cpu_larges_cache_with_at_least_250k_toke
     assert base.root == default_work(large) and base.preset == resolve("cpu-large")  # the key its own run built
 
 
+def test_a_borrowed_cache_that_is_not_finished_is_refused_never_prepared(tmp_path, monkeypatch):
+    import harness
+    import test_ablations as suite
+    from presets import PRESETS
+
+    borrowed = suite.BorrowedCache(PRESETS["ablations-ci"], tmp_path / "other", tmp_path / "results")
+    monkeypatch.setattr(harness, "run_cli", lambda *a, **k: pytest.fail("prepare started"))
+    with pytest.raises(RuntimeError, match="is not finished .*make bench PRESET=ablations-ci"):
+        borrowed.cache()
+    assert not list((tmp_path / "other").glob("cache-*"))
+
+
 def _finished(results_dir: Path, ablation, drafter: str, name: str, rows: list[list[int]]) -> None:
     import test_ablations as suite
     from presets import VARIANTS
