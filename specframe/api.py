@@ -36,7 +36,8 @@ from specframe import calibration
 from specframe.declarations import (Training, legacy_comparison_options, legacy_greedy, legacy_import_options,
                                     legacy_training, positive_int, unit_interval)
 from specframe.drafts import Draft
-from specframe.elements import VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility, visible
+from specframe.elements import (VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility,
+                                shared_window, visible)
 from specframe.modeling import expand_kv  # noqa: F401  (api.expand_kv, for drafters' attention)
 from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError, read_json
 from specframe.features import FeatureSpec
@@ -110,7 +111,11 @@ from specframe.layouts import export as vllm_layouts
 #:   confidence is calibrated for (a 0 / 1 verdict, or 1 - TV for speculative sampling), which the engine then
 #:   measures and fits the calibration against instead of ``hit`` (``api.calibration`` takes values in [0, 1]). A
 #:   version-11 drafter returns none and is calibrated against ``hit`` as before.
-API_VERSION = "12"
+#: - "13" (additive): sliding windows. ``ElementSet.window`` (None: none) narrows the context clause of the rule
+#:   (``rule_matrix(..., window)``, ``api.shared_window``); ``MaskBuilder.windows`` says a builder applies it (dense,
+#:   chunked, precomputed and flex do), and ``SegmentAttention`` refuses a windowed set to a builder that does not.
+#:   Sets without a window, which is every set a version-12 drafter sees, attend exactly as before.
+API_VERSION = "13"
 
 __all__ = [
     "API_VERSION",
@@ -151,6 +156,7 @@ __all__ = [
     "speculative_chain",
     "chain_verification",
     "shared_visibility",
+    "shared_window",
     "modeling",
     "eagle",
     "block",
@@ -203,6 +209,9 @@ class MaskBuilder(Component, ABC):
     #: the visibility rules the builder applies (``VISIBILITY_RULES``); a builder that predates API 2 applies only
     #: the chain rule, so that is the default, and ``SegmentAttention.build`` refuses it a block drafter's elements
     visibilities: ClassVar[frozenset[str]] = frozenset({"chain"})
+    #: API 13: True when the builder applies an element set's sliding ``window`` (``rule_matrix``'s window clause);
+    #: False (a builder written before it) has windowed sets refused by ``SegmentAttention``, never attended unwindowed
+    windows: ClassVar[bool] = False
     #: API 6: the order a run that names no builder tries the registered ones in (``specframe.masks``): the highest
     #: that trains on the run's device is chosen (ties: registration order). 0, the default, ranks below every
     #: built-in, so installing a builder never changes another run's default unless it says it should.
@@ -245,7 +254,7 @@ class SegmentAttention:
 
     @classmethod
     def build(cls, builder: MaskBuilder, elements: ElementSet) -> SegmentAttention:
-        check_builder_visibility(builder, elements.visibility)
+        check_builder_visibility(builder, elements.visibility, elements.window)
         return cls(builder, builder.build(elements, elements))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -256,7 +265,7 @@ class SegmentAttention:
         return bool(getattr(self.attention, "grouped_kv", False))
 
     def subset(self, query: ElementSet, key: ElementSet) -> Attention:
-        check_builder_visibility(self.builder, query.visibility)
+        check_builder_visibility(self.builder, query.visibility, query.window)
         return SegmentAttention(self.builder, self.builder.build(query, key))
 
 
@@ -276,9 +285,15 @@ def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def check_builder_visibility(builder: MaskBuilder, rule: str) -> None:
-    """Refuse (``UsageError``) a mask builder that does not declare ``rule`` in its ``visibilities``: it would
-    otherwise attend by another rule than the drafter's, which trains silently on the wrong masks."""
+def check_builder_visibility(builder: MaskBuilder, rule: str, window: int | None = None) -> None:
+    """Refuse (``UsageError``) a mask builder that does not declare ``rule`` in its ``visibilities``, or a
+    ``window`` without ``windows``: it would otherwise attend by another rule than the drafter's, which trains
+    silently on the wrong masks."""
+    if window is not None and not getattr(builder, "windows", False):
+        raise UsageError(
+            f"mask builder '{getattr(builder, 'name', type(builder).__name__)}' does not apply a sliding window, and "
+            f"the drafter attends within {window} positions; choose a builder that does (dense, precomputed, chunked "
+            "or flex)")
     rules = getattr(builder, "visibilities", frozenset({"chain"}))
     if rule not in rules:
         raise UsageError(

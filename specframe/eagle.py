@@ -35,6 +35,7 @@ from specframe.vocab import (
 __all__ = [
     "TEACHER_IDS",
     "TEACHER_LOGP",
+    "Architecture",
     "EagleBackbone",
     "FamilyFields",
     "TargetHead",
@@ -57,6 +58,7 @@ __all__ = [
     "shifted_supervision",
     "supervised_per_document",
     "target_head",
+    "windowed",
 ]
 
 
@@ -76,17 +78,24 @@ class EagleBackbone(nn.Module):
         num_aux: int,
         layers: int,
         eagle_input: bool = True,
+        architecture: Architecture | None = None,
     ) -> None:
         super().__init__()
         if layers < 1:
             raise UsageError(f"a drafter needs at least one layer, got {layers}")
         self.shape = shape
         self.eagle_input = eagle_input
+        arch = architecture or Architecture()
+        self.architecture = arch
         h = shape.hidden
         self.embed_tokens = nn.Embedding(vocab_size, h)
+        # speculators' norm_before_fc (vLLM's input_norm): one RMSNorm over the concatenated aux states before fc
+        self.input_norm = modeling.RMSNorm(num_aux * h, shape.eps) if num_aux and arch.norm_before_fc else None
         self.fc = nn.Linear(num_aux * h, h, bias=False) if num_aux else None
         self.layers = nn.ModuleList(
-            [modeling.DecoderLayer(shape, eagle_input=(eagle_input and i == 0)) for i in range(layers)]
+            [modeling.DecoderLayer(shape, eagle_input=(eagle_input and i == 0),
+                                   norm_before_residual=arch.norm_before_residual, qk_norm=arch.qk_norm)
+             for i in range(layers)]
         )
         self.norm = modeling.RMSNorm(h, shape.eps)
         self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
@@ -111,10 +120,21 @@ class EagleBackbone(nn.Module):
         return draft + self.d2t[draft]
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
-        """The target's concatenated aux states [N, num_aux * H] projected to the drafter width [N, H]."""
+        """The target's concatenated aux states [N, num_aux * H] projected to the drafter width [N, H] (through
+        ``input_norm`` first with ``norm_before_fc``)."""
         if self.fc is None:
             raise UsageError("this backbone reads no target features (num_aux 0)")
-        return self.fc(aux.to(self.fc.weight.dtype))
+        aux = aux.to(self.fc.weight.dtype)
+        return self.fc(aux if self.input_norm is None else self.input_norm(aux))
+
+    def feed(self, out: torch.Tensor) -> torch.Tensor:
+        """The hidden state an autoregressive step hands the next one from its layers' output ``out``: the pre-norm
+        output, or with ``norm_output`` (EAGLE 3.1) the final norm's output (vLLM's ``aux_output``)."""
+        return self.norm(out) if self.architecture.norm_output else out
+
+    def attention_window(self) -> int | None:
+        """The sliding window every draft layer attends within (None: the whole context)."""
+        return self.architecture.sliding_window
 
     def run(
         self,
@@ -144,7 +164,9 @@ class FamilyFields:
     """The option fields the EAGLE family's drafters share (``k_infer``, ``draft_vocab_size``, ``aux_layer_ids``,
     ``train_embedding``, ``cod_ratio``, ``cod_min_ratio``, ``activation_checkpointing``, ``loss_chunk``,
     ``vocab_position_mask`` and issue 54's levers ``train_head``, ``loss_mask_bit``, ``loss_normalisation``,
-    ``loss``, ``ce_weight``, ``init_from_target_layers``), defined once: type, validator, default and help. A drafter's ``Options`` class takes
+    ``loss``, ``ce_weight``, ``init_from_target_layers``; the layer architecture of speculators' defaults, ``qk_norm``,
+    ``norm_before_residual``, ``norm_before_fc``, ``norm_output``, ``sliding_window``: ``Architecture``), defined
+    once: type, validator, default and help. A drafter's ``Options`` class takes
     each with ``fields.loss_chunk()`` where it wants it, after a one-line ``fields = api.eagle.FamilyFields("name")``.
 
     Why fields and not a base class: attrs puts a base class's fields before the subclass's own, which would reorder
@@ -238,6 +260,79 @@ class FamilyFields:
         return attrs.field(default=False, validator=_bool(self.owner), metadata=self._help(
             "initialise draft layer i from target layer L - n + i (the target's last n layers), every tensor whose "
             "shape matches; EAGLE-3's first layer reads 2H, so its q/k/v_proj and hidden_norm stay fresh", ""))
+
+    # Layer architectures of speculators' trainer defaults (issue 54 item 4), so its folders import, train further
+    # and export as they are; each default is specframe's architecture until then (Llama layers, full attention).
+
+    def qk_norm(self) -> Any:
+        return attrs.field(default=False, validator=_bool(self.owner), metadata=self._help(
+            "Qwen3-style layers: an RMSNorm over each head's q and k before RoPE (speculators' default P-EAGLE "
+            "draft_arch qwen3; exported as transformer_layer_config model_type qwen3)", ""))
+
+    def norm_before_residual(self) -> Any:
+        return attrs.field(default=False, validator=_bool(self.owner), metadata=self._help(
+            "the first layer's residual stream starts from hidden_norm(hidden) instead of the raw fused hidden "
+            "state (speculators' trainer default)", ""))
+
+    def norm_before_fc(self) -> Any:
+        return attrs.field(default=False, validator=_bool(self.owner), metadata=self._help(
+            "one RMSNorm (input_norm) over the concatenated aux states before fc (EAGLE 3.1; speculators' EAGLE-3 "
+            "default)", ""))
+
+    def norm_output(self) -> Any:
+        return attrs.field(default=False, validator=_bool(self.owner), metadata=self._help(
+            "each autoregressive step feeds the next the final norm's output instead of the pre-norm state (EAGLE "
+            "3.1; speculators' EAGLE-3 default)", ""))
+
+    def sliding_window(self) -> Any:
+        owner = self.owner
+
+        def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UsageError(f"{owner} option 'sliding_window' must be a positive integer or null, got {value!r}")
+
+        return attrs.field(default=None, validator=check, metadata=self._help(
+            "every draft layer attends within this many positions (itself and the W - 1 before it) in training and "
+            "drafting, as speculators' default layers (2048) do; null: the whole context", ""))
+
+
+@attrs.frozen
+class Architecture:
+    """The layer-architecture options of ``FamilyFields`` an ``EagleBackbone`` is built with (defaults: specframe's
+    Llama layers with full attention)."""
+
+    qk_norm: bool = False
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    norm_output: bool = False
+    sliding_window: int | None = None
+
+    @classmethod
+    def of(cls, options: Any) -> Architecture:
+        """The architecture a drafter's options ask for (an option the drafter does not offer keeps its default)."""
+        return cls(**{f.name: getattr(options, f.name) for f in attrs.fields(cls) if hasattr(options, f.name)})
+
+    def export_fields(self) -> dict[str, Any]:
+        """These options under the speculators / vLLM config names (``specframe.layouts.export`` writes them)."""
+        return attrs.asdict(self)
+
+
+def windowed(attention: Any, elements: Any, window: int | None) -> Any:
+    """A drafter's training attention over ``elements`` (a segment's) with the sliding ``window`` applied: the same
+    mask builder's attention rebuilt for the windowed sets (``SegmentAttention.subset``; a builder that does not
+    apply windows is refused by name). Unchanged when there is no window or it cannot bind (every position lies
+    within ``window`` of every anchor before it), so full-attention drafters and short sequences pay nothing."""
+    if window is None or len(elements) == 0:
+        return attention
+    span = int((elements.anchor + elements.depth).max()) - int(elements.anchor.min())
+    if span < window:
+        return attention
+    subset = getattr(attention, "subset", None)
+    if subset is None:
+        raise UsageError(f"the drafter attends within a sliding window of {window} positions and this attention "
+                         "cannot rebuild its mask with it (no SegmentAttention.subset)")
+    sets = attrs.evolve(elements, window=window)
+    return subset(sets, sets)
 
 
 #: values of the family's lever options (``FamilyFields``)

@@ -49,6 +49,10 @@ class ElementSet:
     seq_len: int
     max_depth: int
     visibility: str = attrs.field(default="chain", kw_only=True)
+    #: a sliding window W (None: none): a depth-0 key of the context is visible only to queries whose position
+    #: (anchor + depth) lies less than W past its anchor, as vLLM's and speculators' sliding-window layers attend;
+    #: the query's own chain / block stays visible (``rule_matrix``). Only builders declaring ``windows`` apply it.
+    window: int | None = attrs.field(default=None, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         n = self.anchor.shape[0]
@@ -71,7 +75,7 @@ class ElementSet:
         """The elements at ``index`` (int64 indices or a bool mask), order kept."""
         return ElementSet(
             self.anchor[index], self.depth[index], self.doc[index], self.seq_len, self.max_depth,
-            visibility=self.visibility,
+            visibility=self.visibility, window=self.window,
         )
 
     def with_visibility(self, rule: str) -> ElementSet:
@@ -136,15 +140,19 @@ def shared_visibility(query: ElementSet, key: ElementSet) -> str:
 
 
 def rule_matrix(
-    rule: str, qa: torch.Tensor, qd: torch.Tensor, ka: torch.Tensor, kd: torch.Tensor
+    rule: str, qa: torch.Tensor, qd: torch.Tensor, ka: torch.Tensor, kd: torch.Tensor, window: int | None = None
 ) -> torch.Tensor:
     """The rule on broadcastable anchor / depth tensors, documents left out (one document): the single source the
     builders that evaluate it themselves (chunked, precomputed, flex) call, so no builder restates it.
 
     chain: (k is depth 0 and k.anchor <= q.anchor) or (same anchor and k.depth <= q.depth).
     block: (k is depth 0 and k.anchor <= q.anchor) or same anchor.
+    ``window`` W narrows the context clause to keys with q.anchor + q.depth - k.anchor < W (speculators' P-EAGLE
+    mask, and vLLM's sliding window at the query's position); the own-anchor clause is untouched.
     """
     context = (kd == 0) & (ka <= qa)
+    if window is not None:
+        context = context & (qa + qd - ka < window)
     if rule == "block":
         return context | (ka == qa)
     return context | ((ka == qa) & (kd <= qd))
@@ -159,7 +167,14 @@ def visible(query: ElementSet, key: ElementSet) -> torch.Tensor:
     rule = shared_visibility(query, key)
     qa, qd, qdoc = query.anchor[:, None], query.depth[:, None], query.doc[:, None]
     ka, kd, kdoc = key.anchor[None, :], key.depth[None, :], key.doc[None, :]
-    return (qdoc == kdoc) & rule_matrix(rule, qa, qd, ka, kd)
+    return (qdoc == kdoc) & rule_matrix(rule, qa, qd, ka, kd, shared_window(query, key))
+
+
+def shared_window(query: ElementSet, key: ElementSet) -> int | None:
+    """The sliding window two element sets attend by; they must agree (both come from one drafter's sequence)."""
+    if query.window != key.window:
+        raise PluginError(f"query and key elements carry different windows ({query.window!r} and {key.window!r})")
+    return query.window
 
 
 def cod_sample(

@@ -173,7 +173,7 @@ class SelfAttention(nn.Module):
     new (k, v) so the caller decides which of them to keep.
     """
 
-    def __init__(self, shape: LayerShape, in_features: int) -> None:
+    def __init__(self, shape: LayerShape, in_features: int, qk_norm: bool = False) -> None:
         super().__init__()
         self.shape = shape
         d = shape.head_dim
@@ -181,13 +181,22 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(in_features, shape.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(in_features, shape.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(shape.heads * d, shape.hidden, bias=False)
+        # Qwen3's attention (transformers' Qwen3Attention, vLLM's Qwen3 layers, speculators' default P-EAGLE layer):
+        # one RMSNorm over each head's q and k, shared by the heads, before the rotary embedding
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = RMSNorm(d, shape.eps)
+            self.k_norm = RMSNorm(d, shape.eps)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Rotated q [B, heads, N, D] and k, v [B, kv_heads, N, D] of ``x`` [B, N, in] (position-wise)."""
         b, n, _ = x.shape
         s = self.shape
-        q = self.q_proj(x).view(b, n, s.heads, s.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, n, s.heads, s.head_dim)
+        k = self.k_proj(x).view(b, n, s.kv_heads, s.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
@@ -233,15 +242,18 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """A pre-norm Llama decoder layer. With ``eagle_input=True`` it is EAGLE-3's first layer: its attention reads
     cat(input_layernorm(embedding), hidden_norm(hidden)) (2H wide) and its residual stream starts from ``hidden``
-    (vLLM's default, ``norm_before_residual=False``)."""
+    (``norm_before_residual=False``) or from hidden_norm(hidden) (``norm_before_residual=True``, speculators' trainer
+    default; vLLM's ``_norm_before_residual``). ``qk_norm``: Qwen3's per-head RMSNorm on q and k (``SelfAttention``)."""
 
-    def __init__(self, shape: LayerShape, eagle_input: bool = False) -> None:
+    def __init__(self, shape: LayerShape, eagle_input: bool = False, *, norm_before_residual: bool = False,
+                 qk_norm: bool = False) -> None:
         super().__init__()
         self.eagle_input = eagle_input
+        self.norm_before_residual = bool(norm_before_residual)
         self.input_layernorm = RMSNorm(shape.hidden, shape.eps)
         if eagle_input:
             self.hidden_norm = RMSNorm(shape.hidden, shape.eps)
-        self.self_attn = SelfAttention(shape, shape.hidden * (2 if eagle_input else 1))
+        self.self_attn = SelfAttention(shape, shape.hidden * (2 if eagle_input else 1), qk_norm=qk_norm)
         self.post_attention_layernorm = RMSNorm(shape.hidden, shape.eps)
         self.mlp = MLP(shape)
 
@@ -272,6 +284,9 @@ class DecoderLayer(nn.Module):
         return tuple(t.transpose(1, 2) for t in self.self_attn.project(x, cos, sin))
 
     def _finish(self, hidden, attn):
+        if self.eagle_input and self.norm_before_residual:
+            # recomputed rather than carried from _project, so the row-chunked path keeps only q, k, v alive
+            hidden = self.hidden_norm(hidden)
         hidden = hidden + self.self_attn.o_proj(attn)
         return (hidden + self.mlp(self.post_attention_layernorm(hidden)),)
 
@@ -322,13 +337,18 @@ def run_layers(
     return hidden, kvs
 
 
-def causal_attention(offset: int) -> Attention:
-    """Plain causal attention for a block of queries that follow ``offset`` cached keys (inference)."""
+def causal_attention(offset: int, window: int | None = None) -> Attention:
+    """Plain causal attention for a block of queries that follow ``offset`` cached keys (inference); key j sits at
+    position j. ``window`` W: a query at position p sees keys at positions p - W + 1 .. p only (itself and the W - 1
+    before it), as vLLM's and speculators' sliding-window layers attend."""
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         nq, nk = q.shape[2], k.shape[2]
         qpos = torch.arange(nq, device=q.device)[:, None] + offset
-        mask = torch.arange(nk, device=q.device)[None, :] <= qpos
+        kpos = torch.arange(nk, device=q.device)[None, :]
+        mask = kpos <= qpos
+        if window is not None:
+            mask = mask & (kpos > qpos - window)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     return attend

@@ -77,6 +77,11 @@ class Eagle3Options:
     loss: str = _fields.loss()
     ce_weight: float = _fields.ce_weight()
     init_from_target_layers: bool = _fields.init_from_target_layers()
+    qk_norm: bool = _fields.qk_norm()
+    norm_before_residual: bool = _fields.norm_before_residual()
+    norm_before_fc: bool = _fields.norm_before_fc()
+    norm_output: bool = _fields.norm_output()
+    sliding_window: int | None = _fields.sliding_window()
 
     @property
     def k_train(self) -> int:
@@ -124,7 +129,8 @@ class Eagle3Drafter(api.Drafter):
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
         self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
-        self.model = eagle.EagleBackbone(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers)
+        self.model = eagle.EagleBackbone(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers,
+                                         architecture=eagle.Architecture.of(opts))
         self.model.embed_tokens.weight.requires_grad_(opts.train_embedding)
         eagle.freeze_head(self.model, opts.train_head)
         self._sequence_scale = 1.0  # loss_normalisation 'sequence': set by prepare from the training data
@@ -168,6 +174,12 @@ class Eagle3Drafter(api.Drafter):
         device = model.lm_head.weight.device
         dtype = model.lm_head.weight.dtype
         sub = elements.subset(segment.elements)
+        window = self.options.sliding_window
+        if window is not None and getattr(attention, "subset", None) is not None:
+            # each pass's attention is built from these sets (below): stamped, every pass applies the window
+            sub = attrs.evolve(sub, window=window)
+        elif window is not None:
+            attention = eagle.windowed(attention, sub, window)  # refused, by name, where the window binds
         depth = sub.depth.to(device)
         pos = sub.position.to(device)
         parent = parents_of(sub).to(device)
@@ -208,7 +220,7 @@ class Eagle3Drafter(api.Drafter):
                 charge(d, out[rows], rows)
                 if d + 1 < passes:
                     # depth d+1 now reads its parent's fresh output; every shallower input is unchanged
-                    hidden = torch.where((depth == d + 1)[:, None], out[parent.clamp(min=0)], hidden)
+                    hidden = torch.where((depth == d + 1)[:, None], model.feed(out)[parent.clamp(min=0)], hidden)
         else:
             # Pass d forwards only the depth-d elements: a shallower element's inputs never change after its own
             # pass, so its keys and values (every layer) are the ones that pass produced, and no depth-d element
@@ -229,7 +241,7 @@ class Eagle3Drafter(api.Drafter):
                 if d + 1 < passes:
                     row[sel] = torch.arange(len(sel), device=device)
                     nxt = (depth == d + 1).nonzero().squeeze(1)
-                    hidden = hidden.index_copy(0, nxt, out[row[parent[nxt]]])
+                    hidden = hidden.index_copy(0, nxt, model.feed(out[row[parent[nxt]]]))
         if charged_rows:
             rows = torch.cat(charged_rows)
             row_weight = weights[depth[rows]]
@@ -269,21 +281,22 @@ class Eagle3Drafter(api.Drafter):
         tokens, aux = tokens.to(device), aux.to(device)
         position = torch.arange(self._cached, self._cached + tokens.shape[0], device=device)
         out, kvs = model.run(
-            model.embed_tokens(tokens), model.fuse(aux), position, modeling.causal_attention(self._cached),
-            past=self._cache,
+            model.embed_tokens(tokens), model.fuse(aux), position,
+            modeling.causal_attention(self._cached, self.options.sliding_window), past=self._cache,
         )
         self._cache = kvs if self._cache is None else _cat_kv(self._cache, kvs)
         self._cached += tokens.shape[0]
         return out[-1:]
 
     def _step(self, token: torch.Tensor, hidden: torch.Tensor, chain: list[modeling.KV] | None, offset: int):
-        """One draft step past the committed cache: ``chain`` holds the KV of this path's earlier draft steps."""
+        """One draft step past the committed cache: ``chain`` holds the KV of this path's earlier draft steps;
+        ``hidden`` is the previous step's pre-norm output (fed as ``model.feed`` makes it)."""
         model = self.model
         past = self._cache if chain is None else _cat_kv(self._cache, chain)
         position = torch.tensor([self._cached + offset], device=hidden.device)
         out, kvs = model.run(
-            model.embed_tokens(token.view(1)), hidden, position, modeling.causal_attention(self._cached + offset),
-            past=past,
+            model.embed_tokens(token.view(1)), model.feed(hidden), position,
+            modeling.causal_attention(self._cached + offset, self.options.sliding_window), past=past,
         )
         return out, (kvs if chain is None else _cat_kv(chain, kvs))
 
@@ -363,7 +376,13 @@ class Eagle3Drafter(api.Drafter):
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config), speculative_tokens=self.options.k_infer,
             verifier_architectures=layouts.verifier_architectures_of(self.target_config),
+            architecture=self.model.architecture.export_fields(),
         )
+
+    @classmethod
+    def import_options(cls, imported: Any) -> dict[str, Any]:
+        """The folder's shape and its layer architecture (``qk_norm``, the EAGLE 3.1 norms, ``sliding_window``)."""
+        return {**super().import_options(imported), **imported.architecture}
 
     def import_weights(self, imported: Any) -> None:
         """Load an EAGLE-3 folder (speculators, SafeAILab or SpecForge layout; ``specframe.layouts.imports``) of this
@@ -372,7 +391,7 @@ class Eagle3Drafter(api.Drafter):
             raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not eagle3")
         imported.check_target(self.target_config)
         imported.check_shape(self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
-                             draft_vocab_size=self.draft_vocab_size)
+                             draft_vocab_size=self.draft_vocab_size, **self.model.architecture.export_fields())
         state = imported.eagle_state(self.model.state_dict(), self.target_config,
                                      own_embedding_is_target=self._target_head is not None)
         self.model.load_state_dict(state)

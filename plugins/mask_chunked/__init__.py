@@ -65,23 +65,24 @@ class _Plan:
     k_depth: torch.Tensor
     k_doc: torch.Tensor
     rule: str = "chain"
+    window: int | None = None
 
     def to(self, device: torch.device) -> _Plan:
         chunks = tuple(attrs.evolve(c, band=c.band.to(device)) for c in self.chunks)
-        tensors = attrs.astuple(self, recurse=False)[1:-1]
-        return _Plan(chunks, *(t.to(device) for t in tensors), rule=self.rule)
+        tensors = attrs.astuple(self, recurse=False)[1:-2]
+        return _Plan(chunks, *(t.to(device) for t in tensors), rule=self.rule, window=self.window)
 
     def visible(self, chunk: _Chunk) -> torch.Tensor:
         """The rule of ``specframe.api.visible`` for one chunk's band, bool [chunk queries, band keys]."""
         sl = slice(chunk.start, chunk.stop)
         qa, qd, qdoc = self.q_anchor[sl, None], self.q_depth[sl, None], self.q_doc[sl, None]
         ka, kd, kdoc = (t[chunk.band][None, :] for t in (self.k_anchor, self.k_depth, self.k_doc))
-        return (qdoc == kdoc) & api.rule_matrix(self.rule, qa, qd, ka, kd)
+        return (qdoc == kdoc) & api.rule_matrix(self.rule, qa, qd, ka, kd, self.window)
 
 
 def plan(query: api.ElementSet, key: api.ElementSet, chunk_size: int) -> _Plan:
     """Cut the queries into chunks and find each one's prefix and band (CPU, once per segment)."""
-    rule = api.shared_visibility(query, key)
+    rule, window = api.shared_visibility(query, key), api.shared_window(query, key)
     root = (key.depth == 0).nonzero().squeeze(1)
     root = root[torch.argsort(key.anchor[root], stable=True)]
     deep = (key.depth > 0).nonzero().squeeze(1)
@@ -111,8 +112,21 @@ def plan(query: api.ElementSet, key: api.ElementSet, chunk_size: int) -> _Plan:
                 p1 = end
         d0 = int(torch.searchsorted(deep_anchor, a_min))
         d1 = int(torch.searchsorted(deep_anchor, a_max, right=True))
-        chunks.append(_Chunk(start, stop, p0, p1, torch.cat([root[p1:r1], deep[d0:d1]])))
-    return _Plan(tuple(chunks), root, query.anchor, query.depth, query.doc, key.anchor, key.depth, key.doc, rule)
+        lo = r0
+        if window is not None:
+            # a sliding window W: a context key at anchor a is seen by the queries at positions < a + W only, so
+            # the prefix keeps the keys the chunk's last position still sees, the keys only its earlier positions
+            # see join the band (where the rule is applied), and the keys none of them sees are left out
+            pos = qa + query.depth[start:stop]
+            seen_by_all = int(torch.searchsorted(root_anchor, (pos.max() - window + 1).reshape(1)))
+            # (the depth-0 keys of the chunk's own anchors stay: their chains see them whatever the window)
+            lo = max(r0, min(int(torch.searchsorted(root_anchor, (pos.min() - window + 1).reshape(1))),
+                             int(torch.searchsorted(root_anchor, a_min))))
+            p0 = min(max(p0, seen_by_all), p1)
+        band_root = torch.cat([root[lo:p0], root[max(lo, p1):r1]])
+        chunks.append(_Chunk(start, stop, p0, p1, torch.cat([band_root, deep[d0:d1]])))
+    return _Plan(tuple(chunks), root, query.anchor, query.depth, query.doc, key.anchor, key.depth, key.doc, rule,
+                 window)
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -267,6 +281,7 @@ class ChunkedMaskBuilder(api.MaskBuilder):
     name = "chunked"
     Options = ChunkedOptions
     visibilities = frozenset(api.VISIBILITY_RULES)
+    windows = True
     # the default wherever flex does not train (CPU): bounded memory at any length, one code path on every device
     preference = 30
     query_blocks = True

@@ -24,6 +24,7 @@ class DenseAttention:
 class DenseMaskBuilder(api.MaskBuilder):
     name = "dense"
     visibilities = frozenset(api.VISIBILITY_RULES)  # api.visible applies whichever rule the sets carry
+    windows = True  # and the sets' sliding window
     # the reference every builder is tested against: chosen by default only for calls small enough that one fused
     # SDPA call over the whole mask beats evaluating it in chunks (specframe.engine.attention)
     preference = 10

@@ -22,10 +22,11 @@ class FlexOptions:
 
 def _mask_mod(query: api.ElementSet, key: api.ElementSet):
     qa, qd, qdoc, ka, kd, kdoc = query.anchor, query.depth, query.doc, key.anchor, key.depth, key.doc
-    rule = api.shared_visibility(query, key)
+    rule, window = api.shared_visibility(query, key), api.shared_window(query, key)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (qdoc[q_idx] == kdoc[kv_idx]) & api.rule_matrix(rule, qa[q_idx], qd[q_idx], ka[kv_idx], kd[kv_idx])
+        return (qdoc[q_idx] == kdoc[kv_idx]) & api.rule_matrix(rule, qa[q_idx], qd[q_idx], ka[kv_idx], kd[kv_idx],
+                                                               window)
 
     return mask_mod
 
@@ -33,7 +34,7 @@ def _mask_mod(query: api.ElementSet, key: api.ElementSet):
 def _on(elements: api.ElementSet, device: torch.device) -> api.ElementSet:
     return api.ElementSet(
         elements.anchor.to(device), elements.depth.to(device), elements.doc.to(device), elements.seq_len,
-        elements.max_depth, visibility=elements.visibility,
+        elements.max_depth, visibility=elements.visibility, window=elements.window,
     )
 
 
@@ -80,6 +81,7 @@ class FlexMaskBuilder(api.MaskBuilder):
     Options = FlexOptions
     devices = frozenset({"cuda"})
     visibilities = frozenset(api.VISIBILITY_RULES)
+    windows = True
     # fused block-sparse kernels: the fastest wherever it trains (CUDA); costed as query blocks (the default)
     preference = 40
     query_blocks = True

@@ -67,6 +67,7 @@ class PrecomputedMaskBuilder(api.MaskBuilder):
     Options = PrecomputedOptions
 
     visibilities = frozenset(api.VISIBILITY_RULES)
+    windows = True
     # a full mask like dense's, built once: preferred to dense when a run must hold a full mask anyway
     preference = 20
 
@@ -104,6 +105,10 @@ class PrecomputedMaskBuilder(api.MaskBuilder):
         ki = key.anchor * depth + key.depth
         mask = block[qi[:, None], ki[None, :]]
         mask &= query.doc[:, None] == key.doc[None, :]
+        window = api.shared_window(query, key)
+        if window is not None:  # the cached grid is unwindowed: the windowed rule is a subset of it
+            mask &= api.rule_matrix(api.shared_visibility(query, key), query.anchor[:, None],
+                                    query.depth[:, None], key.anchor[None, :], key.depth[None, :], window)
         return PrecomputedAttention(mask)
 
 

@@ -71,6 +71,10 @@ class PEagleOptions:
     loss: str = _fields.loss()
     ce_weight: float = _fields.ce_weight()
     init_from_target_layers: bool = _fields.init_from_target_layers()
+    qk_norm: bool = _fields.qk_norm()
+    norm_before_residual: bool = _fields.norm_before_residual()
+    norm_before_fc: bool = _fields.norm_before_fc()
+    sliding_window: int | None = _fields.sliding_window()
 
 
 def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
@@ -109,7 +113,8 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         self.vocab_size = int(target_config.vocab_size)
         self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
         self.model = PEagleModel(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers,
-                                 mask_hidden_std=float(opts.mask_hidden_std))
+                                 mask_hidden_std=float(opts.mask_hidden_std),
+                                 architecture=api.eagle.Architecture.of(opts))
         self.model.set_draft_vocab(torch.arange(self.draft_vocab_size))
         api.eagle.freeze_head(self.model, opts.train_head)
         self._sequence_scale = 1.0  # loss_normalisation 'sequence': set by prepare from the training data
@@ -173,7 +178,7 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
             aux[: int(anchor.max()) + 1],
             is_mask,
             pos,
-            attention,
+            api.eagle.windowed(attention, sub, self.options.sliding_window),
             checkpointing=self.options.activation_checkpointing,
             aux_index=anchor,
         )[0]
@@ -224,7 +229,8 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         is_mask = torch.arange(p + k - 1, device=device) >= p
         position = torch.arange(self._cached, self._cached + p + k - 1, device=device)
         hidden, kvs = model(
-            block_tokens, block_aux, is_mask, position, modeling.causal_attention(self._cached), past=self._cache
+            block_tokens, block_aux, is_mask, position,
+            modeling.causal_attention(self._cached, self.options.sliding_window), past=self._cache,
         )
         draft = model.lm_head(hidden[p - 1 :]).argmax(-1)
         target_ids = draft + model.d2t[draft]
@@ -281,7 +287,15 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
             tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config), speculative_tokens=self.options.k_infer,
             verifier_architectures=layouts.verifier_architectures_of(self.target_config),
+            architecture=self.model.architecture.export_fields(),
         )
+
+    @classmethod
+    def import_options(cls, imported: Any) -> dict[str, Any]:
+        """The folder's shape and its layer architecture (``qk_norm``, ``norm_before_residual``, ``norm_before_fc``,
+        ``sliding_window``; a parallel drafter has no step to feed, so ``norm_output`` means nothing to it)."""
+        arch = {k: v for k, v in imported.architecture.items() if k != "norm_output"}
+        return {**super().import_options(imported), **arch}
 
     def import_weights(self, imported: Any) -> None:
         """Load a P-EAGLE folder (speculators ``peagle``; ``specframe.layouts.imports``) of this drafter's shape, with
@@ -290,7 +304,9 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
             raise api.SpecframeError(f"cannot import {imported.directory}: it holds a {imported.layout} drafter, not peagle")
         imported.check_target(self.target_config)
         imported.check_shape(self.name, layers=self.options.layers, aux_layer_ids=self.aux_layer_ids,
-                             draft_vocab_size=self.draft_vocab_size)
+                             draft_vocab_size=self.draft_vocab_size,
+                             **{k: v for k, v in self.model.architecture.export_fields().items()
+                                if k != "norm_output"})
         state = imported.eagle_state(self.model.state_dict(), self.target_config,
                                      own_embedding_is_target=self._target_head is not None)
         self.model.load_state_dict(state)

@@ -21,9 +21,9 @@ class PEagleModel(api.eagle.EagleBackbone):
 
     def __init__(
         self, shape: modeling.LayerShape, vocab_size: int, draft_vocab_size: int, num_aux: int, layers: int,
-        mask_hidden_std: float = 0.02,
+        mask_hidden_std: float = 0.02, architecture: api.eagle.Architecture | None = None,
     ) -> None:
-        super().__init__(shape, vocab_size, draft_vocab_size, num_aux, layers)
+        super().__init__(shape, vocab_size, draft_vocab_size, num_aux, layers, architecture=architecture)
         self.mask_hidden = nn.Parameter(torch.zeros(1, 1, num_aux * shape.hidden))
         nn.init.normal_(self.mask_hidden, std=mask_hidden_std)
 
@@ -43,8 +43,9 @@ class PEagleModel(api.eagle.EagleBackbone):
         fc runs once per position rather than once per element, and no [N, 3H] gather is kept for backward.
         Returns the normalised final states [N, H] and each layer's new (k, v)."""
         embeds = self.embed_tokens(tokens)
-        fused = self.fc(aux) if aux_index is None else self.fc(aux)[aux_index]
-        mask_fused = self.fc(self.mask_hidden.view(1, -1))
+        # mask_hidden lives in the raw aux space: input_norm (norm_before_fc) and fc apply to it as to real states
+        fused = self.fuse(aux) if aux_index is None else self.fuse(aux)[aux_index]
+        mask_fused = self.fuse(self.mask_hidden.view(1, -1))
         hidden = torch.where(is_mask[:, None], mask_fused, fused)
         out, kvs = self.run(embeds, hidden, position, attention, past=past, checkpointing=checkpointing)
         return self.norm(out), kvs

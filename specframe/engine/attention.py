@@ -27,6 +27,7 @@ class SizedMaskBuilder:
         self.options = large.options
         self.visibilities = frozenset(getattr(dense, "visibilities", {"chain"})) & frozenset(
             getattr(large, "visibilities", {"chain"}))
+        self.windows = bool(getattr(dense, "windows", False)) and bool(getattr(large, "windows", False))
 
     def fits(self, queries: int, keys: int) -> bool:
         return queries * keys * (1 + 4 * self.heads) <= self.limit

@@ -12,19 +12,23 @@ EAGLE-3 and P-EAGLE are written in the speculators format (vllm-project/speculat
 ``speculators_config`` with ``proposal_methods[0].speculative_tokens`` and ``verifier.name_or_path`` (the target),
 ``transformer_layer_config`` (the drafter's Llama layer config: sizes, RoPE, ``num_hidden_layers`` = drafter depth,
 ``vocab_size`` = the target's), and at the top ``draft_vocab_size``, ``target_hidden_size``,
-``eagle_aux_hidden_state_layer_ids``, ``norm_before_residual`` (false: the residual stream starts from the raw fused
-hidden state, as specframe's layer computes it; vLLM's eagle3 default when the key is absent is true) and, for
-P-EAGLE, ``mask_token_id``. vLLM 0.32 then serves the folder alone, ``LLM(model=EXPORT)`` / ``vllm serve EXPORT``: it
+``eagle_aux_hidden_state_layer_ids``, the flags ``norm_before_residual``, ``norm_before_fc``, ``fc_norm`` and
+``norm_output`` (each written, as the drafter computes it: vLLM's eagle3 default for an absent ``norm_before_residual``
+is true) and, for P-EAGLE, ``mask_token_id``. A drafter with ``qk_norm`` gets a ``qwen3`` layer config (vLLM's
+Eagle3Qwen3 / PeagleQwen3 models), one with ``sliding_window`` W ``layer_types`` of ``sliding_attention`` on every layer
+with ``sliding_window`` W. vLLM 0.32 then serves the folder alone, ``LLM(model=EXPORT)`` / ``vllm serve EXPORT``: it
 starts the verifier named in the folder (a local folder path works) with method ``eagle3`` (P-EAGLE:
-``parallel_drafting``) and ``speculative_tokens`` tokens per step; an explicit ``speculative_config`` naming the
-folder as ``model`` works as well.
+``parallel_drafting``) and ``speculative_tokens`` tokens per step; an explicit ``speculative_config`` naming the folder
+as ``model`` works as well.
 
 Weights (names as vLLM's ``llama_eagle3`` model loads them): ``fc.weight`` [H, n_aux * H_target], ``layers.{i}.*``
 (layer 0's q/k/v read cat(embedding, hidden), 2H wide, and it has ``hidden_norm``; later layers are plain Llama
 layers, H wide), ``norm.weight``, ``lm_head.weight`` [draft_vocab, H], ``d2t`` (offsets: target id = draft id +
 d2t[draft id]) and ``t2d`` (bool [vocab]) when the draft vocabulary is smaller than the target's, and optionally
 ``embed_tokens.weight`` [vocab, H] (without it vLLM shares the target's). vLLM feeds layer i > 0 the previous layer's
-output through a pre-norm residual stream, and the next autoregressive step reads the final *pre-norm* hidden state.
+output through a pre-norm residual stream, and the next autoregressive step reads the final *pre-norm* hidden state
+(the normed one with ``norm_output``); ``input_norm.weight`` [n_aux * H_target] with ``norm_before_fc``, and
+``self_attn.q_norm`` / ``k_norm`` [head_dim] per layer in a qwen3 layer config.
 P-EAGLE adds ``mask_hidden`` [1, 1, n_aux * H_target] (projected by ``fc`` like real aux states).
 
 DFlash (``speculators_model_type`` ``dflash``, vLLM's ``update_dflash``; written by ``write_dflash`` for the
@@ -86,6 +90,14 @@ PROVENANCE = "specframe"
 MIN_TOKENS = "min_speculative_tokens"
 # the speculators fields specframe's EAGLE-3 layers cannot compute otherwise than as written (value they must have)
 _FIXED_FLAGS = {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
+# the EAGLE layer architecture a flat config carries besides the Llama fields (``specframe.eagle.Architecture``):
+# qk_norm is the layer config's model_type (qwen3), sliding_window its layer_types, the rest top-level flags
+_ARCHITECTURE = ("qk_norm", "sliding_window")
+# the layer fields a speculators config may leave out as its config class's default (it writes to_diff_dict)
+_LAYER_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "num_hidden_layers", "vocab_size", "rms_norm_eps", "hidden_act", "max_position_embeddings")
+# the layer config keys that spell a sliding window; a flat config says it once, as ``sliding_window``
+_WINDOW_KEYS = ("sliding_window", "layer_types", "use_sliding_window", "max_window_layers")
 # top-level speculators fields that belong to the drafter, not to its transformer layer config
 _EAGLE_FIELDS = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "mask_token_id")
 
@@ -352,8 +364,13 @@ def speculators_config(
     if layout == "dspark":
         return _dspark_config(flat, verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
                               verifier_architectures=verifier_architectures)
-    layer = {k: v for k, v in flat.items() if k not in _EAGLE_FIELDS and k not in _FIXED_FLAGS}
-    layer.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False)
+    layer = {k: v for k, v in flat.items()
+             if k not in _EAGLE_FIELDS and k not in _FIXED_FLAGS and k not in _ARCHITECTURE and k not in _WINDOW_KEYS}
+    if flat.get("qk_norm"):  # Qwen3 layers (q/k norms): vLLM's Eagle3Qwen3 / PeagleQwen3 models build them
+        layer.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=False)
+    else:
+        layer.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False)
+    layer.update(_layer_types(flat.get("sliding_window"), int(layer["num_hidden_layers"]), bool(flat.get("qk_norm"))))
     _set_dtype(layer)
     config: dict[str, Any] = {
         "architectures": [SPECULATORS[layout]],
@@ -366,11 +383,82 @@ def speculators_config(
         },
         "transformer_layer_config": layer,
         **{k: flat[k] for k in _EAGLE_FIELDS if k in flat},
-        **_FIXED_FLAGS,
+        # every flag written, true or false: vLLM reads an absent norm_before_residual of an eagle3 folder as true
+        **{k: bool(flat.get(k, default)) for k, default in _FIXED_FLAGS.items()},
         "dtype": layer["dtype"],
         PROVENANCE: {"drafter": drafter, "version": __version__},
     }
     return config
+
+
+def _layer_types(window: Any, layers: int, qwen3: bool) -> dict[str, Any]:
+    """The layer config keys of a sliding ``window`` on every one of ``layers`` draft layers (None: full attention),
+    as transformers, vLLM and speculators read them (Qwen3 keeps the window only with ``use_sliding_window``)."""
+    if window is not None:
+        return {"sliding_window": int(window), "layer_types": ["sliding_attention"] * layers,
+                "use_sliding_window": True}
+    return {"layer_types": ["full_attention"] * layers, "use_sliding_window": False} if qwen3 else {}
+
+
+def _eagle_layer(config: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat config of a speculators EAGLE-3 / P-EAGLE ``config.json`` whose layer config is ``layer``: its fields
+    as transformers builds them (speculators writes only the differences from its config class's defaults), plus the
+    architecture (``qk_norm`` from a qwen3 layer, the EAGLE 3.1 flags, ``sliding_window`` from ``layer_types``);
+    ``fc_norm``, other layer types and a window on only some layers are refused, naming the field."""
+    from transformers import AutoConfig
+
+    model_type = layer.get("model_type", "llama")
+    if model_type not in ("llama", "qwen3"):
+        raise SpecframeError(f"transformer_layer_config.model_type is {model_type!r}; specframe's EAGLE layers are "
+                             "Llama or Qwen3 (q/k norms) layers")
+    if config.get("fc_norm"):
+        raise SpecframeError("fc_norm is true: specframe's EAGLE-3 layer computes only fc_norm = false (norm_before_fc "
+                             "is its single norm over the concatenated aux states)")
+    flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
+    fields = {k: v for k, v in layer.items() if k not in ("model_type", "architectures", "auto_map")}
+    try:
+        built = AutoConfig.for_model(model_type, **fields).to_dict()
+    except (ValueError, TypeError, KeyError):
+        built = {}
+    for key in _LAYER_SIZES:  # what the layers compute with, as speculators' reader and vLLM take it when unwritten
+        if flat.get(key) is None and built.get(key) is not None:
+            flat[key] = built[key]
+    layers = int(flat.get("num_hidden_layers") or 1)
+    sliding, window = sliding_window_layers(layer)
+    if sliding and len(sliding) != layers:
+        raise SpecframeError(
+            f"layer_types make drafter layers {sliding} of {layers} sliding_attention (window {window}) and the rest "
+            "full attention; specframe's sliding_window applies to every draft layer")
+    for key in _WINDOW_KEYS:
+        flat.pop(key, None)
+    kind = config.get("speculators_model_type")
+    flat.update(
+        qk_norm=model_type == "qwen3",
+        sliding_window=window if sliding else None,
+        # vLLM reads a missing norm_before_residual of an eagle3 speculator as true (update_eagle3), of peagle false
+        norm_before_residual=bool(config.get("norm_before_residual", kind == "eagle3")),
+        norm_before_fc=bool(config.get("norm_before_fc", False)),
+        norm_output=bool(config.get("norm_output", False)),
+    )
+    return flat
+
+
+def sliding_window_layers(layer: Mapping[str, Any]) -> tuple[list[int], int | None]:
+    """The drafter layers of a transformers layer config that attend through a sliding window, and its width, as
+    transformers builds the config (what vLLM and speculators read: ``layer_types`` entries ``sliding_attention``
+    with ``sliding_window`` set; Qwen2 / Qwen3 derive ``layer_types`` from ``use_sliding_window`` and
+    ``max_window_layers`` and drop the window without ``use_sliding_window``). ``([], None)`` when there is none."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in layer.items() if k not in ("model_type", "architectures", "auto_map")}
+    try:
+        built = AutoConfig.for_model(str(layer.get("model_type") or "llama"), **fields)
+        types, window = getattr(built, "layer_types", None), getattr(built, "sliding_window", None)
+    except (ValueError, TypeError, KeyError):  # a config transformers does not build: read the fields as written
+        types, window = layer.get("layer_types"), layer.get("sliding_window")
+    if window is None or not isinstance(types, list | tuple):
+        return [], None
+    return [i for i, kind in enumerate(types) if kind == "sliding_attention"], int(window)
 
 
 def _set_dtype(cfg: dict[str, Any]) -> None:
@@ -401,17 +489,7 @@ def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
         provenance = config.get(PROVENANCE) if isinstance(config.get(PROVENANCE), dict) else {}
         flat.update({k: provenance[k] for k in DSPARK_CALIBRATION if provenance.get(k) is not None})
         return _with_target_hidden_size(flat)
-    model_type = layer.get("model_type", "llama")
-    if model_type != "llama":
-        raise SpecframeError(f"transformer_layer_config.model_type is {model_type!r}; specframe's EAGLE layers are Llama")
-    for key, expected in _FIXED_FLAGS.items():
-        # vLLM reads a missing norm_before_residual of an eagle3 speculator as true
-        value = config.get(key, key == "norm_before_residual" and config.get("speculators_model_type") == "eagle3")
-        if bool(value) != expected:
-            raise SpecframeError(
-                f"{key} is {str(bool(value)).lower()}: specframe's EAGLE-3 layer computes only {key} = {str(expected).lower()}"
-            )
-    flat = {k: v for k, v in layer.items() if k not in ("architectures", "model_type", "tie_word_embeddings")}
+    flat = _eagle_layer(config, layer)
     flat.update({k: config[k] for k in _EAGLE_FIELDS if config.get(k) is not None})
     return _with_target_hidden_size(flat)
 
@@ -470,6 +548,7 @@ def write_eagle3(
     verifier: str | None = None,
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
     verifier_architectures: Sequence[str] | None = None,
+    architecture: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write an autoregressive EAGLE-3 drafter (speculators ``eagle3``).
 
@@ -480,9 +559,12 @@ def write_eagle3(
     tiny target needs them explicitly, vLLM's default assumes many layers); ``target_num_layers`` bounds them.
     ``verifier`` names the target vLLM starts for ``LLM(model=EXPORT)`` (``verifier_name`` of its folder or hub id),
     ``verifier_architectures`` its own architectures (``verifier_architectures_of``; recorded, vLLM does not read
-    them); ``speculative_tokens`` is the default number of draft tokens per step.
+    them); ``speculative_tokens`` is the default number of draft tokens per step. ``architecture``: the drafter's
+    layer architecture (``specframe.eagle.Architecture.export_fields``: ``qk_norm`` -> a qwen3 layer config,
+    ``sliding_window`` -> ``layer_types``, the EAGLE 3.1 flags at the top); none: specframe's default one.
     Returns the manifest (``layout``, ``method``, ``parallel_drafting``, ...) as a dict.
     """
+    config = {**config, **(architecture or {})}
     tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
     if "mask_hidden" in tensors:
         raise SpecframeError("an autoregressive EAGLE-3 export has no mask_hidden; use write_peagle for P-EAGLE")
@@ -505,10 +587,16 @@ def write_peagle(
     verifier: str | None = None,
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
     verifier_architectures: Sequence[str] | None = None,
+    architecture: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write a P-EAGLE drafter (speculators ``peagle``: vLLM's eagle3 method with ``parallel_drafting``):
     ``write_eagle3``'s layout plus ``mask_hidden`` [1, 1, n_aux * H_target] in ``weights`` and ``mask_token_id`` (a
     target-vocabulary id whose embedding row the mask slots read) in the config."""
+    config = {**config, **(architecture or {})}
+    if config.get("norm_output"):
+        # vLLM 0.32's update_peagle does not pass norm_output on, and a parallel drafter has no step to feed
+        raise SpecframeError("norm_output is true: a P-EAGLE drafter feeds no step forward, and vLLM's peagle reader "
+                             "does not take the flag")
     tensors, cfg = _eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
     _peagle_parts(tensors, cfg, mask_token_id)
     full = speculators_config(cfg, "peagle", verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
@@ -975,11 +1063,22 @@ def _eagle3_parts(
         _check_shape(tensors, p + "mlp.down_proj.weight", (hidden, inter))
         _check_shape(tensors, p + "input_layernorm.weight", (hidden,))
         _check_shape(tensors, p + "post_attention_layernorm.weight", (hidden,))
+        for norm in ("q_norm", "k_norm"):
+            name = p + f"self_attn.{norm}.weight"
+            if cfg.get("qk_norm"):
+                _check_shape(tensors, name, (head_dim,))
+            elif name in tensors:
+                raise SpecframeError(f"{name} is present but the layer config is not qwen3 (no q/k norms)")
         if i == 0:
             _check_shape(tensors, p + "hidden_norm.weight", (hidden,))
         elif p + "hidden_norm.weight" in tensors:
             # vLLM builds a hidden_norm on every layer but reads it only on the first
             del tensors[p + "hidden_norm.weight"]
+
+    if cfg.get("norm_before_fc"):
+        _check_shape(tensors, "input_norm.weight", (len(aux) * h_t,))
+    elif "input_norm.weight" in tensors:
+        del tensors["input_norm.weight"]  # vLLM drops it without norm_before_fc (load_weights), and so does specframe
 
     head = tensors.get("lm_head.weight")
     if head is None:

@@ -45,12 +45,13 @@ unpickles, and SafeAILab's published EAGLE-3 drafters are ``pytorch_model.bin`` 
   specframe's DSpark. The gated Markov head, a drafter without a Markov head, attention other than GQA / MHA and a
   config without ``mask_token_id`` are refused.
 
-Layer variants specframe's drafter layers do not compute are refused, one line naming the field and both values:
-speculators' EAGLE 3.1 norms (``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``), Qwen3
-EAGLE layers, DFlash's ``sample_from_anchor``, biased projections, another activation or norm epsilon than the
-target's, and a sliding window (``layer_types`` with ``sliding_attention``, speculators' trainer default: vLLM and
-speculators apply it, and specframe's drafters attend to the whole context, so it would be trained and served as
-another network and lost on export).
+speculators' trainer defaults import into the EAGLE family's options of the same names (``layouts.flat_config``,
+``Imported.architecture``): Qwen3 layers (``qk_norm``), ``norm_before_residual``, EAGLE 3.1's ``norm_before_fc`` and
+``norm_output``, and a sliding window on every layer (``sliding_window``, honoured in training, drafting and export).
+A pickle beside the safetensors weights (its checkpoints' ``optimizer_state_dict.pt``, ``scheduler_state_dict.pt``) is
+never opened and named in one line on stderr. Layer variants specframe's drafter layers do not compute are refused,
+one line naming the field and both values: ``fc_norm``, a window on some layers only (or in a non-speculators
+folder), DFlash's ``sample_from_anchor``, biased projections, another activation or norm epsilon than the target's.
 
 RoPE is compared in full with the target's (``rope_type``, ``rope_theta`` and every scaling field such as ``factor``,
 ``low_freq_factor``, ``original_max_position_embeddings``): specframe's drafters run the target's RoPE, so a drafter
@@ -68,6 +69,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,17 @@ class Imported:
         if head is not None:
             return int(head.shape[0])
         return int(self.config.get("draft_vocab_size") or self.config["vocab_size"])
+
+    @property
+    def architecture(self) -> dict[str, Any]:
+        """The EAGLE layer architecture the folder's config asks for, under the drafter option names (``qk_norm``,
+        ``norm_before_residual``, ``norm_before_fc``, ``norm_output``, ``sliding_window``; ``layouts.flat_config``
+        reads them from a speculators config); absent ones are specframe's defaults."""
+        defaults = {"qk_norm": False, "norm_before_residual": False, "norm_before_fc": False, "norm_output": False,
+                    "sliding_window": None}
+        if self.format != "speculators" or self.layout not in ("eagle3", "peagle"):
+            return defaults  # the other readers refuse these variants (``_refuse_layer_variants``)
+        return {k: self.config.get(k, v) for k, v in defaults.items()}
 
     @property
     def mask_token_id(self) -> int | None:
@@ -233,8 +246,6 @@ def read(directory: str | os.PathLike, target_config: Any = None) -> Imported:
 
 
 def _read(directory: Path, target_config: Any) -> Imported:
-    from specframe.files import check_files
-
     fmt = format_of(directory)
     if fmt is None:
         raise SpecframeError(
@@ -242,7 +253,7 @@ def _read(directory: Path, target_config: Any) -> Imported:
             "PEagleDraftModel, Qwen3DSparkModel or DSparkDraftModel architecture, or pard_token)"
         )
     _refuse_pickles(directory)
-    check_files(directory)
+    _check_safetensors(directory)
     if fmt == "speculators" and _is_recurrent_dspark(directory):
         imported = _read_speculators_rnn_dspark(directory, target_config)
     elif fmt == "speculators":
@@ -266,15 +277,30 @@ def _read(directory: Path, target_config: Any) -> Imported:
 
 def _refuse_pickles(directory: Path) -> None:
     """A folder of pickled weights (``pytorch_model.bin``: SafeAILab's published EAGLE-3 drafters) refused with why and
-    how to convert, before anything in it is read."""
+    how to convert, before anything in it is read. Beside safetensors weights a pickle is something else (speculators'
+    checkpoints keep ``optimizer_state_dict.pt`` and ``scheduler_state_dict.pt`` there): never opened, named in one
+    line on stderr, and no reason to refuse the drafter."""
     from specframe.files import PICKLE_SUFFIXES
 
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles and any(directory.glob("*.safetensors")):
+        sys.stderr.write(f"note: {directory}: left unread (pickles, never opened; the drafter's weights are the "
+                         f"safetensors): {', '.join(pickles)}\n")
+        return
     if pickles:
         raise SpecframeError(
             f"{pickles[0]} is a pickle file, and specframe reads weights through safetensors only (unpickling can run "
             "code from the file; nothing was loaded): convert it once, e.g. safetensors.torch.save_file(torch.load("
             f"'{pickles[0]}', weights_only=True), 'model.safetensors'), and move {pickles[0]} out of the folder")
+
+
+def _check_safetensors(directory: Path) -> None:
+    """``files.check_files`` without its pickle refusal (``_refuse_pickles`` decided about those): every safetensors
+    file in the folder is checked before anything is loaded."""
+    from specframe.files import check_safetensors
+
+    for path in sorted(directory.rglob("*.safetensors")):
+        check_safetensors(path)
 
 
 def _refuse_layer_variants(directory: Path, fmt: str) -> None:
@@ -291,7 +317,7 @@ def _refuse_layer_variants(directory: Path, fmt: str) -> None:
                 f"{key} is true: vLLM and speculators build biased {'q/k/v/o' if key == 'attention_bias' else 'MLP'} "
                 "projections from it, and specframe's drafter layers have none (attention_bias = mlp_bias = false)")
     sliding, window = sliding_window_layers(layer)
-    if sliding:
+    if sliding and fmt != "speculators":  # a speculators folder's window is read into the drafter's sliding_window
         every = " ".join(map(str, range(int(layer.get("num_hidden_layers") or len(sliding)))))
         raise SpecframeError(
             f"sliding_window {window}: its layer_types make drafter layers {sliding} sliding_attention, which vLLM and "
@@ -300,22 +326,8 @@ def _refuse_layer_variants(directory: Path, fmt: str) -> None:
             f"trained with full attention (speculators train --full-attention-indices {every})")
 
 
-def sliding_window_layers(layer: Mapping[str, Any]) -> tuple[list[int], int | None]:
-    """The drafter layers of a transformers layer config that attend through a sliding window, and its width, as
-    transformers builds the config (what vLLM and speculators read: ``layer_types`` entries ``sliding_attention``
-    with ``sliding_window`` set; Qwen2 / Qwen3 derive ``layer_types`` from ``use_sliding_window`` and
-    ``max_window_layers`` and drop the window without ``use_sliding_window``). ``([], None)`` when there is none."""
-    from transformers import AutoConfig
-
-    fields = {k: v for k, v in layer.items() if k not in ("model_type", "architectures", "auto_map")}
-    try:
-        built = AutoConfig.for_model(str(layer.get("model_type") or "llama"), **fields)
-        types, window = getattr(built, "layer_types", None), getattr(built, "sliding_window", None)
-    except (ValueError, TypeError, KeyError):  # a config transformers does not build: read the fields as written
-        types, window = layer.get("layer_types"), layer.get("sliding_window")
-    if window is None or not isinstance(types, list | tuple):
-        return [], None
-    return [i for i, kind in enumerate(types) if kind == "sliding_attention"], int(window)
+#: re-exported: the reader that decides whether a layer config attends through a window
+sliding_window_layers = layouts.sliding_window_layers
 
 
 def _read_flat_eagle3(directory: Path, target_config: Any, fmt: str = "eagle3-flat") -> Imported:
@@ -804,7 +816,7 @@ def eagle_state(
 def check_shape(imported: Imported, drafter: str, **expected: Any) -> None:
     """Refuse a folder whose shape differs from a drafter built from the run's options (``--init-from``)."""
     actual = {"layers": imported.num_layers, "aux_layer_ids": imported.aux_layer_ids,
-              "draft_vocab_size": imported.draft_vocab_size}
+              "draft_vocab_size": imported.draft_vocab_size, **imported.architecture}
     for key, value in expected.items():
         if actual[key] != value:
             raise SpecframeError(

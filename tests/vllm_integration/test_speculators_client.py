@@ -9,7 +9,8 @@ item 3), both ways:
   trainer builds one, for the test's tiny target) for a matching drafter: ``load_drafter`` / ``warm_start``, and
   ``train --init-from``, ``generate --checkpoint`` and ``export`` through the CLI; the imported drafter gives the
   logits speculators' own model gives for the folder; only real differences are refused, one line naming the field
-  (layer variants, Qwen3 layers, another activation, a sliding window: refused, never imported and dropped);
+  (fc_norm, another activation, a window on some layers only); a sliding window is imported and exported, never
+  dropped;
 - the exports name their dtype ``dtype`` (transformers 5's name; ``torch_dtype`` is deprecated), which speculators and
   vLLM 0.32 read.
 
@@ -507,17 +508,13 @@ def test_the_cli_generates_trains_from_and_exports_a_speculators_folder(folders,
 # ------------------------------------------------------------------------------------------ what is refused, why
 
 
-def test_speculators_defaults_specframe_cannot_compute_are_refused_by_field(target, tmp_path):
-    """speculators' trainer defaults are other networks: EAGLE 3.1's norms (norm_before_residual, norm_before_fc,
-    norm_output), Qwen3 layers for P-EAGLE (per-head q_norm / k_norm), and a sliding window; also another activation
-    and, for DFlash, drafting from the anchor slot. Each is refused in one line naming the field."""
+def test_speculators_variants_specframe_cannot_compute_are_refused_by_field(target, tmp_path):
+    """What is still another network: EAGLE-3's fc_norm (one norm per aux state), another activation than the
+    target's and, for DFlash, drafting from the anchor slot. Each is refused in one line naming the field. (The
+    trainer's defaults, Qwen3 layers, the EAGLE 3.1 norms and the sliding window, import:
+    tests/vllm_integration/test_speculators_defaults.py.)"""
     cases = [
-        ("eagle3", dict(norm_before_residual=True), "norm_before_residual is true: specframe's EAGLE-3 layer computes "
-                                                    "only norm_before_residual = false"),
-        ("eagle3", dict(norm_before_fc=True), "norm_before_fc is true"),
-        ("eagle3", dict(norm_output=True), "norm_output is true"),
-        ("peagle", dict(draft_arch="qwen3"), "transformer_layer_config.model_type is 'qwen3'; specframe's EAGLE "
-                                             "layers are Llama"),
+        ("eagle3", dict(fc_norm=True), "fc_norm is true: specframe's EAGLE-3 layer computes only fc_norm = false"),
         ("eagle3", dict(hidden_act="gelu"), "hidden_act 'gelu' differs from the target's 'silu'"),
         ("dflash", dict(sample_from_anchor=True), "sample_from_anchor is true"),
     ]
@@ -529,44 +526,37 @@ def test_speculators_defaults_specframe_cannot_compute_are_refused_by_field(targ
             load_drafter(folder, target.config, target.tok)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_sliding_window_is_refused_on_import_and_never_dropped_on_export(target, tmp_path, kind):
+@pytest.mark.parametrize("kind", ["eagle3", "peagle"])
+def test_a_sliding_window_is_imported_and_never_dropped_on_export(target, tmp_path, kind):
     """speculators' default: every draft layer sliding_attention with a 2048-token window, which vLLM (llama.py:
-    per_layer_sliding_window from layer_types) and speculators' own forward apply. specframe's drafters attend to the
-    whole context in training and decoding, so such a folder was imported without a word, trained with full
-    attention, and exported without the window. It is refused, naming the window and the layers; a folder whose
-    layers are all full_attention (speculators' --full-attention-indices) imports, and nothing is written for the
-    refused one by export, generate or train --init-from."""
+    per_layer_sliding_window from layer_types) and speculators' own forward apply. It was imported without a word
+    and exported without the window, then refused; it now becomes the drafter's sliding_window, and specframe's
+    export writes it back as speculators and vLLM read it. A window on some layers only is refused, naming them; a
+    folder whose layers are all full_attention (speculators' --full-attention-indices) exports no window."""
     folder = speculators_folder(kind, target, tmp_path / "sliding", full_attention=False)
     layer = json.loads((folder / "config.json").read_text())["transformer_layer_config"]
     assert layer["sliding_window"] == 2048 and set(layer["layer_types"]) == {"sliding_attention"}
-    assert load_speculators(kind, folder).sliding_window_indices == [0, 1]  # speculators applies it
-    message = (f"cannot import {folder}: sliding_window 2048: its layer_types make drafter layers [0, 1] "
-               "sliding_attention, which vLLM and speculators run over the last 2048 positions only, and specframe's "
-               "drafters attend to the whole context in training and decoding (a window they would neither apply nor "
-               "export); import a drafter trained with full attention (speculators train --full-attention-indices "
-               "0 1)")
-    with pytest.raises(SpecframeError) as refused:
-        load_drafter(folder, target.config, target.tok)
-    assert str(refused.value) == message
-    with pytest.raises(SpecframeError, match="sliding_window 2048"):
-        imports.read(folder, target.config)
-    # the export side: `specframe export` of it writes nothing; generate and train refuse with the same line
-    code, text = cli("export", "--checkpoint", folder, "--output", tmp_path / "out")
-    assert code != 0 and message in " ".join(text.split()) and not (tmp_path / "out").exists()
-    code, text = cli("generate", "--checkpoint", folder, "--prompt", "the quick", "--max-new-tokens", 2)
-    assert code != 0 and "sliding_window 2048" in text
+    drafter = load_drafter(folder, target.config, target.tok)
+    assert drafter.options.sliding_window == 2048
+    drafter.export_vllm(tmp_path / "windowed", target.tok)
+    written = json.loads((tmp_path / "windowed" / "config.json").read_text())["transformer_layer_config"]
+    assert written["sliding_window"] == 2048 and written["layer_types"] == ["sliding_attention"] * LAYERS
+    assert load_speculators(kind, tmp_path / "windowed").sliding_window_indices == [0, 1]
     # a window on one layer only is named for that layer
     cfg = json.loads((folder / "config.json").read_text())
     cfg["transformer_layer_config"]["layer_types"] = ["full_attention", "sliding_attention"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(SpecframeError, match=r"make drafter layers \[1\] sliding_attention"):
+    with pytest.raises(SpecframeError, match=r"make drafter layers \[1\] of 2 sliding_attention"):
         imports.read(folder, target.config)
+    code, text = cli("export", "--checkpoint", folder, "--output", tmp_path / "out")
+    assert code != 0 and "sliding_attention" in text and not (tmp_path / "out").exists()
     # full attention everywhere (the window field stays, unused, as speculators writes it): imports, and specframe's
     # export of it has no window for vLLM or speculators to apply
     cfg["transformer_layer_config"]["layer_types"] = ["full_attention", "full_attention"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    load_drafter(folder, target.config, target.tok).export_vllm(tmp_path / "full", target.tok)
+    full = load_drafter(folder, target.config, target.tok)
+    assert full.options.sliding_window is None
+    full.export_vllm(tmp_path / "full", target.tok)
     written = json.loads((tmp_path / "full" / "config.json").read_text())["transformer_layer_config"]
     assert "sliding_window" not in written and "layer_types" not in written
     assert load_speculators(kind, tmp_path / "full").sliding_window_indices == []

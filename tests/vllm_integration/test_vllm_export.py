@@ -203,7 +203,9 @@ def test_speculators_config_reads_back_and_matches_what_vllm_extracts(target, tm
     flat = {**export.llama_config(target.config, 2), "draft_vocab_size": 160, "target_hidden_size": 64,
             "eagle_aux_hidden_state_layer_ids": AUX, "mask_token_id": 3}
     cfg = export.speculators_config(flat, "peagle", verifier="/models/t", speculative_tokens=4, drafter="peagle")
-    assert export.flat_config(cfg) == {**flat, "dtype": "float32"}
+    arch = {"qk_norm": False, "sliding_window": None, "norm_before_residual": False, "norm_before_fc": False,
+            "norm_output": False}
+    assert export.flat_config(cfg) == {**flat, "dtype": "float32", **arch}
     assert export.layout_of(cfg) == "peagle"
     try:
         from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
@@ -266,11 +268,9 @@ def test_the_exported_verifier_names_the_targets_own_architectures(tmp_path, kin
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda c: c.update(norm_before_residual=True), "norm_before_residual is true"),
-        (lambda c: c.pop("norm_before_residual"), "norm_before_residual is true"),  # vLLM's eagle3 default
         (lambda c: c.update(fc_norm=True), "fc_norm is true"),
         (lambda c: c.pop("transformer_layer_config"), "lacks transformer_layer_config"),
-        (lambda c: c["transformer_layer_config"].update(model_type="qwen3"), "model_type is 'qwen3'"),
+        (lambda c: c["transformer_layer_config"].update(model_type="mistral"), "model_type is 'mistral'"),
     ],
 )
 def test_speculators_variants_specframe_cannot_compute_are_named(target, edit, message):
@@ -280,6 +280,25 @@ def test_speculators_variants_specframe_cannot_compute_are_named(target, edit, m
     edit(cfg)
     with pytest.raises(SpecframeError, match=message):
         export.flat_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "edit, read",
+    [
+        (lambda c: c.update(norm_before_residual=True), {"norm_before_residual": True}),
+        (lambda c: c.pop("norm_before_residual"), {"norm_before_residual": True}),  # vLLM's eagle3 default
+        (lambda c: c.update(norm_before_fc=True, norm_output=True), {"norm_before_fc": True, "norm_output": True}),
+        (lambda c: c["transformer_layer_config"].update(model_type="qwen3"), {"qk_norm": True}),
+    ],
+)
+def test_speculators_defaults_read_into_the_architecture_fields(target, edit, read):
+    """speculators' trainer defaults are drafter options now (issue 54 item 4), read where they were refused."""
+    flat = {**export.llama_config(target.config, 1), "draft_vocab_size": 160, "target_hidden_size": 64,
+            "eagle_aux_hidden_state_layer_ids": AUX}
+    cfg = export.speculators_config(flat, "eagle3", verifier="t")
+    edit(cfg)
+    got = export.flat_config(cfg)
+    assert {k: got[k] for k in read} == read
 
 
 def test_set_serving_rewrites_verifier_and_tokens(target, tmp_path):

@@ -167,10 +167,15 @@ def test_other_refusals_name_the_field(exported, target, tmp_path):
     cfg = json.loads((pe / "config.json").read_text())
     cfg["norm_before_residual"] = True
     (pe / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(SpecframeError, match="norm_before_residual is true"):
-        imports.read(pe, target.config)
+    # speculators' trainer default: imported as the drafter option, and refused to a drafter built without it
+    assert imports.read(pe, target.config).architecture["norm_before_residual"] is True
+    peagle = plugins.get("drafter", "peagle")
+    plain = peagle(target.config, peagle.Options(layers=2, aux_layer_ids=AUX, draft_vocab_size=DRAFT_VOCAB))
+    with pytest.raises(SpecframeError, match="its norm_before_residual is True, this peagle drafter's is False"):
+        imports.warm_start(plain, pe, target.config)
     pickled = _copy(exported / "eagle3", tmp_path / "pk")
     torch.save({}, pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()  # the weights are the pickle (a SafeAILab folder)
     with pytest.raises(SpecframeError, match="pickle"):
         imports.read(pickled)
     with pytest.raises(SpecframeError, match="not a drafter folder specframe imports"):
