@@ -338,6 +338,21 @@ CASES = [
          "even the fixed part (weights, optimizer state, process) needs 560.81 MiB: use a smaller "
          "drafter or a larger budget (nothing was written)",
          lambda c: [*train(c), "--memory-budget", "1MiB"]),
+    Case("memory-seq-len-huge", "--seq-len 100000000 --memory-budget 1GiB (10^8 tokens: the estimate once grew with "
+         "the length until the kernel killed it at 16.7 GB)",
+         "error: memory budget 1.00 GiB is too small: peagle at --seq-len 100000000 with mask builder 'dense', "
+         "partitioner 'none' (1 partition) needs about 625341909.46 GiB (fixed 48.23 GiB + step 625341861.23 GiB); "
+         "fits with --seq-len 2368 or less (nothing was written)",
+         lambda c: [*train(c), "--seq-len", "100000000", "--memory-budget", "1GiB"]),
+    Case("resume-changed-settings", "--resume a run with another --lr and --max-steps",
+         "error: --resume {checkpoint}: the run was started with other settings: --max-steps 1 -> 2, --lr 0.0003 -> "
+         "0.001 (nothing was written); resume it with its own (--config {checkpoint}/config.json gives them), pass "
+         "--allow-changed-settings to continue under the new ones, or warm start a new run from an export of it "
+         "with --init-from",
+         lambda c: [*train(c), "--max-steps", 2, "--lr", "1e-3", "--resume", "{checkpoint}"]),
+    Case("allow-changed-without-resume", "--allow-changed-settings without --resume",
+         "error: --allow-changed-settings continues a run under new settings: give it with --resume",
+         lambda c: [*train(c), "--allow-changed-settings"]),
     Case("resume-nothing", "--resume an empty directory",
          "error: {tmp}/empty is neither a checkpoint nor a training output directory with a checkpoint",
          lambda c: [*train(c), "--resume", "{tmp}/empty"],
@@ -349,7 +364,9 @@ CASES = [
     Case("unknown-drafter-option", "an option the drafter does not have in --config",
          "error: --config {tmp}/extra.toml: drafter 'peagle' options: unknown key 'layerz' (did you mean 'layers'?) "
          "(known options: layers, k_train, k_infer, draft_vocab_size, aux_layer_ids, cod_ratio, cod_min_ratio, "
-         "activation_checkpointing, loss_chunk, vocab_position_mask)",
+         "activation_checkpointing, loss_chunk, vocab_position_mask, mask_hidden_std, train_head, loss_mask_bit, "
+         "loss_normalisation, loss, ce_weight, init_from_target_layers, qk_norm, norm_before_residual, "
+         "norm_before_fc, sliding_window)",
          lambda c: [*train(c), "--config", "{tmp}/extra.toml"], write("extra.toml", "[drafter]\nlayerz = 2\n")),
     Case("config-unknown-key", "a --config key that is no training option (misspelt)",
          "error: --config {tmp}/typo.yaml: unknown key 'seq_lenght' (did you mean 'seq_len'?); "
