@@ -82,12 +82,14 @@ def speculators_train_args(p: Preset, drafter: str, settings: str, target: str, 
     layers = aux_layers(p, drafter)
     if layers:
         args += ["--target-layer-ids", *map(str, layers)]
+    # one packed row of batch x seq_len tokens a step at both settings, not its default 8,192: its default full
+    # vocabulary's logits over 8,192 tokens (P-EAGLE: about 3x that in COD elements) outgrow a 23 GiB CPU machine
+    args += ["--total-seq-len", str(p.batch_size * p.seq_len)]
     if settings == "matched":
         opts = p.drafters[drafter]
         args += ["--num-layers", str(opts.get("layers", 1)), "--draft-arch", "llama", "--no-norm-before-residual",
                  "--full-attention-indices", *map(str, range(int(opts.get("layers", 1)))),
-                 "--draft-vocab-size", str(p.draft_vocab), "--lr", str(p.lr),
-                 "--total-seq-len", str(p.batch_size * p.seq_len), "--seed", "0"]
+                 "--draft-vocab-size", str(p.draft_vocab), "--lr", str(p.lr), "--seed", "0"]
         args += (["--num-depths", str(p.depth)] if drafter == "peagle" else
                  ["--ttt-steps", str(p.depth), "--no-norm-before-fc", "--no-norm-output"])
     return args

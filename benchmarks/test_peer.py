@@ -22,7 +22,8 @@ back to back for each drafter and settings (their throughputs under the same loa
    importer refuses (speculators' default architectures before specframe imports them) is written with the
    refusal's line, never a number, and measured again by the next run;
 3. where vLLM is installed, whole-set acceptance in vLLM-CPU on each of the preset's sets at its first ``vllm_ks``
-   (``test_jobs._acceptance``, on the prompt contexts the cpu-large jobs committed);
+   (``test_jobs._acceptance``, on the prompt contexts the cpu-large jobs committed; its files, with each prompt
+   turn's figures, in ``<work>/served/``);
 4. ``<results>/<drafter>/<settings>-<trainer>.json`` (kind ``bench.peer``), written last; a complete job whose file
    holds its key is skipped. ``specframe report <results>`` renders the table (``specframe.report_peer``).
 """
@@ -253,7 +254,9 @@ def test_peer_job(benchmark, peer, peer_data, case):
             evaluation["val_expected_al_interval"] = {"low": lo, "high": hi, "level": 0.95}
         label = f"{drafter}/{settings}/{trainer}"
         config = {"preset": p.name, "drafter": drafter, "settings": settings, "trainer": trainer}
-        served = _served(peer, evaluation, label, out, config)
+        # the whole-set files stay in the work folder: in the results folder the report would read them as
+        # per-drafter jobs; their figures and intervals are in this job's file
+        served = _served(peer, evaluation, label, peer.root / "served" / drafter, config)
         metrics = {
             **config, "train_tokens": record.get("train_tokens"), "train_steps": record.get("steps"),
             "tokens_per_second": record.get("tokens_per_second"), "train_seconds": record.get("train_seconds"),

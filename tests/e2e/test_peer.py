@@ -103,6 +103,25 @@ def test_a_rows_states_and_ids_in_speculators_layout_are_the_targets(tiny, tmp_p
         assert not torch.allclose(states[:, -1], hs[-1][0])
 
 
+@needs_speculators
+def test_speculators_own_reader_takes_the_rows_and_states_in_order(tiny, tmp_path):
+    """speculators' ArrowDataset (its file backend) reads the written folder: each split's rows are the rows in
+    order, the states pass its token check, the aux layers flattened and the last state apart."""
+    import torch
+    from speculators.train.data import ArrowDataset
+
+    rows = [([5, 9, 17, 33, 2], [0, 0, 1, 1, 1]), ([8, 3, 4, 6], [0, 1, 1, 1]), ([7, 7, 1], [0, 0, 1])]
+    peer_data.write_dataset(rows, 2, tmp_path)
+    peer_data.extract(tiny, rows, [1, 2, 3], tmp_path / "hidden_states", threads=1)
+    ratio = peer_data.train_data_ratio(len(rows), 1)
+    read = {split: ArrowDataset(max_len=64, datapath=tmp_path, on_missing="raise", train_ratio=ratio, split=split,
+                                hidden_states_dtype=torch.float32) for split in ("train", "val")}
+    assert [read["train"][i]["input_ids"].tolist() for i in range(2)] == [rows[0][0], rows[1][0]]
+    (val,) = [read["val"][i] for i in range(len(read["val"]))]
+    assert val["input_ids"].tolist() == rows[2][0] and val["loss_mask"].tolist() == rows[2][1]
+    assert val["hidden_states"].shape == (3, 3 * 64) and val["verifier_last_hidden_states"].shape == (3, 64)
+
+
 def test_speculators_default_aux_layers():
     assert peer_data.target_layer_ids(30) == [2, 15, 27]
     assert peer_data.target_layer_ids(4, [1, 2, 3]) == [1, 2, 3]
@@ -242,6 +261,8 @@ def test_peer_ci_trains_both_and_measures_both_with_the_same_evaluator(tmp_path)
         val_rows.add(tuple(r[0] for r in m["val_chain_per_sequence"]))
         assert ev["command"].startswith("specframe train") and "--init-from" in ev["command"]
         assert doc["config"]["speculators_patches"] and doc["config"]["held_out"]["examples"] == 4
-    assert len(val_rows) == 1
+    (held_out,) = val_rows
+    # speculators' validation rows (from int(rows x ratio) on) are the sequences specframe validated on
     data = docs["speculators"]["config"]["data"]
-    assert data["val_rows"] == 4 and data["train_rows"] == 12
+    assert data["val_rows"] == 4 and sorted(held_out) == list(range(data["train_rows"], data["rows"]))
+    assert int(data["rows"] * data["train_data_ratio"]) == data["train_rows"]
