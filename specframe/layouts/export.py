@@ -749,6 +749,8 @@ def write_dspark(
     drafter: str | None = "dspark",
     verifier: str | None = None,
     verifier_architectures: Sequence[str] | None = None,
+    confidence_temperature: Sequence[float] | None = None,
+    confidence_calibration_rule: str | None = None,
 ) -> dict[str, Any]:
     """Write a DSpark drafter (speculators ``dspark``, module docstring): the DFlash backbone's weights under vLLM's
     names plus the Markov head (``markov_head.markov_w1`` / ``markov_w2``) and the confidence head
@@ -805,8 +807,6 @@ _DSPARK_FIELDS = _DFLASH_FIELDS + ("markov_rank", "markov_head_type", "enable_co
 def _dspark_config(
     flat: Mapping[str, Any], *, verifier: str | None, speculative_tokens: int, drafter: str | None,
     verifier_architectures: Sequence[str] | None = None,
-    confidence_temperature: Sequence[float] | None = None,
-    confidence_calibration_rule: str | None = None,
 ) -> dict[str, Any]:
     config = _dflash_config({k: v for k, v in flat.items() if k not in _DSPARK_FIELDS or k in _DFLASH_FIELDS},
                             verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
