@@ -248,3 +248,15 @@ def test_readme_answer_quotes_only_what_the_reports_print():
     assert figures, "README's answer quotes no figure"
     stale = [figure for figure in figures if figure not in printed]
     assert not stale, f"README's answer quotes figures no committed report prints: {stale}"
+
+
+def test_the_api_version_the_docs_give_is_the_codes():
+    """A page that gives the public API's current version ("public API (version N") gives specframe.api's (the
+    results audit found README and status at 10 while the code said 11)."""
+    from specframe.api import API_VERSION
+
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    stated = {(page.name, m.group(1)) for page in pages
+              for m in re.finditer(r"public API \(version (\d+)", page.read_text(encoding="utf-8"))}
+    assert stated, "no page states the API version any more (docs/status.md did)"
+    assert {v for _, v in stated} == {API_VERSION}, f"pages state API versions {sorted(stated)}, the code {API_VERSION}"
