@@ -4,7 +4,7 @@ speculators installed: ``qk_norm`` (Qwen3's per-head q / k RMSNorm, checked agai
 ``norm_before_fc`` (one RMSNorm over the concatenated aux states before fc), ``norm_output`` (an EAGLE-3 step feeds
 the next the final norm's output) and ``sliding_window`` (the visibility rule's window clause, applied by every
 builder that declares ``windows``, and the reference engine's KV-cache attention). The placements against speculators'
-own classes: tests/vllm_integration/test_speculators_defaults.py. The drafter contract runs at these options too, with
+own classes: tests/vllm_integration/test_speculators_default_folders.py. The drafter contract runs at these options too, with
 a window that binds on its 18-token examples: every builder and partitioner gives dense's gradients, decoding is
 lossless, and a saved drafter drafts the same."""
 

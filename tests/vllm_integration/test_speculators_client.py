@@ -512,7 +512,7 @@ def test_speculators_variants_specframe_cannot_compute_are_refused_by_field(targ
     """What is still another network: EAGLE-3's fc_norm (one norm per aux state), another activation than the
     target's and, for DFlash, drafting from the anchor slot. Each is refused in one line naming the field. (The
     trainer's defaults, Qwen3 layers, the EAGLE 3.1 norms and the sliding window, import:
-    tests/vllm_integration/test_speculators_defaults.py.)"""
+    tests/vllm_integration/test_speculators_default_folders.py.)"""
     cases = [
         ("eagle3", dict(fc_norm=True), "fc_norm is true: specframe's EAGLE-3 layer computes only fc_norm = false"),
         ("eagle3", dict(hidden_act="gelu"), "hidden_act 'gelu' differs from the target's 'silu'"),
