@@ -500,8 +500,10 @@ class Trainer:
         # [elements the draft-vocabulary position mask left out, elements of segments that report it]
         masked = torch.zeros(2)
         held_out: list[tuple[torch.Tensor, ...]] = []  # (confidence logits, verdicts, sequence) of full chains
-        # [validation index, anchors, accepted sum] per sequence: what a bootstrap over held-out sequences resamples
-        per_sequence: list[list[int]] = []
+        # [present, validation index, anchors, accepted sum] per sequence: what a bootstrap over held-out sequences
+        # resamples. One row per validation sequence, filled by the rank that evaluates it and summed over ranks with
+        # the other figures (a plain all-reduce, as every other figure here travels)
+        per_sequence = torch.zeros(len(self.val_ids), 4, dtype=torch.float64)
         for j, idx in enumerate(self.val_ids):
             if j % self.dist.world != self.dist.rank:
                 continue
@@ -533,13 +535,13 @@ class Trainer:
             if chained:
                 c = chain_acceptance(hits)
                 chain += torch.tensor([c.anchors, c.accepted_sum, *c.reached, *c.accepted], dtype=chain.dtype)
-                per_sequence.append([int(idx), c.anchors, c.accepted_sum])
+                per_sequence[j] = torch.tensor([1.0, float(idx), float(c.anchors), float(c.accepted_sum)])
                 full = hits.ge(0).all(1) & logits.isfinite().all(1)  # anchors with a full chain and its confidence
                 if full.any():
                     observed = torch.where(acceptance.isnan(), hits.clamp(min=0).double(), acceptance)
                     held_out.append((logits[full], observed[full], torch.full((int(full.sum()),), j)))
         flag = torch.tensor([0.0 if chained else 1.0])
-        for t in (loss_sum, count, correct, total, chain, flag, masked):
+        for t in (loss_sum, count, correct, total, chain, flag, masked, per_sequence):
             self.dist.sum_(t)
         module.train()
         self.held_out_confidence = self._gather_confidence(held_out) if flag.item() == 0 else None
@@ -561,7 +563,8 @@ class Trainer:
             out["val_expected_al"] = 1.0 + float(chain[1].item()) / anchors
             out["val_expected_al_method"] = "chain"
             out["val_chain_anchors"] = anchors
-            out["val_chain_per_sequence"] = self._gather_rows(per_sequence)
+            out["val_chain_per_sequence"] = [[int(i), int(a), int(acc)] for present, i, a, acc in per_sequence.tolist()
+                                             if present > 0]
             out["val_conditional_accuracy"] = [float(a / r) if r > 0 else 0.0 for a, r in zip(accepted, reached)]
         else:  # the drafter reports per-depth counts only
             out["val_expected_al"] = product
@@ -569,14 +572,6 @@ class Trainer:
         if self.held_out_confidence is not None:
             out.update(self._confidence_figures(*self.held_out_confidence[:2]))
         return out
-
-    def _gather_rows(self, rows: list[list[int]]) -> list[list[int]]:
-        """Every rank's rows together, sorted (the same list on every rank, whatever the sharding)."""
-        if self.dist.world > 1:
-            gathered: list[Any] = [None] * self.dist.world
-            self.dist.dist.all_gather_object(gathered, rows)
-            rows = [row for rank in gathered for row in rank]
-        return sorted(rows)
 
     def _gather_confidence(self, held_out: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...] | None:
         """Every rank's held-out (confidence logits, verdicts, sequence) together, on every rank (a calibration
