@@ -69,11 +69,18 @@ class ChildRun:
 def run_cli(args: list[str], *, threads: int, log: Path) -> ChildRun:
     """``specframe ARGS`` in a child process, with its exit code, peak RSS, wall time and the load beside it.
     stdout and stderr go to ``log`` (appended), so a failure can be read after the fact."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "specframe", *args]
+    return run_module("specframe", args, threads=threads, log=log)
+
+
+def run_module(module: str, args: list[str], *, threads: int, log: Path, env: dict[str, str] | None = None,
+               shown: str = "") -> ChildRun:
+    """``python -m MODULE ARGS`` in a child process (``run_cli``'s measurement for any module): ``env`` is added to
+    this process's environment, ``shown`` is written before the command in the log (e.g. the PYTHONPATH it ran with)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})}
+    cmd = [sys.executable, "-m", module, *args]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as out:
-        out.write(f"$ {shlex.join(cmd)}\n")
+        out.write(f"$ {shown}{shlex.join(cmd)}\n")
         out.flush()
         busy = busy_cpu_seconds()
         start = time.perf_counter()

@@ -9,19 +9,15 @@ sequence length, depth, peak lr, fp32, one epoch, seed 0; each trainer keeps its
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from harness import ROOT, beside_cores, busy_cpu_seconds, fingerprint, last_error, run_cli, training_figures
+from harness import last_error, run_cli, run_module, training_figures
 from presets import Preset
 
 TRAINERS = ("specframe", "speculators")
@@ -115,20 +111,9 @@ def speculators_throughput(log: str, epoch_tokens: int | None = None) -> dict[st
 
 def run_speculators(args: list[str], *, pythonpath: Path, threads: int, log: Path) -> dict[str, Any]:
     """``python -m speculators ARGS`` against the patched copy, with its wall time and the load beside it."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(pythonpath), "HF_HUB_OFFLINE": "1",
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = [sys.executable, "-m", "speculators", *args]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as out:
-        out.write(f"$ PYTHONPATH={pythonpath} {shlex.join(cmd)}\n")
-        out.flush()
-        busy = busy_cpu_seconds()
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - start
-    return {"exit": os.waitstatus_to_exitcode(status), "seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024.0,
-            "beside_cores": beside_cores(busy, busy_cpu_seconds(), usage.ru_utime + usage.ru_stime, seconds)}
+    child = run_module("speculators", args, threads=threads, log=log, shown=f"PYTHONPATH={pythonpath} ",
+                       env={"PYTHONPATH": str(pythonpath), "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    return attrs.asdict(child)
 
 
 def speculators_folder(run: Path) -> Path:
