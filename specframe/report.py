@@ -629,7 +629,7 @@ def tokens_to_beat_plain(documents: list[tuple[str, dict[str, Any]]], goal: floa
     from specframe.projection import project, served_curves
 
     speed = speedup_by_k(documents, "vllm")
-    if any(v["low"] is not None and v["low"] > 1 for points in speed.values() for v in points.values()):
+    if _one_is_faster(speed):
         return {}
     out = {}
     for (name, dataset), (k, points) in sorted(served_curves(documents).items()):
@@ -643,6 +643,11 @@ def tokens_to_beat_plain(documents: list[tuple[str, dict[str, Any]]], goal: floa
         if found is not None:
             out[name] = found.as_dict()
     return out
+
+
+def _one_is_faster(speed: dict[str, dict[int, dict[str, Any]]]) -> bool:
+    """Whether some drafter at some K is faster than plain decoding beyond its interval (then nothing is projected)."""
+    return any(v["low"] is not None and v["low"] > 1 for points in speed.values() for v in points.values())
 
 
 #: the set a per-drafter job times speed on, so the set whose served curve a projection reads
@@ -675,7 +680,7 @@ def _projection_cell(name: str, e: dict[str, Any]) -> str:
 
 def _beat_plain_line(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     speed = speedup_by_k(documents, "vllm")
-    if not speed or any(v["low"] is not None and v["low"] > 1 for points in speed.values() for v in points.values()):
+    if not speed or _one_is_faster(speed):
         return []
     lines = []
     for goal, what in ((1.0, "to break even with"), (GOAL_SPEEDUP, f"for {GOAL_SPEEDUP}x")):
