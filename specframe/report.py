@@ -25,12 +25,11 @@ from typing import Any
 
 from specframe.errors import SpecframeError, read_json
 from specframe.results import SCHEMA, check_results, is_baseline
+from specframe.stats import PHYSICAL_SLACK, t975
 
 LABEL_KEYS = ("drafter", "mask_builder", "partitioner", "engine", "verifier", "dataset", "k")
 #: the most series one axes shows (more would be unreadable; the tables keep every run)
 MAX_SERIES = 8
-#: a speedup above AL x this is physically impossible (a round costs at least one target forward)
-PHYSICAL_SLACK = 1.05
 #: a training throughput measured while other processes kept more than this many cores busy, on average, is flagged
 BUSY_CORES = 0.25
 
@@ -275,8 +274,6 @@ def learning_rates(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, dic
     least-squares line of AL on log2(tokens) through its learning curve (at least 3 points)."""
     import statistics
 
-    from specframe.bench import t975
-
     out = {}
     for name, curve in learning_curves(documents).items():
         points = [(math.log2(tokens), al) for tokens, al in curve if tokens > 0]
@@ -326,8 +323,6 @@ def _first_vs_second(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     (by mean log speedup over the repeats), with a Welch interval: whether the winner is separable from second place."""
     import re
     import statistics
-
-    from specframe.bench import t975
 
     values: dict[str, dict[int, list[float]]] = defaultdict(dict)
     for document, key, m in _all_runs(documents):
@@ -520,8 +515,6 @@ def _reference_engine(document: dict[str, Any]) -> bool:
 def _prompt_interval(document: dict[str, Any], method: str) -> tuple[float | None, float | None]:
     """95% Student-t interval of the per-prompt-turn AL of ``method`` (None without two prompt turns)."""
     import statistics
-
-    from specframe.bench import t975
 
     values = [r["acceptance_length"] for r in document.get("per_prompt") or []
               if isinstance(r, dict) and r.get("method") == method and _number(r.get("acceptance_length"))]

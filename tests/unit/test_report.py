@@ -285,7 +285,7 @@ def test_answers_state_each_question_with_its_interval(tmp_path):
     import statistics
 
     from specframe import report
-    from specframe.bench import t975
+    from specframe.stats import t975
 
     d = tmp_path / "cpu"
     methods = {"plain": {"acceptance_length": 1.0},
