@@ -83,7 +83,8 @@ def contexts(workspace, dataset: str) -> tuple[dict[str, list[int]], dict[str, A
     gzip (about 70 KB a set), beside the baselines' results, so a fresh machine's run reads the committed copy
     instead of answering every set in vLLM again (about 20 minutes on 2 cores)."""
     from specframe.vllm.acceptance import prompt_contexts
-    from specframe.vllm.engine import Conversation, VllmGeneration
+    from specframe.vllm.counters import VllmGeneration
+    from specframe.vllm.interleaved import Conversation
 
     p = workspace.preset
     prompts = bench.load_prompts(dataset, p.acceptance_prompts)

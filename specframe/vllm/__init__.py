@@ -3,8 +3,10 @@
 - The layouts vLLM loads (speculators, PARD, ParallelSpec), their writers and the ``speculative_config`` built from an
   export, are files, not vLLM: ``specframe.layouts`` (no vLLM import), below the engine and this package.
 - ``specframe.vllm.vllm_plugin``: the ``vllm.general_plugins`` entry point registering the ParallelSpec drafter model.
-- ``specframe.vllm.engine``: starts vLLM on a target (optionally with an exported drafter), generates greedily
-  from token ids and turns vLLM's spec-decode counters into specframe's metrics (``specframe.metrics``).
+- ``specframe.vllm.engine``: starts vLLM on a target (optionally with an exported drafter) and generates greedily
+  from token ids; ``specframe.vllm.counters`` turns vLLM's spec-decode counters into specframe's metrics
+  (``specframe.metrics``); ``specframe.vllm.jobs`` runs engines in child processes, and ``specframe.vllm.interleaved``
+  measures several side by side on the same prompts.
 - ``specframe.vllm.answer``: the target's greedy answers to many prompts at once (``regenerate --engine vllm``).
 - ``specframe.vllm.parity``: compares vLLM's greedy tokens and acceptance with the reference engine's.
 - ``specframe.vllm.states``: the target's hidden states at given layer ids from vLLM's ``extract_hidden_states``

@@ -1,4 +1,4 @@
-"""Child process of ``specframe.vllm.engine.run_jobs``: engines run one after the other, one request file, one result
+"""Child process of ``specframe.vllm.jobs.run_jobs``: engines run one after the other, one request file, one result
 file.
 
 Run as ``python -m specframe.vllm._worker REQUEST.json RESULT.json``; the ``__main__`` guard is what vLLM needs when

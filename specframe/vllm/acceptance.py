@@ -25,7 +25,10 @@ import attrs
 
 from specframe.errors import SpecframeError
 from specframe.metrics import PromptMetrics, aggregate
-from specframe.vllm.engine import Conversation, EngineOptions, Job, VllmGeneration, process_groups, run_jobs
+from specframe.vllm.counters import VllmGeneration
+from specframe.vllm.engine import EngineOptions
+from specframe.vllm.interleaved import Conversation
+from specframe.vllm.jobs import Job, process_groups, run_jobs
 
 PLAIN = "plain"
 

@@ -26,7 +26,7 @@ def guarded(monkeypatch):
     """The check refuses (recording what it was asked), and any vLLM start is recorded instead of run."""
     import multiprocessing
 
-    from specframe.vllm import answer, engine, states, support
+    from specframe.vllm import answer, engine, jobs, states, support
 
     checked: list[tuple] = []
     started: list[str] = []
@@ -45,7 +45,7 @@ def guarded(monkeypatch):
     for module in (engine, answer, states):  # each binds the engine constructor as its own name
         monkeypatch.setattr(module, "import_llm", start(f"{module.__name__}.import_llm"))
     monkeypatch.setattr(multiprocessing, "get_context", start("a vLLM child process"))
-    monkeypatch.setattr(engine.subprocess, "run", start("a vLLM worker process"))
+    monkeypatch.setattr(jobs.subprocess, "run", start("a vLLM worker process"))
     monkeypatch.setattr(os, "execve", start("vLLM's server"))
     import specframe.vllm
 
@@ -167,17 +167,17 @@ def test_the_engines_refuse_an_export_before_a_child_starts(gelu_export, monkeyp
     import multiprocessing
 
     from specframe.layouts.export import speculative_config
-    from specframe.vllm import engine
+    from specframe.vllm import jobs as engines
 
     target, out = gelu_export
     started = []
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: started.append(a))
-    monkeypatch.setattr(engine.subprocess, "run", lambda *a, **k: started.append(a))
-    jobs = {"plain": engine.Job(str(target)), "eagle3": engine.Job(str(target), speculative_config(out, 2))}
+    monkeypatch.setattr(engines.subprocess, "run", lambda *a, **k: started.append(a))
+    jobs = {"plain": engines.Job(str(target)), "eagle3": engines.Job(str(target), speculative_config(out, 2))}
     with pytest.raises(SpecframeError, match="builds only silu layers"):
-        engine.EngineProcesses(jobs)
+        engines.EngineProcesses(jobs)
     with pytest.raises(SpecframeError, match="builds only silu layers"):
-        engine.run_jobs(list(jobs.values()), [[1, 2, 3]])
+        engines.run_jobs(list(jobs.values()), [[1, 2, 3]])
     with pytest.raises(SpecframeError, match="builds only silu layers"):  # the folder alone, its verifier the target
-        engine.run_jobs([engine.Job(str(out), {"num_speculative_tokens": 2})], [[1, 2, 3]])
+        engines.run_jobs([engines.Job(str(out), {"num_speculative_tokens": 2})], [[1, 2, 3]])
     assert started == []

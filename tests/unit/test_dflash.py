@@ -496,7 +496,7 @@ def test_vllm_serves_an_export_only_at_the_full_block(target, tmp_path):
     is fine (``propose`` runs the full block), so the export's own default is then the block."""
     from specframe.cli.serve_cmd import serve_command
     from specframe.layouts import export
-    from specframe.vllm.engine import drafter_job
+    from specframe.vllm.jobs import drafter_job
 
     drafter, _ = make(target, k_infer=2)
     drafter.module().float()
@@ -658,7 +658,7 @@ def test_vllm_serves_the_export_with_round_by_round_parity(tmp_path):
     from specframe.inference import generate
     from specframe.layouts import export
     from specframe.vllm import parity, vllm_available
-    from specframe.vllm.engine import run_in_subprocess
+    from specframe.vllm.jobs import run_in_subprocess
     from tests.vllm_fixtures import build_target
 
     if not vllm_available():

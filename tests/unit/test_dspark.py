@@ -569,7 +569,7 @@ def test_serving_an_export_on_this_vllm_is_refused_before_start_up(target, tmp_p
     pytest.importorskip("vllm")
     from vllm.triton_utils import HAS_TRITON
 
-    from specframe.vllm.engine import drafter_job
+    from specframe.vllm.jobs import drafter_job
 
     if HAS_TRITON:
         pytest.skip("this vLLM has Triton: its V2 runner serves DSpark (the parity check belongs there)")

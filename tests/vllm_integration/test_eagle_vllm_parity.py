@@ -72,7 +72,7 @@ def served_and_reference_agree(tmp_path, name: str, family: str) -> None:
     from specframe import plugins
     from specframe.inference import generate
     from specframe.vllm import parity
-    from specframe.vllm.engine import drafter_job, run_jobs
+    from specframe.vllm.jobs import drafter_job, run_jobs
     from tests.vllm_fixtures import LAYERS, build_target
 
     torch.manual_seed(0)

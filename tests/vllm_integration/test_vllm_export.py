@@ -14,7 +14,7 @@ from specframe import api
 from specframe.errors import SpecframeError
 from specframe.layouts import export
 from specframe.vllm import parity
-from specframe.vllm.engine import Round, SpecCounters, rounds_from_steps
+from specframe.vllm.counters import Round, SpecCounters, rounds_from_steps
 from tests.vllm_fixtures import AUX, build_target, eagle3_weights, mask_token, pard_weights, target_parts
 
 
@@ -402,7 +402,7 @@ def test_a_target_vllm_cannot_serve_is_refused_before_start_up_with_the_reasons(
     llama_eagle3 drafter builds only silu layers while this drafter is tanh-GELU like its target. drafter_job names
     both before an engine starts; a Qwen2 target (SupportsEagle3, silu) passes the check."""
     from specframe.vllm import vllm_available
-    from specframe.vllm.engine import drafter_job
+    from specframe.vllm.jobs import drafter_job
 
     for family in ("gemma", "qwen2"):
         path = build_target(tmp_path / family, family=family)

@@ -1,4 +1,4 @@
-"""``specframe.vllm.engine.run_interleaved`` without vLLM: fake engines stand in for ``EngineProcesses``, so the
+"""``specframe.vllm.interleaved.run_interleaved`` without vLLM: fake engines stand in for ``EngineProcesses``, so the
 protocol is checked in milliseconds: every engine warms up before any timed trial, the engine order rotates, later
 turns follow the plain engine's answer, fixed contexts are reused; and which engines may share a process."""
 
@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from specframe.vllm import counters as vcounters
 from specframe.vllm import engine as vengine
+from specframe.vllm import interleaved as vinterleaved
+from specframe.vllm import jobs as vjobs
 from tests.target_fixtures import tiny  # noqa: F401
 
 
@@ -38,7 +41,7 @@ class FakeEngines:
         for ids in prompts:
             FakeEngines.calls.append((label, max_new_tokens, tuple(ids)))
             tokens = tuple(reversed(ids[-3:])) if label != "bad" else (7, 7, 7)
-            out.append(vengine.VllmGeneration(tokens=tokens, rounds=tuple(vengine.Round(0, 0, 1) for _ in tokens),
+            out.append(vcounters.VllmGeneration(tokens=tokens, rounds=tuple(vcounters.Round(0, 0, 1) for _ in tokens),
                                               decode_seconds=0.01, total_seconds=0.02))
         return out
 
@@ -46,20 +49,20 @@ class FakeEngines:
 @pytest.fixture()
 def fake(monkeypatch, tiny, tmp_path):
     FakeEngines.calls, FakeEngines.batches, FakeEngines.jobs = [], [], []
-    monkeypatch.setattr(vengine, "EngineProcesses", FakeEngines)
+    monkeypatch.setattr(vinterleaved, "EngineProcesses", FakeEngines)
     folder = tmp_path / "tok"
     tiny.tokenizer.save_pretrained(folder)
     return tiny, folder
 
 
-JOBS = {"plain": vengine.Job("t"), "good": vengine.Job("t", {"method": "eagle3"}),
-        "bad": vengine.Job("t", {"method": "eagle3"})}
-CONVERSATIONS = [vengine.Conversation("a", ("hello there", "and then")), vengine.Conversation("b", ("fox",))]
+JOBS = {"plain": vjobs.Job("t"), "good": vjobs.Job("t", {"method": "eagle3"}),
+        "bad": vjobs.Job("t", {"method": "eagle3"})}
+CONVERSATIONS = [vinterleaved.Conversation("a", ("hello there", "and then")), vinterleaved.Conversation("b", ("fox",))]
 
 
 def _run(folder, **kwargs):
     options = {"plain": "plain", "repeats": [0, 1], "warmup": 1, "max_new_tokens": 40, **kwargs}
-    return vengine.run_interleaved(JOBS, CONVERSATIONS, str(folder), **options)
+    return vinterleaved.run_interleaved(JOBS, CONVERSATIONS, str(folder), **options)
 
 
 def test_every_engine_warms_up_before_any_trial(fake):
@@ -105,20 +108,20 @@ def test_given_contexts_are_asked_as_they_are(fake):
     assert {t.repeat for t in out.trials} == {1}
 
 
-CONCURRENT = [vengine.Conversation(c, ("hello there", "and then")) for c in "abc"] + [
-    vengine.Conversation("d", ("fox",))]
+CONCURRENT = [vinterleaved.Conversation(c, ("hello there", "and then")) for c in "abc"] + [
+    vinterleaved.Conversation("d", ("fox",))]
 
 
 def test_concurrent_requests_go_to_each_engine_together_and_later_turns_follow_plain(fake):
     tiny, folder = fake
     options = vengine.EngineOptions(max_num_seqs=2)
-    together = vengine.run_interleaved(JOBS, CONCURRENT, str(folder), plain="plain", repeats=[0], warmup=0,
+    together = vinterleaved.run_interleaved(JOBS, CONCURRENT, str(folder), plain="plain", repeats=[0], warmup=0,
                                        max_new_tokens=40, options=options, concurrency=2)
     # groups (a, b) and (c, d): two turns of two requests, then one of two and one of one, per engine
     assert [n for label, n in FakeEngines.batches if label == "good"] == [2, 2, 2, 1]
     assert len(together.trials) == 3 * 7
     FakeEngines.calls, FakeEngines.batches = [], []
-    alone = vengine.run_interleaved(JOBS, CONCURRENT, str(folder), plain="plain", repeats=[0], warmup=0,
+    alone = vinterleaved.run_interleaved(JOBS, CONCURRENT, str(folder), plain="plain", repeats=[0], warmup=0,
                                     max_new_tokens=40)
     assert {n for _, n in FakeEngines.batches} == {1}
     # the same prompts are asked either way: every later turn follows plain's own answer to its conversation
@@ -131,16 +134,16 @@ def test_concurrency_above_the_engines_batch_is_refused(fake):
     from specframe.errors import SpecframeError
 
     with pytest.raises(SpecframeError, match="max_num_seqs"):
-        vengine.run_interleaved(JOBS, CONCURRENT, str(fake[1]), plain="plain", repeats=[0], concurrency=2)
+        vinterleaved.run_interleaved(JOBS, CONCURRENT, str(fake[1]), plain="plain", repeats=[0], concurrency=2)
 
 
 def test_ngram_engines_start_last_and_never_two_in_one_process():
-    ngram = lambda k: vengine.Job("t", {"method": "ngram", "num_speculative_tokens": k})  # noqa: E731
-    jobs = {"plain": vengine.Job("t"), "ngram/k2": ngram(2), "peagle/k2": vengine.Job("t", {"method": "eagle3"}),
-            "ngram/k3": ngram(3), "peagle/k3": vengine.Job("t", {"method": "eagle3"})}
-    groups = vengine.process_groups(jobs)
+    ngram = lambda k: vjobs.Job("t", {"method": "ngram", "num_speculative_tokens": k})  # noqa: E731
+    jobs = {"plain": vjobs.Job("t"), "ngram/k2": ngram(2), "peagle/k2": vjobs.Job("t", {"method": "eagle3"}),
+            "ngram/k3": ngram(3), "peagle/k3": vjobs.Job("t", {"method": "eagle3"})}
+    groups = vjobs.process_groups(jobs)
     assert [list(g) for g in groups] == [["plain", "peagle/k2", "peagle/k3", "ngram/k2"], ["ngram/k3"]]
-    assert [list(g) for g in vengine.process_groups({"ngram/k2": ngram(2)})] == [["ngram/k2"]]
+    assert [list(g) for g in vjobs.process_groups({"ngram/k2": ngram(2)})] == [["ngram/k2"]]
 
 
 def test_cpu_binding_takes_the_first_cpus_this_process_may_use():

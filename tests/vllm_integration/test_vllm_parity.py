@@ -30,7 +30,7 @@ def test_pard_plugin_matches_reference_engine_round_by_round(tmp_path):
     from specframe import api, plugins
     from specframe.inference import generate
     from specframe.vllm import parity
-    from specframe.vllm.engine import run_in_subprocess
+    from specframe.vllm.jobs import run_in_subprocess
     from tests.vllm_fixtures import LAYERS, build_target
 
     target_dir = build_target(tmp_path / "target")

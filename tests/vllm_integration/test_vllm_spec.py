@@ -1,6 +1,6 @@
 """vLLM serves every exported layout losslessly, and its counters convert to specframe's metrics.
 
-One child process runs every engine in turn (vLLM imports once; see ``specframe.vllm.engine.run_jobs``): plain
+One child process runs every engine in turn (vLLM imports once; see ``specframe.vllm.jobs.run_jobs``): plain
 decoding and each layout on a random tiny target, then the same on a degenerate pair where every draft is accepted.
 Each layout is served with an explicit ``speculative_config`` (target as vLLM's model); the speculators exports
 (EAGLE-3, P-EAGLE) also from the folder alone, ``LLM(model=EXPORT)`` with no speculative config at all: vLLM reads
@@ -37,7 +37,7 @@ MAX_NEW = 1 + 4 * (K + 1)
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from specframe.vllm.engine import Job, run_jobs
+    from specframe.vllm.jobs import Job, run_jobs
     from tests.vllm_fixtures import build_drafter, build_target, target_parts
 
     root = tmp_path_factory.mktemp("vllm")
