@@ -12,8 +12,13 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
+# The interfaces' own modules, not ``specframe.api``: the API re-exports ``hookimpl`` from here, so naming the API
+# would close a (type-only) circle.
 if TYPE_CHECKING:
-    from specframe.api import Drafter, MaskBuilder, Partitioner, Verifier
+    from specframe.interfaces.drafter import Drafter
+    from specframe.interfaces.mask_builder import MaskBuilder
+    from specframe.interfaces.partitioner import Partitioner
+    from specframe.interfaces.verifier import Verifier
 
 hookspec = pluggy.HookspecMarker("specframe")
 hookimpl = pluggy.HookimplMarker("specframe")

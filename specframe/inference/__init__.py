@@ -1,8 +1,8 @@
 """The reference decoding engine: plain and speculative decoding over a transformers causal LM (batch size 1).
 
 ``generate`` runs one prompt; ``Generation`` records what happened; ``specframe.metrics`` turns records into
-acceptance length, per-position acceptance, OTPS and speedup. Names load lazily, because ``specframe.api`` imports
-``specframe.inference.tree`` and the engine imports ``specframe.api``.
+acceptance length, per-position acceptance, OTPS and speedup. Names load lazily, so importing the package (or
+``specframe.draft_tree``'s trees, re-exported here) does not load the engine and the API it imports.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ _EXPORTS = {
     "Round": "specframe.inference.engine",
     "TreeShape": "specframe.inference.engine",
     "TargetSession": "specframe.inference.target",
-    "dynamic_tree": "specframe.inference.tree",
-    "DraftTree": "specframe.inference.tree",
+    "dynamic_tree": "specframe.draft_tree",
+    "DraftTree": "specframe.draft_tree",
 }
 
 __all__ = sorted(_EXPORTS)

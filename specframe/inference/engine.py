@@ -24,7 +24,7 @@ import torch
 from specframe import api
 from specframe.errors import PluginError, SpecframeError, UsageError
 from specframe.inference.target import TargetSession
-from specframe.inference.tree import node_depths
+from specframe.draft_tree import node_depths
 
 DEFAULT_MAX_NEW_TOKENS = 256
 

@@ -4,8 +4,10 @@ A draft tree is stored flat, in topological order (every parent before its child
 ``parents`` [N] (-1 = child of the root, i.e. of the last committed token). Siblings appear in the order a verifier
 should try them.
 
-This module is imported by ``specframe.api`` (drafter plugins reach ``dynamic_tree`` from there), so it depends on
-torch, attrs and the leaf ``specframe.drafts`` (``api.Draft``) only, never on the API itself.
+It sits below the API, beside ``specframe.drafts``: ``specframe.api`` re-exports ``dynamic_tree`` and ``DraftTree``
+(drafter plugins build trees with them) and the reference engine (``specframe.inference``) lays out tree attention
+with the rest, so it depends on torch, attrs and the leaf ``specframe.drafts`` (``api.Draft``) only, never on the API
+or the engine.
 """
 
 from __future__ import annotations
