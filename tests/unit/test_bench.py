@@ -100,14 +100,14 @@ def test_comparison_is_interleaved_lossless_and_answers_later_turns(target, prom
     prompts = bench.load_prompts(str(prompt_file), 2)
     calls: list[tuple[str, tuple[int, ...]]] = []
     budgets: list[int] = []
-    real_decode = bench.decode
+    real_decode = bench.reference.decode
 
     def spy(model, ids, verifier, method, **kw):
         calls.append((method.label, tuple(ids.tolist())))
         budgets.append(kw["max_new_tokens"])
         return real_decode(model, ids, verifier, method, **kw)
 
-    monkeypatch.setattr(bench, "decode", spy)
+    monkeypatch.setattr(bench.reference, "decode", spy)  # compare calls the decode of its own module
     methods = [bench.plugin_method("ngram", target.config, k=3, label="ngram3"),
                bench.plugin_method("ngram", target.config, k=5, label="ngram5")]
     result = bench.compare(target.model, target.tokenizer, prompts, methods, bench.make_verifier("greedy"),
