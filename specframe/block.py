@@ -51,20 +51,9 @@ def default_aux_layers(num_layers: int, draft_layers: int) -> list[int]:
     return [min(o + 1, num_layers - 1) for o in outputs]
 
 
-class RMSNorm(nn.Module):
-    """RMSNorm computed in at least fp32 (bf16 / fp16 in fp32, as vLLM's kernel; float64 stays float64, so the
-    exactness tests compare in double precision rather than at fp32's)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.to(torch.promote_types(dtype, torch.float32))
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+# One RMSNorm for every drafter's layers (at least fp32, float64 kept); re-exported here as ``api.block.RMSNorm``,
+# which DFlash's model names.
+RMSNorm = modeling.RMSNorm
 
 
 class BlockAttention(nn.Module):

@@ -132,6 +132,10 @@ def _rotary_embedding(shape: LayerShape) -> nn.Module:
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm computed in at least fp32 (bf16 / fp16 in fp32, as vLLM's kernel; float64 stays float64, so the
+    exactness tests compare in double precision rather than at fp32's). The one RMSNorm of the EAGLE family's layers
+    and the block drafters' (``api.block.RMSNorm`` is this class)."""
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
@@ -139,7 +143,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(dtype, torch.float32))
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
