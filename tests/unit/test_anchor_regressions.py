@@ -330,7 +330,7 @@ def test_a_packed_document_never_sees_another_documents_context(target, name, se
 
 # ------------------------------------------------------------------------------------- 3. the last aux layer id
 # tests/unit/test_features_cache.py::test_capture_matches_hidden_state_convention pins the capture against transformers'
-# hidden_states, tests/vllm_integration/test_vllm_export.py::test_ids_are_checked write_peagle's refusal of id L, and tests/unit/test_dflash.py
+# hidden_states, tests/vllm_integration/test_vllm_export.py::test_ids_are_checked write_peagle's refusal of id L, and packages/specframe-dflash/tests/test_dflash.py
 # the DFlash id mapping vLLM reads. Missing, per drafter: that the ids its export names make vLLM's target collect the
 # very states it trained on, the last layer included, and that id L is refused all the way (options, capture, export).
 
@@ -424,7 +424,7 @@ def test_an_aux_id_equal_to_the_layer_count_is_refused(target, tmp_path, name):
 
 # ------------------------------------------------------------------------- 4. exported fields the trainer never used
 # tests/vllm_integration/test_vllm_export.py checks each writer's layout against hand-made weights, tests/vllm_integration/test_vllm_import.py the
-# byte-identical round trip (EAGLE-3, P-EAGLE, PARD, ParallelSpec) and one P-EAGLE drafting check, tests/unit/test_dflash.py
+# byte-identical round trip (EAGLE-3, P-EAGLE, PARD, ParallelSpec) and one P-EAGLE drafting check, packages/specframe-dflash/tests/test_dflash.py
 # the DFlash layout. Missing: after a real training run, on a target whose RoPE, norm epsilon and attention heads are
 # not the defaults, that every field vLLM reads equals what the trained drafter computes with, for every drafter, and
 # that the folder imported back drafts the same tokens round after round.

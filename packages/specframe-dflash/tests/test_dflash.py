@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from specframe import api, plugins
 from specframe.drafter_folders import load_drafter
-from specframe.elements import check_partition, full_grid, position_docs
+from specframe.elements import position_docs
 
 try:
     DIST = importlib.metadata.distribution("specframe-dflash")
@@ -31,57 +31,13 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on
     pytest.skip("the specframe-dflash distribution is not installed (pip install --no-deps -e "
                 "packages/specframe-dflash)", allow_module_level=True)
 
-from tests.drafter_helpers import features, tiny_target  # noqa: E402
+from tests.block_fixtures import grid, make_block, run, target  # noqa: E402, F401 (target: the module fixture)
 
 SMALL = {"layers": 2, "block_size": 4, "aux_layer_ids": [1, 3]}
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    torch.set_num_threads(1)
-    return tiny_target(tmp_path_factory.mktemp("dflash"))
-
-
 def make(target, length: int = 18, docs: int = 1, seed: int = 0, mask=None, **options):
-    torch.manual_seed(seed)
-    cls = plugins.get("drafter", "dflash")
-    drafter = cls(target.config, cls.Options(**{**SMALL, **options}))
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(7, target.config.vocab_size, (length,), generator=g)
-    if mask is None:
-        mask = torch.ones(length, dtype=torch.bool)
-        mask[:2] = False
-    doc = torch.arange(length) * docs // length
-    plain = api.TrainingExample(ids, mask, doc)
-    drafter.prepare(target, [plain])
-    drafter.module().double()
-    ex = api.TrainingExample(ids, mask, doc, {k: v.double() for k, v in features(target, ids, drafter).items()})
-    return drafter, ex
-
-
-def grid(drafter, ex, depth=None):
-    sup = drafter.supervision(ex)
-    n = sup.shape[0]
-    return full_grid(n, depth or drafter.depth, position_docs(ex.doc, n)).with_visibility(drafter.visibility), sup
-
-
-def run(drafter, ex, elems, sup, builder="dense", partitioner="none", parts=1, **builder_options):
-    """The engine's per-sequence accumulation (segments, global count): (normalised loss, grads, hits)."""
-    cls = plugins.get("mask builder", builder)
-    b = cls(cls.Options(**builder_options)) if builder_options else cls()
-    segments = plugins.get("partitioner", partitioner)().partition(elems, parts)
-    check_partition(elems, segments, partitioner)
-    count = int(sup[elems.position].sum())
-    drafter.module().zero_grad(set_to_none=True)
-    total, hits = 0.0, 0
-    for seg in segments:
-        terms = drafter.loss(ex, elems, seg, api.SegmentAttention.build(b, elems.subset(seg.elements)))
-        (terms.loss_sum / count).backward()
-        total += float(terms.loss_sum.detach())
-        hits += int(terms.correct.sum())
-        assert terms.count == int((seg.loss_mask & sup[elems.subset(seg.elements).position]).sum())
-    grads = {n: p.grad.clone() for n, p in drafter.module().named_parameters() if p.grad is not None}
-    return total / count, grads, hits
+    return make_block("dflash", SMALL, target, length, docs, seed, mask, **options)
 
 
 def oracle_loss(drafter, ex, elems, sup, gamma=None):
@@ -610,7 +566,7 @@ def test_the_benchmark_suites_skip_a_k_vllm_refuses_with_its_reason(target, tmp_
     """The suites serve K = 2, 3, 5 (cpu-large): at a K vLLM refuses (DFlash below its block), the job skips it and
     records why (``vllm_refused`` in job.json, ``refused`` in the vLLM suite's config) instead of failing; served
     alone (``bench acceptance --engine vllm``) the same K is one error line."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))  # packages/specframe-dflash/tests/
     from test_jobs import _with_k
 
     from specframe import bench

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from specframe import api, plugins
-from specframe.elements import check_partition, full_grid, position_docs
+from specframe.elements import position_docs
 
 try:
     DIST = importlib.metadata.distribution("specframe-dspark")
@@ -29,61 +29,20 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on
     pytest.skip("the specframe-dspark distribution is not installed (pip install --no-deps -e "
                 "packages/specframe-dspark)", allow_module_level=True)
 
-from tests.drafter_helpers import features, tiny_target  # noqa: E402
+from tests.block_fixtures import SDPA, grid, make_block, run, target  # noqa: E402, F401 (target: the module fixture)
 
 SMALL = {"layers": 2, "block_size": 4, "aux_layer_ids": [1, 3], "markov_rank": 8}
-SDPA = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    torch.set_num_threads(1)
-    return tiny_target(tmp_path_factory.mktemp("dspark"))
-
-
-def make(target, length: int = 18, docs: int = 1, seed: int = 0, mask=None, **options):
-    torch.manual_seed(seed)
-    cls = plugins.get("drafter", "dspark")
-    drafter = cls(target.config, cls.Options(**{**SMALL, **options}))
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(7, target.config.vocab_size, (length,), generator=g)
-    if mask is None:
-        mask = torch.ones(length, dtype=torch.bool)
-        mask[:2] = False
-    doc = torch.arange(length) * docs // length
-    plain = api.TrainingExample(ids, mask, doc)
-    drafter.prepare(target, [plain])
-    drafter.module().double()
+def _markov_away_from_zero(drafter, g):
     # the heads start away from zero so that a wrong previous token or a dropped bias shows in the loss
     with torch.no_grad():
         for p in drafter.module().markov_head.parameters():
             p.normal_(0.0, 0.5, generator=g)
-    ex = api.TrainingExample(ids, mask, doc, {k: v.double() for k, v in features(target, ids, drafter).items()})
-    return drafter, ex
 
 
-def grid(drafter, ex, depth=None):
-    sup = drafter.supervision(ex)
-    n = sup.shape[0]
-    return full_grid(n, depth or drafter.depth, position_docs(ex.doc, n)).with_visibility(drafter.visibility), sup
-
-
-def run(drafter, ex, elems, sup, builder="dense", partitioner="none", parts=1):
-    """The engine's per-sequence accumulation (segments, global count): (normalised loss, grads, hits)."""
-    b = plugins.get("mask builder", builder)()
-    segments = plugins.get("partitioner", partitioner)().partition(elems, parts)
-    check_partition(elems, segments, partitioner)
-    count = int(sup[elems.position].sum())
-    drafter.module().zero_grad(set_to_none=True)
-    total, hits = 0.0, 0
-    for seg in segments:
-        terms = drafter.loss(ex, elems, seg, api.SegmentAttention.build(b, elems.subset(seg.elements)))
-        (terms.loss_sum / count).backward()
-        total += float(terms.loss_sum.detach())
-        hits += int(terms.correct.sum())
-        assert terms.count == int((seg.loss_mask & sup[elems.subset(seg.elements).position]).sum())
-    grads = {n: p.grad.clone() for n, p in drafter.module().named_parameters() if p.grad is not None}
-    return total / count, grads, hits
+def make(target, length: int = 18, docs: int = 1, seed: int = 0, mask=None, **options):
+    return make_block("dspark", SMALL, target, length, docs, seed, mask, init=_markov_away_from_zero, **options)
 
 
 def block_forward(drafter, ex, a):
