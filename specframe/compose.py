@@ -3,14 +3,18 @@
 A run config names its target, data, drafter, mask builder and partitioner. Their classes come from the plugin
 registry and their options are structured (``specframe.structuring``: one converter, one error format) here and
 nowhere else, so a name means the same component with the same defaults, and a bad option the same message, whether a
-config is checked without a target (``run_config.resolve``, ``--print-config``), a run is built (``Trainer``), costed
-(``specframe.memory``) or a checkpoint reopened (``specframe.drafter_folders``). ``Trainer`` takes what ``build``
-gives and is the loop.
+config is checked without a target (``run_config.resolve``, ``--print-config``), a run is built (the engine), costed
+(``specframe.memory``) or a checkpoint reopened (``specframe.drafter_folders``).
+
+One ``train`` resolves its names once: ``plan`` gives a ``Plan``, which the CLI hands to the engine
+(``specframe.engine.assembly`` builds the parts from it) and the engine to the memory estimate. This module stays
+below the engine: it reads a run config through ``RunNames`` (what ``TrainConfig`` and ``memory.MemoryConfig`` both
+hold), never imports it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -62,6 +66,19 @@ def mask_builder_name(name: str | None, device: torch.device | str | None) -> st
     return default_mask_builder(device)
 
 
+class RunNames(Protocol):
+    """The fields of a run config (``engine.TrainConfig``, ``memory.MemoryConfig``) that name its components."""
+
+    drafter: str
+    drafter_options: dict[str, Any]
+    depth: int | None
+    mask_builder: str | None
+    mask_builder_options: dict[str, Any]
+    partitioner: str
+    partitioner_options: dict[str, Any]
+    device: str
+
+
 @attrs.frozen
 class Plan:
     """What a run config's names resolve to before any target is loaded: classes, typed options with their defaults,
@@ -80,8 +97,18 @@ class Plan:
     partitioner_cls: type
     partitioner_options: Any
 
+    def for_device(self, device: torch.device | str, where: str | None = None) -> Plan:
+        """This plan with the mask builder decided for ``device`` where it was left to the machine (device
+        ``auto``); the plan itself when it was decided."""
+        if self.builder_cls is not None:
+            return self
+        name = mask_builder_name(None, device)
+        cls, options = mask_builder(name, self.builder_options, where)
+        return attrs.evolve(self, builder_name=name, builder_cls=cls, builder_options=options)
+
     def resolved(self, cfg: Any) -> Any:
-        """``cfg`` with every decided value written in, as OUTPUT/config.json records it (and reads back as is)."""
+        """``cfg`` (a ``TrainConfig``) with every decided value written in, as OUTPUT/config.json records it (and
+        reads back as is)."""
         return attrs.evolve(
             cfg, depth=self.depth, mask_builder=self.builder_name,
             drafter_options=unstructure(self.drafter_options),
@@ -91,7 +118,7 @@ class Plan:
         )
 
 
-def plan(cfg: Any, device: torch.device | str | None = None, where: str | None = None) -> Plan:
+def plan(cfg: RunNames, device: torch.device | str | None = None, where: str | None = None) -> Plan:
     """Resolve ``cfg``'s names for ``device`` (default: ``cfg.device``; ``auto`` leaves the mask builder undecided);
     an unknown name or option is a ``UsageError`` prefixed with ``where``."""
     drafter_cls, drafter_options = drafter(cfg.drafter, cfg.drafter_options, where)
@@ -103,96 +130,3 @@ def plan(cfg: Any, device: torch.device | str | None = None, where: str | None =
     partitioner_cls, partitioner_options = partitioner(cfg.partitioner, cfg.partitioner_options, where)
     return Plan(drafter_cls, drafter_options, training, cfg.depth or training.depth, builder_name, builder_cls,
                 builder_options, partitioner_cls, partitioner_options)
-
-
-@attrs.define
-class Components:
-    """A training run's parts, built for its target and device."""
-
-    plan: Plan
-    drafter: api.Drafter
-    depth: int
-    builder: Any
-    #: what the engine's attention calls use: ``builder``, or with no builder named on the CPU the builder declared
-    #: fastest for small calls in front of it for the small calls (``engine.attention.SizedMaskBuilder``)
-    attention_builder: Any
-    partitioner: Any
-    #: the full resolved config (every plugin option, defaults included), what OUTPUT/config.json records
-    resolved: Any
-
-    @property
-    def training(self) -> api.Training:
-        return self.plan.training
-
-
-def load_target(cfg: Any) -> Any:
-    """The run's target, as its config asks (dtype, chat template, device map; remote code only when allowed)."""
-    from specframe.targets import load_target as load
-
-    return load(cfg.target, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code,
-                chat_template=cfg.chat_template, device_map=cfg.device_map)
-
-
-def build(cfg: Any, target_config: Any, device: torch.device) -> Components:
-    """The drafter, mask builder and partitioner of ``cfg`` for a target of ``target_config`` training on
-    ``device``, each refused here when it cannot train so (before any data is read or file written)."""
-    p = plan(cfg, device)
-    if not p.depth:
-        raise UsageError(f"drafter '{cfg.drafter}' has no default training depth: pass --depth")
-    if device.type not in p.builder_cls.devices:
-        raise UsageError(f"mask builder '{p.builder_name}' does not train on {device.type}")
-    made = p.drafter_cls(target_config, p.drafter_options)
-    builder = p.builder_cls(p.builder_options)
-    attention_builder: Any = builder
-    if cfg.mask_builder is None and not p.builder_cls.small_calls and device.type == "cpu":
-        from specframe.engine.attention import SizedMaskBuilder
-        from specframe.masks import small_call_builder
-
-        small = small_call_builder(device)
-        if small is not None:
-            small_cls, small_options = mask_builder(small, {})
-            attention_builder = SizedMaskBuilder(small_cls(small_options), builder,
-                                                 int(target_config.num_attention_heads))
-    parts = p.partitioner_cls(p.partitioner_options)
-    made.check_training(p.depth, p.builder_name, cfg.partitioner)
-    return Components(p, made, p.depth, builder, attention_builder, parts, p.resolved(cfg))
-
-
-def feature_source(cfg: Any, target: Any, spec: Any) -> Any:
-    """Where the run's features come from: the feature cache (``--cache``), else the target run online over the
-    data."""
-    from specframe.engine.data import CacheSource, OnlineSource
-
-    if cfg.cache is not None:
-        return CacheSource(cfg.cache, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack)
-    engine = feature_engine(cfg, target, spec)
-    try:
-        return OnlineSource(cfg.data, target, spec, cfg.seq_len, cfg.max_examples, cfg.pack, cfg.data_workers,
-                            engine=engine, gate_sequences=cfg.gate_sequences)
-    except BaseException:
-        if engine is not None:  # a refused source (a failed gate, no usable data) releases the engine it started
-            engine.close()
-        raise
-
-
-def feature_engine(cfg: Any, target: Any, spec: Any) -> Any:
-    """The engine computing the online features in place of the target's transformers forward (None: that
-    forward). vLLM is imported only when asked for."""
-    if cfg.feature_engine == "transformers":
-        return None
-    import os
-
-    from specframe.feature_engines import engine_layer_ids
-    from specframe.vllm.answer import AnswerOptions
-    from specframe.vllm.states import VllmStates, model_len
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UsageError("--feature-engine vllm starts one engine in the trainer's process; under torchrun every rank "
-                         "would start its own: prepare a feature cache with `specframe prepare --engine vllm` in one "
-                         "process, then train from it (--cache) on many")
-    if target.path is None:
-        raise UsageError("--feature-engine vllm needs the target as a model folder vLLM can load")
-    return VllmStates(target.path, engine_layer_ids(spec, target.num_layers), AnswerOptions(
-        dtype=cfg.dtype, max_model_len=model_len(target.config, cfg.seq_len, "--seq-len"), max_num_seqs=32,
-        tensor_parallel_size=cfg.vllm_tensor_parallel_size, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        kv_cache_gib=cfg.vllm_kv_cache_gib))

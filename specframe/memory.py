@@ -141,7 +141,8 @@ def format_size(n: float) -> str:
 
 @attrs.define
 class MemoryConfig:
-    """What a training step's peak depends on (mirrors ``TrainConfig``'s fields of the same names)."""
+    """What a training step's peak depends on: the run's components by name (``TrainConfig``'s fields of the same
+    names) or, from a run, by its resolved ``compose.Plan`` (``from_plan``), and the shape of its step."""
 
     drafter: str
     target_config: Any
@@ -163,6 +164,44 @@ class MemoryConfig:
     #: ranks the drafter is sharded over (``train --fsdp``): AdamW's moments are split among them, and each keeps a
     #: shard of the weights beside the whole copy a forward gathers (``specframe.engine.sharding``); 1: unsharded
     shards: int = 1
+    partitioner_options: dict[str, Any] = attrs.field(factory=dict)
+    #: the names above resolved (``compose.plan``): a run's own plan, or resolved once by ``estimate``; a change of
+    #: name or options drops it (``_vary``)
+    plan: Any = attrs.field(default=None, eq=False, repr=False)
+
+    @classmethod
+    def from_plan(cls, plan: Any, cfg: Any, target_config: Any, **shape: Any) -> MemoryConfig:
+        """The step of a resolved run config ``cfg`` (a ``TrainConfig``, ``Plan.resolved``) costed with its ``plan``:
+        the same classes and options (the partitioner's included) the run builds, no name resolved again."""
+        return cls(drafter=cfg.drafter, target_config=target_config, seq_len=cfg.seq_len, depth=cfg.depth,
+                   mask_builder=cfg.mask_builder, partitioner=cfg.partitioner, partitions=cfg.partitions,
+                   drafter_options=cfg.drafter_options, mask_builder_options=cfg.mask_builder_options,
+                   device=cfg.device, dtype=cfg.dtype, partitioner_options=cfg.partitioner_options, plan=plan,
+                   **shape)
+
+
+#: the fields a plan resolves: a change to one of them needs a new plan
+_NAMED = frozenset({"drafter", "drafter_options", "depth", "mask_builder", "mask_builder_options", "partitioner",
+                    "partitioner_options", "device"})
+
+
+def _plan(cfg: MemoryConfig) -> Any:
+    """``cfg``'s plan: its own, else its names resolved (``compose.plan``)."""
+    if cfg.plan is not None:
+        return cfg.plan
+    from specframe import compose
+
+    return compose.plan(cfg)
+
+
+def _vary(cfg: MemoryConfig, **changes: Any) -> MemoryConfig:
+    """``cfg`` with ``changes``; its plan kept while no name or option changes (a search over lengths resolves
+    nothing again)."""
+    if _NAMED & set(changes):
+        changes["plan"] = None
+    if changes.get("partitioner", cfg.partitioner) != cfg.partitioner:
+        changes.setdefault("partitioner_options", {})  # the run's options are its own partitioner's
+    return attrs.evolve(cfg, **changes)
 
 
 @attrs.define
@@ -188,9 +227,10 @@ _BUILT: dict[tuple[type, str, int], tuple[Any, Any, Any]] = {}
 
 
 def _drafter(cfg: MemoryConfig) -> tuple[Any, Any]:
-    from specframe import compose
-
-    cls, options = compose.drafter(cfg.drafter, cfg.drafter_options)
+    """The drafter of ``cfg``'s plan, built for its target with no weight allocated. The estimate's one instance
+    besides the run's: it reads the drafter's shapes, supervision and declarations off a meta-device copy."""
+    plan = _plan(cfg)
+    cls, options = plan.drafter_cls, plan.drafter_options
     key = (cls, repr(options), id(cfg.target_config))
     built = _BUILT.get(key)
     if built is not None and built[2] is cfg.target_config:
@@ -230,17 +270,15 @@ def _layers(drafter: Any, module: torch.nn.Module) -> tuple[tuple[Any, ...], boo
 
 def _builder(cfg: MemoryConfig) -> Any:
     """The run's mask builder with its options (defaults included): it states its own attention bytes."""
-    from specframe import compose
-
-    cls, options = compose.mask_builder(cfg.mask_builder, cfg.mask_builder_options)
-    return cls(options)
+    plan = _plan(cfg)
+    return plan.builder_cls(plan.builder_options)
 
 
 def _segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> tuple[list[tuple[int, int, int]], int]:
     """(forwarded rows, charged, anchors) of every segment, from the real COD sampler and partitioner under the
     drafter's visibility rule; the rows are the drafter's ``forwarded_rows`` of the segment's elements and of the
     distinct anchors of its charged ones (a segment's other elements are context it recomputes)."""
-    from specframe import api, compose
+    from specframe import api
     from specframe.elements import cod_sample, full_grid
 
     n = cfg.seq_len
@@ -254,8 +292,7 @@ def _segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> tup
     else:
         elems = full_grid(sup.shape[0], depth)
     elems = elems.with_visibility(drafter.visibility)  # as the engine stamps it: the partitioner keeps blocks whole
-    part_cls, part_options = compose.partitioner(cfg.partitioner, {})
-    partitioner = part_cls(part_options)
+    partitioner = _partitioner(cfg)
     segs = partitioner.partition(elems, cfg.partitions)  # the engine checks the partition itself
     charged_all = sup[elems.position]
     out = []
@@ -386,9 +423,7 @@ def _closed_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any,
             return total
         return grid[0].upto(p - 1) + sum(g.upto(p - 1 if block else p - 2) for g in grid[1:])
 
-    from specframe import compose
-
-    splits = compose.partitioner(cfg.partitioner, {})[0].splits_sequences  # of the two described: P-EAGLE's cuts
+    splits = _plan(cfg).partitioner_cls.splits_sequences  # of the two described: P-EAGLE's cuts
     starts = _cut_starts(before, n, total, cfg.partitions) if splits else [0]
     out = []
     for j, x in enumerate(starts):
@@ -408,10 +443,14 @@ def _closed_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any,
     return out, total
 
 
-def _partitioner_key(cfg: MemoryConfig) -> str:
-    from specframe import compose
+def _partitioner(cfg: MemoryConfig) -> Any:
+    """The run's partitioner with its options (the run's own, defaults included)."""
+    plan = _plan(cfg)
+    return plan.partitioner_cls(plan.partitioner_options)
 
-    cls, _ = compose.partitioner(cfg.partitioner, {})
+
+def _partitioner_key(cfg: MemoryConfig) -> str:
+    cls = _plan(cfg).partitioner_cls
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -421,12 +460,10 @@ def _counts(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> tuple
     beyond with the reason."""
     if cfg.seq_len <= SAMPLED_MAX_LEN:
         return _segments(cfg, drafter, depth, training)
-    from specframe import compose
     from specframe.elements import cod_sample, full_grid
 
     # the checks running them on a tiny sequence makes: a bad COD ratio or partition count fails as it would there
-    part_cls, part_options = compose.partitioner(cfg.partitioner, {})
-    part_cls(part_options).partition(full_grid(2, 1, visibility=drafter.visibility), cfg.partitions)
+    _partitioner(cfg).partition(full_grid(2, 1, visibility=drafter.visibility), cfg.partitions)
     if training.cod_ratio < 1.0:
         cod_sample(torch.ones(2, dtype=torch.bool), depth, training.cod_ratio, training.cod_min_ratio,
                    generator=torch.Generator())  # never the global generator: training seeds it
@@ -447,9 +484,11 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     """Predicted peak memory (bytes) of one training step of ``cfg``, with a breakdown."""
     if cfg.features not in ("online", "cache", "synthetic"):
         raise UsageError(f"features must be online, cache or synthetic, got {cfg.features!r}")
-    drafter, options = _drafter(cfg)
-    training = type(drafter).training(options)  # what the drafter declares (API 6), whatever its options are called
-    depth = cfg.depth or training.depth
+    if cfg.plan is None:  # the names resolved once for the whole estimate
+        cfg = attrs.evolve(cfg, plan=_plan(cfg))
+    drafter, _ = _drafter(cfg)
+    training = cfg.plan.training  # what the drafter declares (API 6), whatever its options are called
+    depth = cfg.plan.depth
     if not depth:
         raise UsageError(f"drafter '{cfg.drafter}' has no default training depth: pass --depth")
     module = drafter.module()
@@ -601,7 +640,9 @@ def refusal(cfg: MemoryConfig, est: Estimate, limit: int) -> str:
 def advice(cfg: MemoryConfig, limit: int) -> list[str]:
     """What would fit ``limit``: the largest --seq-len, the partitions needed, another mask builder."""
     out = []
-    fixed = estimate(attrs.evolve(cfg, seq_len=8)).fixed_bytes
+    if cfg.plan is None:
+        cfg = attrs.evolve(cfg, plan=_plan(cfg))
+    fixed = estimate(_vary(cfg, seq_len=8)).fixed_bytes
     if fixed >= limit:
         return [f"even the fixed part (weights, optimizer state, process) needs {format_size(fixed)}: "
                 "use a smaller drafter or a larger budget"]
@@ -610,7 +651,7 @@ def advice(cfg: MemoryConfig, limit: int) -> list[str]:
         out.append(f"fits with --seq-len {longest} or less")
     blocks = _query_block_builder(cfg)
     if blocks is not None:
-        peak = estimate(attrs.evolve(cfg, mask_builder=blocks)).peak_bytes
+        peak = estimate(_vary(cfg, mask_builder=blocks)).peak_bytes
         if peak <= limit:
             out.append(f"fits with --mask-builder {blocks} (about {format_size(peak)})")
     found = partitions_needed(cfg, limit)
@@ -618,10 +659,9 @@ def advice(cfg: MemoryConfig, limit: int) -> list[str]:
         partitioner, parts = found
         builder = f" --mask-builder {blocks}" if blocks is not None else ""
         out.append(f"fits with --partitioner {partitioner} --partitions {parts}{builder}")
-    drafter, options = _drafter(cfg)
-    training = type(drafter).training(options)
+    training = cfg.plan.training
     if training.checkpointing_option is not None and not training.activation_checkpointing:
-        alt = attrs.evolve(cfg, drafter_options={**cfg.drafter_options, training.checkpointing_option: True})
+        alt = _vary(cfg, drafter_options={**cfg.drafter_options, training.checkpointing_option: True})
         peak = estimate(alt).peak_bytes
         if peak <= limit:
             out.append(f"fits with {training.checkpointing_option} = true in [drafter] (about {format_size(peak)})")
@@ -633,7 +673,7 @@ def largest_seq_len(cfg: MemoryConfig, limit: int, multiple: int = 64) -> int | 
     lo, hi = 0, cfg.seq_len // multiple
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if mid * multiple >= 16 and estimate(attrs.evolve(cfg, seq_len=mid * multiple)).peak_bytes <= limit:
+        if mid * multiple >= 16 and estimate(_vary(cfg, seq_len=mid * multiple)).peak_bytes <= limit:
             lo = mid
         else:
             hi = mid - 1
@@ -647,7 +687,7 @@ def _query_block_builder(cfg: MemoryConfig) -> str | None:
     from specframe.masks import ranked_mask_builders
 
     registry = plugins.load()
-    if registry.get("mask builder", cfg.mask_builder).query_blocks:
+    if _plan(cfg).builder_cls.query_blocks:
         return None
     return next((n for n in ranked_mask_builders(cfg.device) if registry.get("mask builder", n).query_blocks), None)
 
@@ -666,7 +706,7 @@ def partitions_needed(cfg: MemoryConfig, limit: int, most: int = 256) -> tuple[s
     builder = _query_block_builder(cfg) or cfg.mask_builder
     s = 2
     while s <= most:
-        trial = attrs.evolve(cfg, partitioner=partitioner, partitions=s, mask_builder=builder)
+        trial = _vary(cfg, partitioner=partitioner, partitions=s, mask_builder=builder)
         if estimate(trial).peak_bytes <= limit:
             return partitioner, s
         s *= 2
@@ -812,26 +852,3 @@ def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
 def skip_precheck() -> bool:
     """``SPECFRAME_SKIP_MEMORY_CHECK=1`` skips the start-up estimate (the in-run guard still applies)."""
     return os.environ.get("SPECFRAME_SKIP_MEMORY_CHECK", "") not in ("", "0")
-
-
-def engine_guard(cfg: Any, target_config: Any, sequences: int | None = None) -> MemoryGuard | None:
-    """The training engine's memory budget: refuse a resolved ``TrainConfig`` whose estimate cannot fit
-    ``cfg.memory_budget`` (unless ``SPECFRAME_SKIP_MEMORY_CHECK`` is set), and return the in-run guard.
-    ``sequences``: how many sequences' online features the run keeps in memory (default: from the config)."""
-    if cfg.memory_budget is None:
-        return None
-    budget = parse_size(cfg.memory_budget)
-    if not skip_precheck():
-        if sequences is None:
-            sequences = (cfg.max_steps or 1) * cfg.batch_size
-            if cfg.max_examples is not None:
-                sequences = min(sequences, cfg.max_examples)
-        check_budget(MemoryConfig(
-            drafter=cfg.drafter, target_config=target_config, seq_len=cfg.seq_len, depth=cfg.depth,
-            mask_builder=cfg.mask_builder, partitioner=cfg.partitioner, partitions=cfg.partitions,
-            drafter_options=cfg.drafter_options, mask_builder_options=cfg.mask_builder_options,
-            features="cache" if cfg.cache is not None else "online", sequences=sequences, device=cfg.device,
-            dtype=getattr(cfg, "dtype", "fp32"),
-            shards=int(os.environ.get("WORLD_SIZE", "1")) if getattr(cfg, "fsdp", False) else 1,
-        ), budget)
-    return MemoryGuard(budget, cfg.device)

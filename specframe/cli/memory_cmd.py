@@ -93,7 +93,7 @@ def memory(
         mask_builder=mask_builder, partitioner=partitioner, partitions=partitions,
         drafter_options=options.get("drafter_options", {}),
         mask_builder_options=options.get("mask_builder_options", {}), features=features, sequences=sequences,
-        device=device, dtype=dtype, shards=fsdp_ranks,
+        device=device, dtype=dtype, shards=fsdp_ranks, partitioner_options=options.get("partitioner_options", {}),
     )
     est = mem.estimate(cfg)
     result = {"peak_bytes": est.peak_bytes, "peak": mem.format_size(est.peak_bytes), **est.to_dict()}

@@ -1,7 +1,7 @@
 """``--fsdp``: the drafter's parameters, gradients and AdamW state sharded across the ranks with torch's FSDP2
 (``torch.distributed.fsdp.fully_shard``), for a drafter whose optimizer state does not fit one device.
 
-The whole drafter is one FSDP unit, sharded at the root (``_DrafterLoss``), except its frozen parameters (EAGLE-3's
+The whole drafter is one FSDP unit, sharded at the root (``DrafterLoss``), except its frozen parameters (EAGLE-3's
 target embedding, DFlash's embedding and lm_head, anything with ``requires_grad`` False): those are replicated, each
 rank holding the full tensor as under DDP, and never all-gathered, since they never change and hold no gradient or
 optimizer state to shard (a [V, H] embedding gathered in fp32 every forward was most of a step's traffic). One unit,
@@ -17,16 +17,94 @@ Checkpoints stay in the one-process format (full weights in safetensors, the opt
 index), so a run resumes with another world size, with or without ``--fsdp``: saving gathers the full tensors on every
 rank (collectives) and rank 0 writes them; loading reads the full state on every rank and keeps each rank's shard.
 Evaluation runs on the gathered parameters (``gathered``), one sequence at a time, with no collective per forward.
+
+Beside FSDP, what every multi-process run shares: ``Dist`` (the process group, or one process) and ``DrafterLoss`` (a
+drafter's loss as a module, which DDP and FSDP wrap).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
+
+from specframe import api
+
+
+class Dist:
+    """torch.distributed when launched by torchrun (WORLD_SIZE > 1), else a single process: NCCL between GPUs, gloo
+    on the CPU. Multi-node runs are torchrun's business (``--nnodes``, ``--rdzv-endpoint``); each process only needs
+    its ``LOCAL_RANK`` to pick its GPU (``specframe.devices.resolve_device``)."""
+
+    def __init__(self, device: torch.device) -> None:
+        import torch.distributed as dist
+
+        from specframe.devices import backend, world_size
+
+        self.dist = dist
+        self.world = world_size(rendezvous=not dist.is_initialized())
+        if self.world > 1 and not dist.is_initialized():
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            dist.init_process_group(backend(device))
+        self.rank = dist.get_rank() if self.world > 1 else 0
+
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM)
+        return t
+
+    def max_(self, n: int) -> int:
+        if self.world == 1:
+            return n
+        t = torch.tensor([n], dtype=torch.long)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.dist.barrier()
+
+
+class DrafterLoss(torch.nn.Module):
+    """A drafter's loss as a module, so torch's ``DistributedDataParallel`` can wrap it: DDP arms its gradient
+    reduction in ``forward``, and a drafter computes its loss in ``Drafter.loss``, not in its module's forward.
+    ``forward`` returns (loss tensor, ``LossTerms``): DDP looks for tensors in the output to find unused parameters.
+    ``forward(None)``: a zero loss over every trainable parameter, for a rank that holds no sequence this step."""
+
+    def __init__(self, drafter: api.Drafter, *, every_parameter: bool = False) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.inner = drafter.module()  # registered, so DDP sees (and broadcasts, and reduces) its parameters
+        # FSDP reduce-scatters the gradients a backward produced: a parameter a segment did not use (P-EAGLE's mask
+        # state where no mask slot is charged) must still get its zero, or the ranks' collectives differ in size
+        self.every_parameter = every_parameter
+
+    def _zero(self) -> torch.Tensor:
+        return sum(p.reshape(-1)[0] * 0.0 for p in self.inner.parameters() if p.requires_grad)
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, Any]:
+        if len(args) == 1 and args[0] is None:
+            return self._zero(), None
+        loss, terms = loss_and_terms(self.drafter.loss(*args))
+        if self.every_parameter and loss is not None:
+            terms = attrs.evolve(terms, loss_sum=terms.loss_sum + self._zero())
+            loss = terms.loss_sum
+        return loss, terms
+
+    @staticmethod
+    def call(drafter: api.Drafter) -> Callable[..., tuple[torch.Tensor | None, Any]]:
+        return lambda *args: loss_and_terms(drafter.loss(*args))
+
+
+def loss_and_terms(terms: Any) -> tuple[torch.Tensor | None, Any]:
+    """(the loss tensor, the terms) of what ``Drafter.loss`` returned."""
+    # a broken plugin may return something else: validate.check_loss_terms names it, not an AttributeError here
+    return (terms.loss_sum if isinstance(terms, api.LossTerms) else None), terms
 
 
 def shard(root: nn.Module, device: torch.device) -> None:

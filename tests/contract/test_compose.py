@@ -1,18 +1,20 @@
 """The composition root (``specframe.compose``): one place where a run config's names become components, one
 converter (``specframe.structuring``) and one error format, whether the config is checked (``run_config.resolve``),
-trained (``Trainer``), costed (``memory``) or reopened from a checkpoint (``drafter_folders``)."""
+trained (``Trainer``), costed (``memory``) or reopened from a checkpoint (``drafter_folders``); one ``train`` resolves
+its names once and hands the plan on (issue 55)."""
 
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoConfig
 
-from specframe import compose, memory, run_config
-from specframe.engine import TrainConfig, train
+from specframe import compose, memory, plugins, run_config
+from specframe.engine import TrainConfig, assembly, train
 from specframe.errors import UsageError
 from tests.train_fixtures import build, small_options
 
@@ -67,7 +69,6 @@ def test_a_bad_builder_or_partitioner_option_names_its_plugin(assets, tmp_path):
 def test_the_trainer_records_what_the_plan_resolves(assets, tmp_path):
     """What ``--print-config`` shows (``run_config.resolve``) is what the run records in OUTPUT/config.json: the
     same depth, builder and every option's default."""
-    import json
 
     cfg = config(assets, tmp_path / "run", mask_builder=None, device="cpu")
     printed = run_config.as_dict(run_config.resolve(cfg))
@@ -82,8 +83,8 @@ def test_build_gives_the_named_parts_with_their_defaults(assets):
     cfg = config(assets, "unused", mask_builder=None, device="cpu", partitioner="peagle",
                  partitioner_options={})
     target_config = AutoConfig.from_pretrained(assets[0])
-    parts = compose.build(cfg, target_config, torch.device("cpu"))
     plan = compose.plan(cfg, torch.device("cpu"))
+    parts = assembly.build(plan, cfg, target_config, torch.device("cpu"))
     assert parts.depth == plan.depth == 4  # k_train=4 in the options: the drafter's declared depth
     assert type(parts.drafter) is plan.drafter_cls and parts.drafter.options == plan.drafter_options
     assert type(parts.builder) is plan.builder_cls and parts.resolved.mask_builder == plan.builder_name
@@ -91,7 +92,8 @@ def test_build_gives_the_named_parts_with_their_defaults(assets):
     assert parts.resolved.drafter_options == run_config.resolve(cfg).drafter_options
     # no builder named on the CPU: small calls go to the builder declared fastest for them, in front of the default
     assert parts.attention_builder is not parts.builder
-    named = compose.build(config(assets, "unused", mask_builder="dense"), target_config, torch.device("cpu"))
+    dense = config(assets, "unused", mask_builder="dense")
+    named = assembly.build(compose.plan(dense), dense, target_config, torch.device("cpu"))
     assert named.attention_builder is named.builder
 
 
@@ -99,6 +101,47 @@ def test_device_auto_leaves_the_builder_to_the_machine(assets):
     plan = compose.plan(config(assets, "unused", mask_builder=None, device="auto"))
     assert plan.builder_name is None and plan.builder_cls is None
     assert run_config.resolve(config(assets, "unused", mask_builder=None, device="auto")).mask_builder is None
+
+
+def test_device_auto_plan_is_decided_once_on_the_device(assets):
+    plan = compose.plan(config(assets, "unused", mask_builder=None, device="auto"))
+    decided = plan.for_device("cpu")
+    assert decided.builder_name == compose.mask_builder_name(None, "cpu") and decided.builder_cls is not None
+    assert decided.for_device("cpu") is decided and decided.drafter_options is plan.drafter_options
+
+
+def test_one_train_resolves_each_name_once(assets, tmp_path, monkeypatch):
+    """``specframe train`` (the CLI's own path, with the memory estimate on and a partitioner) looks each component's
+    name up in the registry once: the CLI's plan goes to the engine, which builds the parts and costs the run from it
+    (before issue 55 the drafter's name was resolved three times: run_config, compose.build, memory.engine_guard). A
+    resume resolves them once too (its settings check reuses the plan)."""
+    from collections import Counter
+
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+
+    monkeypatch.delenv("SPECFRAME_SKIP_MEMORY_CHECK", raising=False)
+    lookups: Counter = Counter()
+    plain_get = plugins.get
+
+    def counting(kind: str, name: str) -> type:
+        lookups[kind, name] += 1
+        return plain_get(kind, name)
+
+    monkeypatch.setattr(plugins, "get", counting)
+    target, chat = assets
+    out = tmp_path / "run"
+    args = ["train", "--drafter", "peagle", "--target", target, "--data", chat, "--seq-len", 48, "--output", out,
+            "--max-steps", 2, "--batch-size", 2, "--val-examples", 2, "--device", "cpu", "--partitioner", "peagle",
+            "--partitions", 2, "--memory-budget", "64GiB", "--json"]
+    for extra in ([], ["--resume", out]):
+        lookups.clear()
+        result = CliRunner().invoke(main, [str(a) for a in [*args, *extra]], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert lookups["drafter", "peagle"] == 1, lookups
+        assert lookups["partitioner", "peagle"] == 1 and set(lookups.values()) == {1}, lookups
+        assert json.loads((out / "config.json").read_text())["memory_budget_enforced"] is True
 
 
 def _calls(tree: ast.AST, name: str) -> bool:

@@ -95,7 +95,7 @@ def test_json_sends_progress_to_stderr_and_epochs_set_the_length(assets, tmp_pat
 
 def test_epochs_rule():
     from specframe.engine import TrainConfig
-    from specframe.engine.loop import resolve_steps
+    from specframe.engine.schedule import resolve_steps
 
     def steps(**kw):
         return resolve_steps(TrainConfig(drafter="peagle", output="o", batch_size=4, **kw), 10)

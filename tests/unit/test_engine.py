@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from specframe.engine import TrainConfig, train
 from specframe.engine import checkpoint as ckpt
-from specframe.engine.loop import expected_acceptance_length
+from specframe.metrics import expected_acceptance_length
 from specframe.errors import SpecframeError, UsageError
 from tests.train_fixtures import build, small_options
 

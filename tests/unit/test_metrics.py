@@ -105,7 +105,7 @@ def test_validation_chain_al_is_what_decoding_accepts_on_the_targets_own_continu
     accepts there, so the validation AL over those anchors equals the measured AL."""
     from specframe import api
     from specframe.elements import full_grid
-    from specframe.engine.loop import record_hits
+    from specframe.engine.segments import record_hits
     from specframe.metrics import chain_acceptance
     from tests.drafter_helpers import SMALL, features, overfit
     from tests.drafter_helpers import tiny_target as sharp_target
