@@ -17,7 +17,7 @@ Each (drafter, variant) is one resumable job, ``test_ablation[<drafter>-<variant
    ``served_k``, on the prompt contexts the per-drafter jobs committed (``contexts_from``);
 4. ``<results>/<drafter>/<variant>.json`` (kind ``bench.ablation``), written last: a variant whose file holds its
    job key is skipped by the next run. ``specframe report <results>`` renders the table, with each variant's
-   difference against the baseline paired over the same sequences (``specframe.report_ablations``).
+   difference against the baseline paired over the same sequences (``specframe.report.ablations``).
 
 ``winners`` runs once every single lever of that drafter is finished, with the options of each whose validation
 difference's interval lies above 0 (options two winners both set go to the larger gain); until then, or when fewer
@@ -158,7 +158,7 @@ def plan(ablation: Workspace, drafter: str, variant: Variant, vocab_size: int) -
 
 def winners(ablation: Workspace, drafter: str, vocab_size: int) -> tuple[dict, dict] | str:
     """The options of every lever whose validation difference's interval lies above 0, or why there is no such run."""
-    from specframe.report_ablations import differences, wins
+    from specframe.report.ablations import differences, wins
 
     levers = [v for v in ABLATIONS[ablation.preset.name].variants_for(drafter) if v.name != WINNERS]
     done: dict[str, dict[str, Any]] = {}
@@ -224,7 +224,7 @@ def _served(ablation: Workspace, target, run: str, drafter: str, name: str) -> d
 
 def test_ablation(benchmark, ablation, target, case):
     from specframe import bench
-    from specframe.report_ablations import KIND, interval
+    from specframe.report.ablations import KIND, interval
     from specframe.results import write_results
     from specframe.vllm import vllm_available
 

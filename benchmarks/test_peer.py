@@ -25,7 +25,7 @@ back to back for each drafter and settings (their throughputs under the same loa
    (``test_jobs._acceptance``, on the prompt contexts the cpu-large jobs committed; its files, with each prompt
    turn's figures, in ``<work>/served/``);
 4. ``<results>/<drafter>/<settings>-<trainer>.json`` (kind ``bench.peer``), written last; a complete job whose file
-   holds its key is skipped. ``specframe report <results>`` renders the table (``specframe.report_peer``).
+   holds its key is skipped. ``specframe report <results>`` renders the table (``specframe.report.peer``).
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def test_peer_job(benchmark, peer, peer_data, case):
     import peer_jobs
     from peer_speculators import SUPPORTED_VERSION, patch_list
 
-    from specframe.report_peer import chain_interval
+    from specframe.report.peer import chain_interval
     from specframe.results import provenance as results_provenance
     from specframe.results import write_results
     from specframe.targets import target_source

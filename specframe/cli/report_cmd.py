@@ -31,5 +31,5 @@ def report(results_dir: Path, other: Path | None, output: Path | None, summary: 
             raise UsageError("--summary prints the answer only: drop --compare, --output and --json")
         click.echo("\n".join(reporting.summary(results_dir)).rstrip())
         return
-    path = reporting.compare(results_dir, other, output) if other else reporting.render(results_dir, output)
+    path = reporting.render_comparison(results_dir, other, output) if other else reporting.render(results_dir, output)
     click.echo(json.dumps({"report": str(path)}) if as_json else f"wrote {path}")

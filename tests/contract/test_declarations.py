@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: identifiers ("eagle3", "peagle", "dflash", "ngram", ...: the folder formats vLLM reads, which happen to share the
 #: drafters' names), never a component's.
 ALLOWED = {
-    ("specframe/report.py", "tree"): "the method label suffix bench writes for a tree run (label/tree), not a verifier",
+    ("specframe/report/runs.py", "tree"): "the method label suffix bench writes for a tree run (label/tree), not a verifier",
 }
 ALLOWED_FOLDERS = ("specframe/layouts/", "specframe/vllm/")
 #: the API-5 defaults: the option names the built-ins used then, read only for a plugin that declares nothing

@@ -144,7 +144,7 @@ def test_winners_waits_for_its_levers_then_joins_those_that_beat_the_baseline(tm
 
 
 def _write(path: Path, drafter: str, variant: str, rows: list[list[int]], served: dict | None = None) -> None:
-    from specframe.report_ablations import KIND, interval
+    from specframe.report.ablations import KIND, interval
 
     band = interval({i: (acc, n) for i, n, acc in rows}, offset=1.0)
     metrics = {"drafter": drafter, "variant": variant, "options_changed": {} if variant == "baseline" else {"x": 1},
@@ -163,7 +163,7 @@ def _served(al: float) -> dict:
 
 
 def test_the_report_tables_each_variant_against_its_baseline(tmp_path):
-    from specframe.report_ablations import paired_difference, validation_rows
+    from specframe.report.ablations import paired_difference, validation_rows
 
     base = [[i, 100, 20 + i % 5] for i in range(40)]
     lever = [[i, 100, 30 + i % 5] for i in range(40)]  # +0.10 AL on every sequence

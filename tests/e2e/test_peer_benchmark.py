@@ -198,7 +198,7 @@ def _document(trainer, settings, al=None, refused=None, tps=150.0):
 
 
 def test_the_peer_table_has_every_row_with_its_intervals_and_refusals():
-    from specframe.report_peer import peer_rows, peer_section
+    from specframe.report.peer import peer_rows, peer_section
 
     docs = [_document("specframe", "matched", al=1.4), _document("speculators", "matched", al=1.3, tps=200.0),
             _document("speculators", "defaults", refused="qwen3 layers are not imported"),
@@ -218,7 +218,7 @@ def test_the_peer_table_has_every_row_with_its_intervals_and_refusals():
 
 
 def test_the_chain_interval_brackets_the_pooled_al():
-    from specframe.report_peer import chain_interval
+    from specframe.report.peer import chain_interval
 
     rows = [[0, 100, 30], [1, 50, 5], [2, 80, 40], [3, 120, 50]]
     pooled = 1 + sum(r[2] for r in rows) / sum(r[1] for r in rows)

@@ -109,7 +109,7 @@ def test_the_machine_record_tells_cpus_of_one_model_name_apart():
 
 
 def test_the_speed_table_names_the_fastest_ngram_the_two_way_interval_and_the_machine():
-    from specframe.report_jobs import _speed_table
+    from specframe.report.jobs import _speed_table
 
     def ngram(k, mean):
         return {"acceptance_length": 1.3, "drafter": "ngram", "checkpoint": None,

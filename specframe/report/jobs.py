@@ -174,7 +174,12 @@ def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int) 
 
 def _speedup(m: dict[str, Any]) -> dict[str, Any]:
     """A method's speedup over plain with its interval: over prompt turns and repeats together when the file holds
-    it (``bench.Comparison.ratio_over_prompts``), else over repeats (older files)."""
+    it (``bench.Comparison.ratio_over_prompts``), else over repeats (older files).
+
+    Not the same reading as ``questions.speedup_by_k`` (the answers' and the figure's), on purpose: this table shows
+    each quiet speed file's rows as recorded, where ``speedup_by_k`` keeps one row per drafter and K (the one with the
+    most repeats), falls back to the pooled ``speedup`` when the interval has no mean, leaves out ratios above the
+    physical bound (``stats.PHYSICAL_SLACK``) and takes the prompt-turn interval only when both its ends are finite."""
     iv = m.get("speedup_interval_prompts")
     if iv:
         return {"mean": iv["estimate"], "low": iv["low"], "high": iv["high"]}

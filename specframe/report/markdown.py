@@ -1,0 +1,40 @@
+"""Markdown helpers of the report: a number as a table cell, a table, a figure with its interval, and the provenance
+table every page ends its answers with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_cell(value: Any) -> str:
+    """A value as a table cell (floats to 4 significant digits)."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """A markdown table's lines."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(format_cell(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def banded(value: float, low: float | None, high: float | None, fmt: str) -> str:
+    """``value [low, high]`` in ``fmt``, or the value alone without an interval."""
+    return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]" if low is not None and high is not None else f"{value:{fmt}}"
+
+
+def provenance_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The page's provenance table: per file, its commit, target, training tokens, machine, date and command."""
+    rows = []
+    for name, document in documents:
+        prov = document["provenance"]
+        machine = prov["machine"] or {}
+        rows.append([
+            name, prov["git_commit"], prov["target"]["id"], prov.get("token_budget") or "n/a",
+            f"{machine.get('processor', '?')} x{machine.get('cpu_count', '?')}", prov["date"], f"`{prov['command']}`",
+        ])
+    return ["## Provenance", ""] + table(
+        ["file", "commit", "target", "training tokens", "machine", "date", "command"], rows
+    ) + [""]
