@@ -29,7 +29,8 @@ def compare_vllm(
     concurrency: int = 1,
 ) -> Comparison:
     """``compare`` on vLLM (greedy): plain vLLM and each method served by vLLM, every engine started once and warmed
-    up, prompt turns interleaved across the engines, ``repeats`` times (``specframe.vllm.engine.run_interleaved``).
+    up, prompt turns interleaved across the engines, ``repeats`` times
+    (``specframe.vllm.interleaved.run_interleaved``).
     ``concurrency`` > 1: each engine gets that many conversations' turns at once, and each request's speed is its own
     (tokens over its first-to-last-token time), so OTPS is what one of that many concurrent users sees.
     Trained checkpoints are exported (`specframe export`) and served at each method's K; the ``ngram`` plugin is
@@ -55,7 +56,8 @@ def compare_vllm(
     if PLAIN in labels or len(set(labels)) != len(labels):
         raise UsageError(f"method labels must be distinct and not '{PLAIN}': {labels}")
     from specframe.targets import target_source
-    from specframe.vllm.engine import Conversation, EngineOptions, cpu_binding, run_interleaved
+    from specframe.vllm.engine import EngineOptions, cpu_binding
+    from specframe.vllm.interleaved import Conversation, run_interleaved
 
     source = target_source(target)
     every = [Method(PLAIN), *methods]
@@ -90,15 +92,15 @@ def vllm_jobs(
     methods: Sequence[Method], source: str, workdir: Path, refused: dict[str, str] | None = None,
     manifests: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One vLLM engine job (``specframe.vllm.engine.Job``) per method label: plain, a trained checkpoint (exported
+    """One vLLM engine job (``specframe.vllm.jobs.Job``) per method label: plain, a trained checkpoint (exported
     once into ``workdir``, served at the method's K) or the ``ngram`` baseline (vLLM's prompt lookup with the
     plugin's n-gram sizes). A checkpoint whose export vLLM cannot serve at the method's K (a DFlash drafter below
     its block, ``Manifest.refusal``) raises that reason, or, given ``refused``, is left out with its reason there.
     Given ``manifests``, each checkpoint's export manifest is put there (checkpoint -> ``Manifest``: the K range it
     serves), so a caller needs no export of its own to ask."""
     from specframe.drafter_folders import export_checkpoint
-    from specframe.vllm.engine import Job
     from specframe.layouts.export import read_manifest, speculative_config
+    from specframe.vllm.jobs import Job
 
     exports: dict[str, Path] = {}
     jobs = {}
