@@ -2,7 +2,7 @@
 
 Exposed to plugins as ``api.eagle``. EAGLE-3 (``eagle3``) and ParallelSpec (``parallelspec``) use all of it; P-EAGLE
 subclasses ``EagleBackbone`` (adding its ``mask_hidden``); P-EAGLE, ParallelSpec and DFlash (a separate package)
-draft from ``QueuedInference``'s queue of committed tokens.
+draft from ``QueuedInference``'s queue of committed tokens (``specframe.queued_inference``, re-exported here).
 
 ``EagleBackbone`` holds the vLLM ``llama_eagle3`` parameter names (``embed_tokens``, ``fc``, ``layers.N.*``,
 ``norm``, ``lm_head``, ``d2t`` offsets and ``t2d`` mask), so a checkpoint exports without renaming. Draft vocabulary
@@ -22,8 +22,9 @@ from torch import nn
 from specframe import modeling
 from specframe.declarations import Training, positive_int, unit_interval
 from specframe.elements import position_docs
-from specframe.errors import SpecframeError, UsageError
+from specframe.errors import UsageError
 from specframe.features import default_aux_layers
+from specframe.queued_inference import PendingInputs, QueuedInference
 from specframe.target_head import TargetHead, as_target_head, target_head
 from specframe.vocab import (
     DEFAULT_DRAFT_VOCAB,
@@ -530,96 +531,15 @@ def depth_weights(k: int, decay: float, explicit: list[float] | None = None) -> 
     return torch.tensor([decay**d for d in range(k)], dtype=torch.float32)
 
 
-# Re-exported so plugins reach the project's mask-token rule, vLLM's default aux layers and the target's head (the
-# teacher's logits as the target makes them) through ``api.eagle``.
+# Re-exported so plugins reach the project's mask-token rule, vLLM's default aux layers, the target's head (the
+# teacher's logits as the target makes them) and the queued-inference protocol (``specframe.queued_inference``)
+# through ``api.eagle``.
 mask_token_ids = mask_token_ids
 default_aux_layers = default_aux_layers
 TargetHead = TargetHead
 target_head = target_head
-
-
-class QueuedInference:
-    """The inference protocol of a drafter that drafts from the committed tokens it has not forwarded yet
-    (``PendingInputs``): ``start`` checks the drafter is ready, resets its state and queues the prompt, ``accept``
-    queues the verified tokens with their feature rows, and ``propose`` (the drafter's own) calls ``check_k`` and then
-    ``self._pending.take()``.
-
-    Mix it in before ``api.Drafter``. The drafter provides ``_reset_inference`` (its own caches; call
-    ``super()._reset_inference()`` to get a fresh ``self._pending``) and, if it reads no target features, sets
-    ``reads_features`` False. ``_check_ready`` refuses to draft without a mask token (``mask_token_id``); drafters
-    with other prerequisites override it."""
-
-    reads_features: bool = True
-
-    def _reset_inference(self) -> None:
-        self._pending = PendingInputs(self.name, reads_features=self.reads_features)
-
-    def _check_ready(self) -> None:
-        if getattr(self, "mask_token_id", None) is None:
-            raise SpecframeError(f"{self.name}: no mask token chosen (train the drafter or load a checkpoint first)")
-
-    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        self._check_ready()
-        self._reset_inference()
-        self._pending.start(prompt_ids, features)
-
-    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        self._pending.accept(emitted, features)
-
-    def check_k(self, k: int) -> None:
-        if k < 1:
-            raise UsageError(f"{self.name}.propose: k must be positive, got {k}")
-
-
-class PendingInputs:
-    """Committed tokens a drafter has not forwarded yet, each with the target's aux feature row it pairs with.
-
-    Section 8 indexing: drafter position i reads token x_{i+1} with feature g_i, so a prompt of n tokens queues
-    tokens 1..n-1 with feature rows 0..n-2, and every ``accept`` queues the emitted tokens with the rows the verifier
-    forward produced for them. ``take`` hands the queue to the next drafter forward and empties it.
-    """
-
-    def __init__(self, owner: str, reads_features: bool = True) -> None:
-        self.owner = owner
-        self.reads_features = reads_features
-        self.tokens: list[torch.Tensor] = []
-        self.aux: list[torch.Tensor] = []
-
-    def _rows(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        aux = features["aux_hidden"]
-        return aux.reshape(-1, aux.shape[-1])
-
-    def start(self, prompt_ids: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        self.tokens, self.aux = [], []
-        ids = prompt_ids.reshape(-1)
-        n = ids.shape[0]
-        aux = self._rows(features) if self.reads_features else None
-        if aux is not None and aux.shape[0] not in (n, n - 1):
-            raise SpecframeError(f"{self.owner}.start: {n} prompt tokens but {aux.shape[0]} feature rows")
-        if n > 1:
-            self.tokens.append(ids[1:])
-            if aux is not None:
-                self.aux.append(aux[: n - 1])
-
-    def accept(self, emitted: torch.Tensor, features: dict[str, torch.Tensor]) -> None:
-        emitted = emitted.reshape(-1)
-        aux = self._rows(features) if self.reads_features else None
-        if aux is not None and aux.shape[0] != emitted.shape[0]:
-            raise SpecframeError(
-                f"{self.owner}.accept: {emitted.shape[0]} emitted tokens need as many feature rows, got {aux.shape[0]}"
-            )
-        self.tokens.append(emitted)
-        if aux is not None:
-            self.aux.append(aux)
-
-    def take(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(tokens [P], aux rows [P, n_aux*H] or None), emptying the queue."""
-        if not self.tokens:
-            raise SpecframeError(f"{self.owner}: no new token to draft from (call accept with the verifier's tokens)")
-        tokens = torch.cat(self.tokens)
-        aux = torch.cat(self.aux) if self.aux else None
-        self.tokens, self.aux = [], []
-        return tokens, aux
+PendingInputs = PendingInputs
+QueuedInference = QueuedInference
 
 
 def shifted_supervision(loss_mask: torch.Tensor, doc: torch.Tensor, bit: str = "predicted") -> torch.Tensor:

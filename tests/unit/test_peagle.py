@@ -176,10 +176,10 @@ def test_default_aux_layers_follow_vllm_and_stay_distinct():
 def test_activation_checkpointing_gives_the_same_gradients(setup, monkeypatch, row_chunk, builder):
     """Checkpointed layers (and, with a small ``ROW_CHUNK``, their position-wise parts recomputed in row chunks)
     give the gradients of the plain forward."""
-    from specframe import modeling
+    from specframe import decoder
 
-    if row_chunk is not None:
-        monkeypatch.setattr(modeling, "ROW_CHUNK", row_chunk)
+    if row_chunk is not None:  # the constant run_layers reads (api.modeling re-exports its value)
+        monkeypatch.setattr(decoder, "ROW_CHUNK", row_chunk)
     target, drafter, ex = setup
     elems = full_grid(ex.input_ids.shape[0] - 1, 4)
     seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
