@@ -33,7 +33,7 @@ from specframe.report.questions import (
     speedup_by_k,
     tokens_to_beat_plain,
 )
-from specframe.report.runs import LABEL_KEYS, builds_trees, label, load_results, runs, scalars
+from specframe.report.runs import LABEL_KEYS, drafter_builds_trees, label, load_results, runs, scalars
 
 # last: the plotting function, not its module, is what ``report.figures`` names (importing the module above bound
 # the module to that name)
@@ -41,7 +41,7 @@ from specframe.report.figures import COLOURS, MAX_SERIES, colour, figures  # noq
 
 __all__ = [
     "BUSY_CORES", "COLOURS", "GOAL_SPEEDUP", "KINDS", "LABEL_KEYS", "MAX_SERIES", "SPEED_SET", "Kind",
-    "acceptance_by_dataset", "al_at_equal_time", "answers", "builds_trees", "colour", "figures", "headline",
+    "acceptance_by_dataset", "al_at_equal_time", "answers", "colour", "drafter_builds_trees", "figures", "headline",
     "label", "learning_curves", "learning_rates", "load_results", "memory_by_context", "plausible", "render",
     "render_comparison", "round_cost_ratio", "runs", "scalars", "speedup_by_k", "summary", "tokens_to_beat_plain",
 ]

@@ -71,9 +71,10 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def builds_trees(drafter: str | None, metrics: dict[str, Any] | None = None) -> bool:
-    """Whether ``drafter`` builds real trees: recorded in newer results (``builds_trees``), else the installed
-    drafter plugin's ``builds_trees`` (False for a drafter that is not installed)."""
+def drafter_builds_trees(drafter: str | None, metrics: dict[str, Any] | None = None) -> bool:
+    """Whether the drafter named ``drafter`` builds real trees: as a run's ``metrics`` recorded it (newer results),
+    else the installed drafter plugin's ``builds_trees`` (False for a drafter that is not installed). By name, for
+    results files; ``bench.builds_trees`` asks a drafter instance."""
     if metrics is not None and isinstance(metrics.get("builds_trees"), bool):
         return metrics["builds_trees"]
     if not drafter:
@@ -93,7 +94,7 @@ def is_tree(label: str, metrics: dict[str, Any]) -> bool:
 
 def false_tree(label: str, metrics: dict[str, Any]) -> bool:
     """A "tree" row of a drafter whose propose_tree is its chain (older results measured those)."""
-    return is_tree(label, metrics) and not builds_trees(drafter_name(label, metrics), metrics)
+    return is_tree(label, metrics) and not drafter_builds_trees(drafter_name(label, metrics), metrics)
 
 
 def chain_label(label: str, metrics: dict[str, Any]) -> str:
