@@ -1,5 +1,5 @@
-"""The memory estimate's closed-form element counts (``memory._closed_segments``) against the sampled ones
-(``memory._segments``: the real COD sampler and partitioner on an all-supervised sequence, the estimate's only path
+"""The memory estimate's closed-form element counts (``memory.counts.closed_segments``) against the sampled ones
+(``memory.counts.sampled_segments``: the real COD sampler and partitioner on an all-supervised sequence, the estimate's only path
 before issue 56, kept as the oracle and as the path up to ``SAMPLED_MAX_LEN`` tokens), and the estimate at 10^8 tokens
 under a memory cap.
 
@@ -23,6 +23,8 @@ from specframe import memory as mem
 from specframe import plugins
 from specframe.elements import full_grid as FULL_GRID
 from specframe.errors import SpecframeError, UsageError
+from specframe.memory import counts as cnt
+from specframe.memory.estimate import _drafter
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=4, num_attention_heads=4,
@@ -50,13 +52,13 @@ def _config(name: str, length: int, partitioner: str = "none", partitions: int =
 
 def _both(cfg: mem.MemoryConfig):
     """(sampled, closed form, training) for ``cfg``; None where the drafter cannot be counted in closed form."""
-    drafter, options = mem._drafter(cfg)
+    drafter, options = _drafter(cfg)
     training = type(drafter).training(options)
-    shape = mem._supervision_shape(drafter)
+    shape = cnt.supervision_shape(drafter)
     if shape is None:
         return None
-    sampled = mem._segments(cfg, drafter, cfg.depth, training)
-    return sampled, mem._closed_segments(cfg, drafter, cfg.depth, training, shape), training
+    sampled = cnt.sampled_segments(cfg, drafter, cfg.depth, training)
+    return sampled, cnt.closed_segments(cfg, drafter, cfg.depth, training, shape), training
 
 
 def _drafters() -> list[str]:
@@ -64,9 +66,9 @@ def _drafters() -> list[str]:
 
 
 def _trainable(name: str) -> bool:
-    drafter, _ = mem._drafter(_config(name, 64))
+    drafter, _ = _drafter(_config(name, 64))
     try:
-        mem._supervision_shape(drafter)
+        cnt.supervision_shape(drafter)
     except SpecframeError:  # a drafter that cannot train (ngram) has no elements to count
         return False
     return True
@@ -115,7 +117,7 @@ def test_a_full_grid_estimate_is_byte_identical_in_closed_form(name, builder, mo
     for partitioner, parts in PARTITIONS:
         cfg = _config(name, 2048, partitioner, parts)
         sampled = mem.estimate(cfg).to_dict()
-        monkeypatch.setattr(mem, "SAMPLED_MAX_LEN", 0)
+        monkeypatch.setattr(cnt, "SAMPLED_MAX_LEN", 0)
         assert mem.estimate(cfg).to_dict() == sampled, (name, builder, partitioner, parts)
         monkeypatch.undo()
 
@@ -124,7 +126,7 @@ def test_a_cod_estimate_is_within_the_draws_spread_in_closed_form(monkeypatch):
     for partitioner, parts in PARTITIONS:
         cfg = _config("peagle", 4096, partitioner, parts, depth=8)
         sampled = mem.estimate(cfg)
-        monkeypatch.setattr(mem, "SAMPLED_MAX_LEN", 0)
+        monkeypatch.setattr(cnt, "SAMPLED_MAX_LEN", 0)
         closed = mem.estimate(cfg)
         monkeypatch.undo()
         assert abs(closed.peak_bytes - sampled.peak_bytes) <= 0.01 * sampled.peak_bytes, (sampled, closed)
@@ -132,7 +134,7 @@ def test_a_cod_estimate_is_within_the_draws_spread_in_closed_form(monkeypatch):
 
 
 def test_the_supervision_shapes_the_closed_form_reads():
-    shapes = {name: mem._supervision_shape(mem._drafter(_config(name, 64))[0]) for name in ("peagle", "pard")}
+    shapes = {name: cnt.supervision_shape(_drafter(_config(name, 64))[0]) for name in ("peagle", "pard")}
     assert shapes == {"peagle": (1, 1), "pard": (0, 1)}  # EAGLE's shift and last position; PARD's last position
 
     class Odd:  # supervises only every other position: not "all but the last few"
@@ -141,7 +143,7 @@ def test_the_supervision_shapes_the_closed_form_reads():
             sup[::2] = False
             return sup
 
-    assert mem._supervision_shape(Odd()) is None
+    assert cnt.supervision_shape(Odd()) is None
 
 
 WHOLE = """
@@ -176,7 +178,7 @@ def test_a_third_party_partitioner_is_run_up_to_the_bound_and_refused_past_it_in
 
 
 def test_an_undescribed_drafter_is_refused_past_the_run_bound(monkeypatch):
-    monkeypatch.setattr(mem, "_supervision_shape", lambda drafter: None)
+    monkeypatch.setattr(cnt, "supervision_shape", lambda drafter: None)
     with pytest.raises(UsageError, match=r"drafter 'pard' supervises an all-loss sequence otherwise than every "
                                          r"position but the last few"):
         mem.estimate(_config("pard", mem.RUN_MAX_LEN + 1))  # not 10^8: a regression would sample it
@@ -233,7 +235,7 @@ def test_no_sequence_longer_than_the_sampled_bound_is_materialised(monkeypatch):
             return original(cfg, *args)
         return call
 
-    monkeypatch.setattr(mem, "_segments", guarded(mem._segments))
+    monkeypatch.setattr(cnt, "sampled_segments", guarded(cnt.sampled_segments))
     monkeypatch.setattr(elements, "full_grid", lambda n, *a, **k: refuse() if n > 64 else FULL_GRID(n, *a, **k))
     for name in ("peagle", "pard", "eagle3"):
         for partitioner, parts in PARTITIONS:
