@@ -3,7 +3,8 @@
 One JSON document: the figures (``metrics``, ``per_prompt``) plus the provenance a reader needs to trust and
 reproduce them: command line, specframe version and git commit, target id and weights hash, drafter checkpoint hash,
 training token budget, machine description (thread pinning included) and date. ``specframe report`` refuses a file
-without provenance.
+without provenance. Each ``kind`` a benchmark writes is a row of ``specframe.report.kinds.KINDS``, which names what
+writes it and the section of the report that renders it.
 
 Results files are portable: ``write_results`` names every path inside the repository that holds the file (or, outside
 one, the repository of the working directory) relative to that repository's root, in commands too, so a committed
