@@ -22,7 +22,11 @@ from specframe.errors import UsageError
 from specframe.memory.config import MemoryConfig, resolved_plan
 
 
-def sampled_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> tuple[list[tuple[int, int, int]], int]:
+#: (forwarded rows, charged elements, anchors) of every segment, and the sequence's element count
+Counts = tuple[list[tuple[int, int, int]], int]
+
+
+def sampled_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> Counts:
     """(forwarded rows, charged, anchors) of every segment, from the real COD sampler and partitioner under the
     drafter's visibility rule; the rows are the drafter's ``forwarded_rows`` of the segment's elements and of the
     distinct anchors of its charged ones (a segment's other elements are context it recomputes)."""
@@ -53,8 +57,9 @@ def sampled_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any)
     return out, len(elems)
 
 
-#: sequences up to this length are counted by running the COD sampler and the partitioner on them (``sampled_segments``): a
-#: fraction of a second there, and the figures are the sampled ones; longer ones are counted in closed form
+#: sequences up to this length are counted by running the COD sampler and the partitioner on them
+#: (``sampled_segments``): a fraction of a second there, and the figures are the sampled ones; longer ones are counted
+#: in closed form
 SAMPLED_MAX_LEN = 8192
 #: a partitioner or a drafter's supervision the closed form does not describe is counted by running it, up to this
 #: length (its time and memory grow with the length: refused beyond, instead of growing without bound)
@@ -153,12 +158,13 @@ def _cut_starts(before: Any, n: int, total: int, num_segments: int) -> list[int]
 
 
 def closed_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any,
-                     shape: tuple[int, int]) -> tuple[list[tuple[int, int, int]], int]:
-    """``sampled_segments`` without the sequence: the same (forwarded rows, charged, anchors) per segment, counted from the
-    grid's per-depth counts and the built-in partitioners' rules (``plugins/partition_none``, ``partition_peagle``:
-    a segment [x, y) owns depth-0 elements at anchors x .. y-1 and, under the chain rule, deeper ones at anchors
-    x-1 .. y-2, under the block rule at x .. y-1; it forwards what it owns plus every earlier depth-0 element (chain)
-    or every earlier element (block)). Cost: the depth times the partitions times log L, whatever L is."""
+                    shape: tuple[int, int]) -> Counts:
+    """``sampled_segments`` without the sequence: the same (forwarded rows, charged, anchors) per segment, counted
+    from the grid's per-depth counts and the built-in partitioners' rules (``plugins/partition_none``,
+    ``partition_peagle``: a segment [x, y) owns depth-0 elements at anchors x .. y-1 and, under the chain rule,
+    deeper ones at anchors x-1 .. y-2, under the block rule at x .. y-1; it forwards what it owns plus every earlier
+    depth-0 element (chain) or every earlier element (block)). Cost: the depth times the partitions times log L,
+    whatever L is."""
     shift, tail = shape
     n = cfg.seq_len - shift
     grid = _grid(n, tail, depth, training)
@@ -201,7 +207,7 @@ def _partitioner_key(cfg: MemoryConfig) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def segment_counts(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> tuple[list[tuple[int, int, int]], int]:
+def segment_counts(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> Counts:
     """Every segment's counts (``sampled_segments``): sampled up to ``SAMPLED_MAX_LEN``, in closed form beyond where the
     partitioner and the drafter's supervision are ones it describes, else run up to ``RUN_MAX_LEN`` and refused
     beyond with the reason."""

@@ -23,21 +23,22 @@ Estimator (an analytic model of what the code holds, checked against measured ch
                                                        gradient, formed in the forward, and a few [chunk, draft vocab]
                                                        blocks at a time)
 
-"Elements forwarded" is the drafter's ``Drafter.forwarded_rows`` of a segment's
-elements and anchors: one row per element unless the drafter runs others (DFlash runs each anchor's whole block).
+Element counts come from ``specframe.memory.counts`` (sampled, or in closed form for long sequences). "Elements
+forwarded" is the drafter's ``Drafter.forwarded_rows`` of a segment's elements and anchors: one row per element unless
+the drafter runs others (DFlash runs each anchor's whole block).
 Per-element byte counts were read off the saved-tensor sizes of ``specframe.modeling.DecoderLayer`` (about
 10.8 H + 4 I floats per element and layer), the row-chunked regime's from the tensors live at the peak of a
 long-context step (a ``TorchDispatchMode`` census), and the constants below (the process baseline and a per-step
 overhead) were read off a few measured runs; the tests and the benchmark check configurations that were not used to
 fit them (``benchmarks/results/memory_context.json`` has every measured point next to its estimate).
 
-The process pins glibc's mmap threshold (``pin_mmap_threshold``, called by the engine): with glibc's sliding
-threshold, freed blocks of a few tens of MiB stayed resident and an 8,192-token step peaked at 11.0 GiB instead of
-2.6 GiB. The estimator assumes the pinned threshold.
+The estimator assumes the process's pinned mmap threshold (``specframe.memory.guard.pin_mmap_threshold``, called by the
+engine).
 
 Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for every training
 sequence, the target forward computed without logits (``specframe.features``), activations and target weights in
-``dtype`` (fp32 by default; the drafter's weights, gradients and AdamW state are fp32 in every precision). Start-up transients (loading the target) are not estimated; the guard's measured peak includes them.
+``dtype`` (fp32 by default; the drafter's weights, gradients and AdamW state are fp32 in every precision). Start-up
+transients (loading the target) are not estimated; the guard's measured peak includes them.
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ import torch
 
 from specframe.attention_memory import AttentionShape
 from specframe.errors import SpecframeError, UsageError
+from specframe.memory.config import Estimate, MemoryConfig, resolved_plan
+from specframe.memory.counts import segment_counts
 
 # segments longer than ROW_CHUNK recompute a layer's position-wise parts in chunks
 from specframe.modeling import ROW_CHUNK, LayerShape
-from specframe.memory.config import Estimate, MemoryConfig, resolved_plan
-from specframe.memory.counts import segment_counts
 
 #: resident bytes of a training process before any model tensor: Python, torch, transformers, specframe and its
 #: plugins (measured: RSS before the first step minus the model tensors, 550-563 MiB here; CPU only:
