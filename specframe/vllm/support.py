@@ -28,22 +28,20 @@ from typing import Any
 
 from specframe.errors import SpecframeError
 
-#: layouts whose drafter reads the target's aux hidden states
-AUX_LAYOUTS = ("eagle3", "peagle", "parallelspec", "dflash", "dspark")
-#: layouts served by vLLM's Llama-based EAGLE-3 drafter model (its MLP: silu only)
-LLAMA_EAGLE3_LAYOUTS = ("eagle3", "peagle")
-
-
 def problems(layout: str, target_architectures: Sequence[str], drafter_hidden_act: str | None) -> list[str]:
     """Why the installed vLLM cannot serve a ``layout`` drafter for a target of ``target_architectures`` (empty: no
-    known reason)."""
-    found = []
-    if layout == "dspark":
-        found += [reason for reason in (dspark_runner_problem(), dspark_anchor_problem()) if reason]
-    if layout in LLAMA_EAGLE3_LAYOUTS and drafter_hidden_act not in (None, "silu"):
+    known reason). What the layout needs of vLLM is its row of the layout table (``specframe.layouts.table``)."""
+    from specframe.layouts import table
+
+    record = table.get(layout)
+    if record is None:
+        return []
+    probe = _METHOD_PROBES.get(record.method)
+    found = probe() if probe is not None else []
+    if record.silu_only and drafter_hidden_act not in (None, "silu"):
         found.append(f"vLLM's EAGLE-3 drafter model (llama_eagle3) builds only silu layers, and this drafter's "
                      f"activation is the target's {drafter_hidden_act}")
-    if layout in AUX_LAYOUTS:
+    if record.aux_hidden_states:
         for arch in target_architectures:
             cls = _model_class(arch)
             if cls is not None and not _supports_eagle3(cls):
@@ -186,6 +184,14 @@ def dspark_anchor_problem(algos: str | os.PathLike | None = None) -> str | None:
     return ("this vLLM's update_dspark serves every DSpark export as a bonus-anchor block (dspark_bonus_anchor "
             "hard-coded true; fixed by vllm-project/vllm PR #48639), so the anchor-first export would be served one "
             "slot off; install a vLLM with that fix")
+
+
+def _dspark_problems() -> list[str]:
+    return [reason for reason in (dspark_runner_problem(), dspark_anchor_problem()) if reason]
+
+
+#: what the installed vLLM is probed for before it serves a speculative method (by vLLM's method name)
+_METHOD_PROBES = {"dspark": _dspark_problems}
 
 
 def _architectures(target: str | os.PathLike) -> list[str]:
