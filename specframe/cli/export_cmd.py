@@ -1,11 +1,13 @@
 """``specframe export``: write a trained drafter in a checkpoint layout a serving engine loads (vLLM today).
 
-EAGLE-3 and P-EAGLE are written in the speculators format, which vLLM serves from the folder alone
-(``vllm serve EXPORT``): the folder names the verifier (``--verifier``, else the target: a local folder's absolute
-path, the converted folder for ``default``, or the hub id) and the number of draft tokens (``--k``, else the
-drafter's ``k_infer``). PARD is written as a plain causal LM with ``pard_token``. ``--checkpoint`` may also be a
-foreign drafter folder ``specframe.layouts.imports`` reads (speculators, SafeAILab / SpecForge EAGLE-3, PARD): it is
-imported and written again.
+The drafter picks its layout (``specframe.layouts.table``; the command's help lists them, and a test keeps that list
+equal to the table). EAGLE-3, P-EAGLE, DFlash and DSpark are written in the speculators format, which vLLM serves
+from the folder alone (``vllm serve EXPORT``): the folder names the verifier (``--verifier``, else the target: a
+local folder's absolute path, the converted folder for ``default``, or the hub id) and the number of draft tokens
+(``--k``, else the drafter's ``k_infer``). PARD is written as a plain causal LM with ``pard_token``, ParallelSpec as
+its EAGLE backbone with mask embeddings; both are served beside the target. ``--checkpoint`` may also be a foreign
+drafter folder ``specframe.layouts.imports`` reads (its formats, listed in the help likewise): it is imported and
+written again.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import click
 
 @click.command("export")
 @click.option("--checkpoint", required=True, type=click.Path(exists=True, file_okay=False),
-              help="A training checkpoint, a run's output folder (its latest checkpoint), or a speculators / "
-                   "SafeAILab / SpecForge EAGLE-3 or PARD folder to import and write again.")
+              help="A training checkpoint, a run's output folder (its latest checkpoint), or a drafter folder to "
+                   "import and write again (formats: speculators, eagle3-flat, peagle-flat, deepspec, "
+                   "specforge-dspark, parallelspec, pard).")
 @click.option("--format", "fmt", type=click.Choice(["vllm"]), default="vllm", show_default=True,
               help="Checkpoint layout to write.")
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="Folder to write (replaced atomically).")
@@ -33,7 +36,8 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print the export's manifest and speculative config as JSON.")
 def export(checkpoint: str, fmt: str, output: str, target: str | None, verifier: str | None, k: int | None,
            as_json: bool) -> None:
-    """Export a trained drafter for serving (vLLM: speculators EAGLE-3 / P-EAGLE, or a PARD causal LM)."""
+    """Export a trained drafter for serving in vLLM, in its drafter's layout: eagle3, peagle, dflash or dspark (the
+    speculators format, served from the folder alone), pard or parallelspec (served beside the target)."""
     from specframe.drafter_folders import export_checkpoint
     from specframe.layouts.export import DEFAULT_SPECULATIVE_TOKENS, speculative_config
 

@@ -1,22 +1,30 @@
 """The layout table (issue 55, item 1): a layout is one module and one table row. A fixture layout registered here,
 and nothing else edited, is recognised by the manifest reader, refused past its limits, enveloped and un-flattened,
-checked, re-targeted, imported and pre-start checked (fast, no vLLM)."""
+checked, re-targeted, imported and pre-start checked; and the lists of layouts in ``specframe export --help`` and the
+serving guide are the table's (fast, no vLLM)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from specframe.cli import main
 from specframe.errors import SpecframeError
 from specframe.layouts import export, imports, table
 from specframe.layouts.checks import check_shape, require_ints
 from specframe.layouts.speculators import IDENTITY_KEYS, envelope, layer_config, with_target_hidden_size
 from specframe.layouts.writing import write
 from specframe.vllm import support
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "guide" / "serving-vllm.md"
+
 
 # ------------------------------------------------------------------------------------------- the fixture layout:
 # what a new layout's module would hold, written against the layouts' public helpers only
@@ -128,3 +136,25 @@ def test_a_layout_out_of_the_table_is_unknown_again(tmp_path):
 def test_a_layout_name_is_registered_once():
     with pytest.raises(ValueError, match="registered twice"):
         table.register_layout(table.Layout(name="eagle3", method="eagle3", parallel_drafting=False, check=_check))
+
+
+# ------------------------------------------------------------------------------------ the lists kept to the table
+
+
+def test_the_export_help_lists_every_layout_and_format():
+    result = CliRunner().invoke(main, ["export", "--help"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    for name in table.names():
+        assert re.search(rf"\b{re.escape(name)}\b", text), f"`specframe export --help` does not name layout {name}"
+    for name in imports.FORMATS:
+        assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text), f"--help does not name format {name}"
+
+
+def test_the_serving_guide_lists_exactly_the_layouts_of_the_table():
+    rows = {}
+    for line in GUIDE.read_text().splitlines():
+        if m := re.match(r"\| `([a-z0-9_]+)` \| [^|]+ \| `([a-z0-9_]+)`(, `parallel_drafting`)? \|", line):
+            rows[m.group(1)] = (m.group(2), bool(m.group(3)))
+    assert rows == {r.name: (r.method, r.parallel_drafting) for r in table.layouts()}, (
+        f"{GUIDE.relative_to(ROOT)}'s table of layouts differs from specframe.layouts.table")
