@@ -3,8 +3,9 @@ environment where specframe is installed, whether or not the session tests a dra
 its one fixture imports torch and the targets only when a test asks for it (datasette's pytest plugin is lazy for the
 same reason). ``-p no:specframe`` leaves it out.
 
-The drafter contract is ``specframe.testing.DrafterContract``: a plugin author's test module imports it from there
-(which is when torch is imported) and subclasses it; its tests use the fixture below.
+The contracts are in ``specframe.testing``: ``DrafterContract`` (whose tests use the fixture below),
+``MaskBuilderContract``, ``PartitionerContract`` and ``VerifierContract``. A plugin author's test module imports one
+from there (which is when torch is imported) and subclasses it.
 """
 
 from __future__ import annotations

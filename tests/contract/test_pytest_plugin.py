@@ -25,5 +25,14 @@ def test_pytest_start_up_with_the_plugin_imports_no_torch(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
 
+def test_the_plugin_can_be_left_out(tmp_path):
+    (tmp_path / "test_without.py").write_text(
+        "def test_left_out(request):\n"
+        "    assert not request.config.pluginmanager.has_plugin('specframe')\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:specframe",
+                          str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
 def test_the_fixture_still_builds_the_tiny_target(specframe_tiny_target):
     assert specframe_tiny_target.config.vocab_size == 320 and specframe_tiny_target.num_layers == 4

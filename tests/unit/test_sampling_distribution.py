@@ -21,6 +21,7 @@ from tests.decoding_helpers import tiny_target
 
 from specframe import api, plugins
 from specframe.inference import TreeShape, generate
+from specframe.testing.verifiers import chi_square_pvalue
 
 VOCAB = 8
 PROMPT = (1, 5, 2)
@@ -120,23 +121,6 @@ def speculative_samples(verifier, propose, n: int, seed: int) -> list[tuple[int,
             seq += tuple(verifier.verify(logits, draft, g).emitted.tolist())
         out.append(seq[:N_TOKENS])
     return out
-
-
-def chi_square_pvalue(samples: list[tuple[int, ...]], exact: torch.Tensor) -> float:
-    counts = torch.zeros_like(exact)
-    for s in samples:
-        counts[s] += 1
-    expected = exact.flatten() * len(samples)
-    observed = counts.flatten()
-    order = expected.argsort(descending=True)
-    expected, observed = expected[order], observed[order]
-    # Pool the tail of small cells into one, so every cell expects at least 5 draws.
-    big = int((expected >= 5).sum())
-    e = torch.cat([expected[:big], expected[big:].sum().view(1)])
-    o = torch.cat([observed[:big], observed[big:].sum().view(1)])
-    stat = ((o - e) ** 2 / e).sum()
-    df = e.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2), stat / 2))
 
 
 class BrokenSampling(plugins.get("verifier", "sampling")):
