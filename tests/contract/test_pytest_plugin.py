@@ -19,7 +19,8 @@ def test_pytest_start_up_with_the_plugin_imports_no_torch(tmp_path):
     (tmp_path / "test_light.py").write_text(
         "import sys\n\ndef test_nothing_heavy(request):\n"
         "    assert request.config.pluginmanager.has_plugin('specframe')\n"
-        "    assert 'torch' not in sys.modules, 'the specframe pytest plugin imported torch at start-up'\n")
+        "    assert 'torch' not in sys.modules, 'the specframe pytest plugin imported torch at start-up'\n"
+        "    assert 'specframe.api' not in sys.modules, 'the specframe pytest plugin imported specframe.api'\n")
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
