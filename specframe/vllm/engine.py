@@ -226,19 +226,3 @@ def check_engine(target: str | os.PathLike, speculative_config: Mapping[str, Any
         support.prestart(None, target)
     else:
         support.prestart(target)
-
-
-# specframe/bench.py imports Job, Conversation and run_interleaved from here (bench was being split into a package
-# when this module was cut, issue 55 item 4); they live in specframe.vllm.jobs and specframe.vllm.interleaved. They
-# are looked up by name when first asked for, because an import of either module here would close a circle (both
-# import this one). Remove this once bench imports them from their own modules.
-_MOVED = {"Job": "specframe.vllm.jobs", "Conversation": "specframe.vllm.interleaved",
-          "run_interleaved": "specframe.vllm.interleaved"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
