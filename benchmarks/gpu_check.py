@@ -269,7 +269,7 @@ def tree_device_map(work: Path, assets, device: str) -> dict[str, Any]:
     on one device) equals plain decoding token for token."""
     import torch
 
-    from specframe import plugins
+    from specframe import compose
     from specframe.drafter_folders import load_drafter
     from specframe.inference.engine import TreeShape, generate
     from specframe.targets import load_target
@@ -286,7 +286,7 @@ def tree_device_map(work: Path, assets, device: str) -> dict[str, Any]:
     if len(used) < 2:
         raise AssertionError(f"device_map balanced put the target on {used} only")
     prompt = torch.tensor(target.tokenizer.encode("the quick brown fox jumps over"))
-    verifier = plugins.get("verifier", "greedy")()
+    verifier = compose.component("verifier", "greedy", {})
     plain = generate(target.model, prompt, verifier, max_new_tokens=32, eos_token_id=())
     tree = generate(target.model, prompt, verifier, load_drafter(checkpoint, target.config),
                     tree=TreeShape(depth=3, top_k=2, total_tokens=6), max_new_tokens=32, eos_token_id=())
@@ -319,14 +319,14 @@ def device_map_features(work: Path, assets, device: str) -> dict[str, Any]:
 def lossless_decoding(work: Path, assets, device: str) -> dict[str, Any]:
     import torch
 
-    from specframe import plugins
+    from specframe import compose
     from specframe.drafter_folders import load_drafter
     from specframe.inference.engine import generate
     from specframe.targets import load_target
 
     target = load_target(assets[0], device=device)
     prompt = torch.tensor(target.tokenizer.encode("the quick brown fox jumps over"))
-    greedy = plugins.get("verifier", "greedy")()
+    greedy = compose.component("verifier", "greedy", {})
     plain = generate(target.model, prompt, greedy, max_new_tokens=32, eos_token_id=())
     out = {}
     for drafter in drafters():

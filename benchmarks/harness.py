@@ -134,15 +134,13 @@ class Workspace:
             return self._aux_layers
         from transformers import AutoConfig
 
-        from specframe import plugins
+        from specframe import compose
         from specframe.targets import target_source
-        from specframe.structuring import structure_options
 
         config = AutoConfig.from_pretrained(target_source(self.target()))
         layers: set[int] = set()
         for name in self.preset.drafters:
-            cls = plugins.get("drafter", name)
-            spec = cls(config, structure_options(self.preset.train_options(name), cls.Options, name)).feature_spec()
+            spec = compose.component("drafter", name, self.preset.train_options(name), config).feature_spec()
             layers.update(getattr(spec, "aux_layers", None) or ())
         self._aux_layers = sorted(layers)
         return self._aux_layers

@@ -53,22 +53,21 @@ def _elements(layout: str, seq_len: int, depth: int):
 def child(builder_name: str, layout: str, seq_len: int, depth: int, repeats: int, chunk_size: int) -> dict:
     import torch
 
-    from specframe import plugins
+    from specframe import compose
 
     torch.set_num_threads(1)
     elements = _elements(layout, seq_len, depth)
     n = len(elements)
     g = torch.Generator().manual_seed(0)
     q, k, v, grad = (torch.randn(1, HEADS, n, HEAD_DIM, generator=g) for _ in range(4))
-    cls = plugins.get("mask builder", builder_name)
     options = {"chunked": {"chunk_size": chunk_size}, "precomputed": {"max_len": seq_len}}.get(builder_name, {})
     # Warm up on a tiny input first so one-off allocations (kernels, thread pools) are not charged to the builder.
     tiny = _elements("grid", 8, depth)
     t = torch.randn(1, HEADS, len(tiny), HEAD_DIM, requires_grad=True)
-    cls().build(tiny, tiny)(t, t, t).sum().backward()
+    compose.component("mask builder", builder_name, {}).build(tiny, tiny)(t, t, t).sum().backward()
     _reset_hwm()
     base = _hwm_bytes()
-    builder = cls(cls.Options(**options))
+    builder = compose.component("mask builder", builder_name, options)
     build_s, call_s = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()

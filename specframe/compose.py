@@ -1,10 +1,12 @@
 """The composition root: where the names in a run config become components.
 
-A run config names its target, data, drafter, mask builder and partitioner. Their classes come from the plugin
-registry and their options are structured (``specframe.structuring``: one converter, one error format) here and
-nowhere else, so a name means the same component with the same defaults, and a bad option the same message, whether a
-config is checked without a target (``run_config.resolve``, ``--print-config``), a run is built (the engine), costed
-(``specframe.memory``) or a checkpoint reopened (``specframe.drafter_folders``).
+A run config names its target, data, drafter, mask builder and partitioner; a comparison its verifiers. Their
+classes come from the plugin registry and their options are structured (``specframe.structuring``: one converter, one
+error format) here and nowhere else (``options``), and ``component`` is the one constructor of a component from a
+name and options. So a name means the same component with the same defaults, and a bad option the same message,
+whether a config is checked without a target (``run_config.resolve``, ``--print-config``), a run is built (the
+engine, from the ``Plan``), costed (``specframe.memory``), a checkpoint reopened (``specframe.drafter_folders``), a
+comparison set up (``specframe.bench``) or an option typed inline (``--drafter peagle:layers=4``: ``named``).
 
 One ``train`` resolves its names once: ``plan`` gives a ``Plan``, which the CLI hands to the engine
 (``specframe.engine.assembly`` builds the parts from it) and the engine to the memory estimate. This module stays
@@ -21,37 +23,60 @@ import torch
 
 from specframe import api, plugins
 from specframe.errors import UsageError
-from specframe.structuring import structure_options, unstructure
+from specframe.structuring import inline, structure_options, unstructure
 
 
 def _prefix(where: str | None) -> str:
     return f"{where}: " if where else ""
 
 
+#: per plugin kind, an inline spelling that shows the syntax (``structuring.inline``'s one error)
+EXAMPLES = {
+    "drafter": "peagle:layers=4,k_infer=3", "mask builder": "chunked:chunk_size=256",
+    "partitioner": "peagle:KEY=VALUE", "verifier": "scheduled:skip_drafting=true",
+}
+
+
+def options(kind: str, name: str, table: dict[str, Any], where: str | None = None) -> tuple[type, Any]:
+    """The ``kind`` class registered as ``name`` and its typed options (every default filled in) from ``table`` (a
+    file's table, a checkpoint's record, inline options: ``structuring.Text`` values are typed by the field)."""
+    cls = plugins.get(kind, name)
+    if not attrs.has(cls.Options):  # a component without options (greedy) takes none
+        if table:
+            raise UsageError(f"{_prefix(where)}{kind} '{name}' has no options, got {', '.join(table)}")
+        return cls, cls.Options()
+    return cls, structure_options(table, cls.Options, f"{_prefix(where)}{kind} '{name}'")
+
+
+def component(kind: str, name: str, table: dict[str, Any], *args: Any, where: str | None = None) -> Any:
+    """The one constructor of a component from a name and options: the ``kind`` registered as ``name``, built with
+    ``args`` (a drafter's target config) and its options structured from ``table``."""
+    cls, typed = options(kind, name, table, where)
+    return cls(*args, typed)
+
+
+def named(kind: str, text: str) -> tuple[str, dict[str, Any]]:
+    """A component named with its options inline (``peagle:layers=4``; ``structuring.inline``) -> the name and the
+    options as typed (text, typed when the component is built)."""
+    return inline(text, kind, EXAMPLES[kind])
+
+
 def drafter(name: str, table: dict[str, Any], where: str | None = None) -> tuple[type, Any]:
     """The drafter class registered as ``name`` and its typed options (every default filled in)."""
-    cls = plugins.get("drafter", name)
-    return cls, structure_options(table, cls.Options, f"{_prefix(where)}drafter '{name}'")
+    return options("drafter", name, table, where)
 
 
 def mask_builder(name: str, table: dict[str, Any], where: str | None = None) -> tuple[type, Any]:
-    cls = plugins.get("mask builder", name)
-    return cls, structure_options(table, cls.Options, f"{_prefix(where)}mask builder '{name}'")
+    return options("mask builder", name, table, where)
 
 
 def partitioner(name: str, table: dict[str, Any], where: str | None = None) -> tuple[type, Any]:
-    cls = plugins.get("partitioner", name)
-    return cls, structure_options(table, cls.Options, f"{_prefix(where)}partitioner '{name}'")
+    return options("partitioner", name, table, where)
 
 
 def verifier(name: str, table: dict[str, Any], where: str | None = None) -> tuple[type, Any]:
-    """The verifier class registered as ``name`` and its typed options (``bench acceptance --also-verifier``)."""
-    cls = plugins.get("verifier", name)
-    if not attrs.has(cls.Options):
-        if table:
-            raise UsageError(f"{_prefix(where)}verifier '{name}' has no options, got {', '.join(table)}")
-        return cls, cls.Options()
-    return cls, structure_options(table, cls.Options, f"{_prefix(where)}verifier '{name}'")
+    """The verifier class registered as ``name`` and its typed options."""
+    return options("verifier", name, table, where)
 
 
 def mask_builder_name(name: str | None, device: torch.device | str | None) -> str | None:

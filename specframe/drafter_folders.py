@@ -94,8 +94,7 @@ def _load_drafter(kind: str, directory: Path, target_config: Any, tokenizer: Any
     if kind == CHECKPOINT:
         check_files(directory)
         config = read_json(directory / "config.json", "the checkpoint's run config")
-        cls, options = compose.drafter(config["drafter"], config.get("drafter_options", {}))
-        drafter = cls(target_config, options)
+        drafter = compose.component("drafter", config["drafter"], config.get("drafter_options", {}), target_config)
         drafter.load(directory)
         return drafter
     imported = imports.read(directory, target_config)
@@ -105,8 +104,9 @@ def _load_drafter(kind: str, directory: Path, target_config: Any, tokenizer: Any
             imports.check_tokenizer(imported.directory, tokenizer)
         except SpecframeError as e:
             raise SpecframeError(f"cannot import {directory}: {e}") from None
-    cls = plugins.get("drafter", imported.plugin)
-    drafter = cls(target_config, imports.drafter_options(imported, cls))
+    # the options the drafter declares for the folder's shape (``Drafter.import_options``), structured as any other
+    drafter = compose.component("drafter", imported.plugin, plugins.get("drafter", imported.plugin).import_options(
+        imported), target_config)
     drafter.import_weights(imported)
     return drafter
 

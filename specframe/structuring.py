@@ -5,12 +5,20 @@ A value is taken only as it is written: cattrs' own int / float / str hooks woul
 ``str(3)``), and a setting that was guessed at is worse than one refused. An unknown key, a missing one or a value of
 the wrong type is one ``UsageError`` that names the key, e.g.
 ``run.yaml: drafter 'peagle' options: unknown key 'layerz' (did you mean 'layers'?) (known options: layers, ...)``.
+
+Options given inline (``--drafter peagle:layers=4,k_infer=3``, the one syntax every component kind takes on every
+command) are read here too (``inline``): each value stays the text typed (``Text``) until ``structure`` types it by
+the field it sets, so ``layers=4`` is the integer 4 and ``name=8`` the string '8'.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
+import re
+import types
+import typing
+from typing import Any, Literal
 
 import attrs
 import cattrs
@@ -72,6 +80,62 @@ def _usage_error(exc: BaseException) -> UsageError | None:
     return None
 
 
+class Text(str):
+    """A value typed as text on the command line (an inline option): ``structure`` types it by the field it sets."""
+
+
+def _texts(kind: Any) -> bool:
+    """Whether a field of type ``kind`` takes text as it is written (``str``, ``str | None``, a ``Literal`` of
+    strings): its value is the text, never the text read as JSON."""
+    if kind is str:
+        return True
+    if typing.get_origin(kind) is Literal:
+        return all(isinstance(arg, str) for arg in typing.get_args(kind))
+    args = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    return typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1 and _texts(args[0])
+
+
+def _typed(value: Text, kind: Any) -> Any:
+    """An inline option's text as its field reads it: the text itself for a text field (``null`` is None where None
+    is allowed), else the text read as JSON (``4``, ``true``, ``[1.0, 2.0]``), else the text (refused by the field's
+    own check with the usual message)."""
+    if _texts(kind) and not (value == "null" and type(None) in typing.get_args(kind)):
+        return str(value)
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return str(value)
+
+
+#: a comma ends an inline option only where the next KEY= starts, so a JSON list's commas stay inside its value
+_ITEMS = re.compile(r",(?=\s*[A-Za-z_]\w*\s*=)")
+
+
+def inline(text: str, kind: str, example: str) -> tuple[str, dict[str, Text]]:
+    """``NAME`` or ``NAME:KEY=VALUE,KEY=VALUE`` (a component named with its options inline, as every ``--drafter``,
+    ``--mask-builder``, ``--partitioner`` and ``--verifier`` takes it) -> the name and its options, each value the
+    text typed (``Text``, typed later by the component's ``Options``). ``kind`` and ``example`` (``peagle:layers=4``)
+    word the one error, for an item that is not KEY=VALUE."""
+    name, _, rest = text.partition(":")
+    given: dict[str, Text] = {}
+    for item in filter(None, (part.strip() for part in _ITEMS.split(rest))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise UsageError(f"{kind} option '{item}' in '{text}' is not KEY=VALUE (e.g. {example})")
+        given[key.strip()] = Text(value.strip())
+    return name.strip(), given
+
+
+def _type_texts(data: dict[str, Any], cls: type) -> dict[str, Any]:
+    if not any(isinstance(value, Text) for value in data.values()):
+        return data
+    try:
+        kinds = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: the field's value is read as JSON
+        kinds = {}
+    return {key: _typed(value, kinds.get(key)) if isinstance(value, Text) else value for key, value in data.items()}
+
+
 def structure(data: dict[str, Any], cls: type, where: str, known: str = "known keys") -> Any:
     """``cls`` (an attrs class) from ``data``; an unknown key or a value of the wrong type is one ``UsageError``
     prefixed with ``where`` and naming the key, e.g. ``run.yaml: seq_len must be an integer, got 'long' (str)``."""
@@ -82,7 +146,7 @@ def structure(data: dict[str, Any], cls: type, where: str, known: str = "known k
             f"{where}: unknown key '{extra[0]}'{did_you_mean(extra[0], names)} ({known}: {', '.join(names) or 'none'})"
         )
     try:
-        return CONVERTER.structure(dict(data), cls)
+        return CONVERTER.structure(_type_texts(data, cls), cls)
     except UsageError:  # a validator's message already names its option
         raise
     except cattrs.BaseValidationError as exc:

@@ -17,33 +17,23 @@ PLAIN = "plain"
 
 
 def verifier_spec(text: str) -> tuple[str, api.Verifier]:
-    """``NAME`` or ``NAME:KEY=VALUE,KEY=VALUE`` (values read as JSON where they parse, else as text: ``true``, ``8``,
-    ``[1.0, 2.0]``) -> (the label suffix, the verifier with those options, checked by its ``Options``)."""
-    import json
-    import re
-
+    """``NAME`` or ``NAME:KEY=VALUE,KEY=VALUE`` (the inline options every component takes: ``compose.named``; a value
+    is typed by the verifier's ``Options``: ``true``, ``8``, ``[1.0, 2.0]``) -> (the label suffix, the verifier with
+    those options)."""
     from specframe import compose
 
-    name, _, rest = text.partition(":")
-    given: dict[str, Any] = {}
-    # a comma ends an option only where the next KEY= starts, so a JSON list's commas stay inside its value
-    for item in filter(None, (part.strip() for part in re.split(r",(?=\s*[A-Za-z_]\w*\s*=)", rest))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise UsageError(f"verifier option '{item}' in '{text}' is not KEY=VALUE (e.g. scheduled:skip_drafting=true)")
-        try:
-            given[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            given[key.strip()] = value.strip()
-    cls, options = compose.verifier(name.strip(), given)
-    return text.strip(), cls(options)
+    name, given = compose.named("verifier", text)
+    return text.strip(), compose.component("verifier", name, given)
 
 
 def make_verifier(name: str, *, temperature: float | None = None, top_k: int | None = None,
                   top_p: float | None = None) -> api.Verifier:
-    """A verifier by name with its sampling options; options the verifier does not have are refused."""
-    from specframe import plugins
+    """A verifier by name (options inline: ``sampling:temperature=0.5``) with its sampling options; options the
+    verifier does not have are refused, and so is an option given both inline and as a flag."""
+    from specframe import compose, plugins
 
+    text = name
+    name, inline = compose.named("verifier", text)
     cls = plugins.get("verifier", name)
     given = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
     known = {a.name for a in attrs.fields(cls.Options)} if attrs.has(cls.Options) else set()
@@ -53,11 +43,10 @@ def make_verifier(name: str, *, temperature: float | None = None, top_k: int | N
         raise UsageError(
             f"verifier '{name}' has no {', '.join(unknown)} option ({has}); use --verifier sampling or tree to sample"
         )
-    try:
-        options = cls.Options(**given)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"invalid options for verifier '{name}': {exc}") from None
-    return cls(options)
+    twice = sorted(set(given) & set(inline))
+    if twice:
+        raise UsageError(f"--verifier {text} and --{twice[0].replace('_', '-')} both set {twice[0]}: give it once")
+    return compose.component("verifier", name, {**inline, **given})
 
 
 def is_greedy(verifier: api.Verifier) -> bool:
@@ -145,11 +134,12 @@ def checkpoint_method(path: str | Path, target_config: Any, *, k: int | None = N
 
 def plugin_method(name: str, target_config: Any, *, k: int = 5, tree: TreeShape | None = None,
                   label: str | None = None) -> Method:
-    """An untrained drafter plugin by name (the ``ngram`` baseline)."""
-    from specframe import plugins
+    """An untrained drafter plugin by name, options inline (``ngram:n_max=4``; the ``ngram`` baseline)."""
+    from specframe import compose
 
     if k < 1:
         raise UsageError(f"--k must be positive, got {k}")
-    drafter = plugins.get("drafter", name)(target_config)
+    plugin, options = compose.named("drafter", name)
+    drafter = compose.component("drafter", plugin, options, target_config)
     k, tree = _shape(drafter, k, tree)
-    return Method(label=label or name, drafter=drafter, k=k, tree=tree)
+    return Method(label=label or name.strip(), drafter=drafter, k=k, tree=tree)

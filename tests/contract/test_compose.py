@@ -154,7 +154,7 @@ def test_names_become_components_only_in_the_composition_root():
     (``structuring`` defines it; ``testing`` and ``Drafter.from_checkpoint`` build a class they are handed), and only ``structuring``
     makes a cattrs converter or calls cattrs' global one."""
     offenders, converters = [], []
-    for path in sorted((ROOT / "specframe").rglob("*.py")):
+    for path in [*sorted((ROOT / "specframe").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]:
         rel = path.relative_to(ROOT).as_posix()
         tree = ast.parse(path.read_text())
         # Drafter.from_checkpoint (interfaces/checkpoint, once api) and the test kit build a class they were handed,
@@ -169,3 +169,56 @@ def test_names_become_components_only_in_the_composition_root():
         if (_calls(tree, "Converter") or cattrs_calls) and rel != "specframe/structuring.py":
             converters.append(rel)
     assert offenders == [] and converters == []
+
+
+def _looked_up(node: ast.AST) -> bool:
+    """``plugins.get(...)`` / ``registry.get(...)``: a registered class looked up by name."""
+    return (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get"
+            and getattr(node.func.value, "id", None) in ("plugins", "registry"))
+
+
+def _builds_components(tree: ast.AST) -> list[int]:
+    """Lines where a registered component is built past ``compose.component``: a looked-up class called
+    (``plugins.get(kind, name)(...)``, or through the name it was bound to) or an ``Options`` made from a table
+    (``cls.Options(**table)``, past the converter and its error format)."""
+    bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and _looked_up(n.value)
+             for t in n.targets if isinstance(t, ast.Name)}
+    lines = []
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Call):
+            continue
+        if _looked_up(n.func) or (isinstance(n.func, ast.Name) and n.func.id in bound):
+            lines.append(n.lineno)
+        elif getattr(n.func, "attr", None) == "Options" and any(k.arg is None for k in n.keywords):
+            lines.append(n.lineno)
+    return lines
+
+
+def test_components_are_built_only_by_compose_component():
+    """One constructor (issue 55, item 2): the core and the benchmark scripts build a registered component from a
+    name and options only through ``compose.component``. The test kit (``specframe.testing``) builds the classes and
+    names a test hands it."""
+    allowed = {
+        "specframe/compose.py",
+        # Imported.drafter_options: no caller since drafter_folders builds imported drafters through compose
+        "specframe/layouts/imported.py",
+    }
+    offenders = {}
+    for path in [*sorted((ROOT / "specframe").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in allowed or rel.startswith("specframe/testing/"):
+            continue
+        lines = _builds_components(ast.parse(path.read_text()))
+        if lines:
+            offenders[rel] = lines
+    assert offenders == {}
+
+
+def test_the_check_sees_a_component_built_past_compose():
+    planted = """
+cls = plugins.get("verifier", name)
+verifier = cls(options)
+builder = registry.get("mask builder", "dense")()
+options = cls.Options(**table)
+"""
+    assert _builds_components(ast.parse(planted)) == [3, 4, 5]
