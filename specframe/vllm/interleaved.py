@@ -1,7 +1,8 @@
 """Several vLLM engines measured side by side on the same prompts: ``run_interleaved`` (every engine kept alive in
 ``EngineProcesses``, prompt turns interleaved across them, the order rotating per repeat and prompt, so a machine
-slowing down mid-run slows every engine alike) with its records ``Conversation``, ``Trial`` and ``Interleaved``;
-and ``compare``, plain then speculative decoding of the same prompts in one child, as a ``Comparison``."""
+slowing down mid-run slows every engine alike) with its records ``Conversation``, ``VllmTrial`` and ``Interleaved``;
+and ``compare_to_plain``, plain then speculative decoding of the same prompts in one child, as a ``VllmComparison``
+(named for vLLM: ``Trial``, ``Comparison`` and ``compare`` are ``specframe.bench``'s, the reference engine's)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class Conversation:
 
 
 @attrs.frozen
-class Trial:
+class VllmTrial:
     """One engine on one prompt turn in one repeat."""
 
     label: str
@@ -46,7 +47,7 @@ class Interleaved:
     """What ``run_interleaved`` measured: every trial, the prompt ids each turn was asked with (key ``id#turn``),
     each engine's start-up time and the CPU list vLLM's threads were pinned to."""
 
-    trials: tuple[Trial, ...]
+    trials: tuple[VllmTrial, ...]
     contexts: dict[str, list[int]]
     startup_seconds: dict[str, float]
     threads_bind: str
@@ -90,7 +91,7 @@ def run_interleaved(
         tok.chat_template = Path(chat_template).read_text(encoding="utf-8")
     known: dict[str, list[int]] = {k: [int(t) for t in v] for k, v in (contexts or {}).items()}
     answers: dict[str, list[dict[str, str]]] = {}
-    trials: list[Trial] = []
+    trials: list[VllmTrial] = []
     say = progress or (lambda message: None)
     started = time.perf_counter()
     with EngineProcesses(jobs, options) as engines:
@@ -116,7 +117,7 @@ def run_interleaved(
                     for label in labels[shift:] + labels[:shift]:
                         generations = engines.generate_together(label, asked, max_new_tokens)
                         for conv, ids, generation in zip(members, asked, generations):
-                            trials.append(Trial(label, conv.id, turn, repeat, len(ids), generation))
+                            trials.append(VllmTrial(label, conv.id, turn, repeat, len(ids), generation))
                             if label == plain and len(answers.get(conv.id, [])) == 2 * turn:
                                 answer = tok.decode(list(generation.tokens), skip_special_tokens=True).strip()
                                 answers[conv.id] = [*answers.get(conv.id, []),
@@ -128,7 +129,7 @@ def run_interleaved(
 
 
 @attrs.frozen
-class Comparison:
+class VllmComparison:
     """Plain and speculative vLLM on the same prompts, measured in one run."""
 
     plain: VllmRun
@@ -148,7 +149,7 @@ class Comparison:
         }
 
 
-def compare(
+def compare_to_plain(
     target: str | os.PathLike,
     prompts: Sequence[Sequence[int]],
     speculative_config: Mapping[str, Any],
@@ -156,7 +157,7 @@ def compare(
     max_new_tokens: int = 256,
     ignore_eos: bool = False,
     options: EngineOptions = EngineOptions(),
-) -> Comparison:
+) -> VllmComparison:
     """Plain decoding, then speculative decoding, of ``prompts`` on ``target``, one engine after the other in one child process;
     speedup = OTPS(speculative) / OTPS(plain) as docs/design.md section 8 defines it."""
     plain, spec = run_jobs(
@@ -164,7 +165,7 @@ def compare(
         prompts, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, options=options,
     )
     k = int(speculative_config["num_speculative_tokens"])
-    return Comparison(
+    return VllmComparison(
         plain=plain,
         speculative=spec,
         metrics=spec.metrics(k, baseline=plain),
