@@ -10,9 +10,9 @@ the comparison sees the engines, not the storage rounding), per dtype (fp32, bf1
 flipping every repeat, so the machine's load falls on both; a child's sequences/s come from its own report (the
 capture loop only: loading the target and starting vLLM are excluded and recorded as wall time), the load beside it
 from ``harness.beside_cores``. Then, per dtype, the vLLM cache is compared with the transformers cache of the same
-repeat on every conversation and every stored state (``feature_gate.compare``: min cosine per position, max-abs
-error over the reference's largest value), and, as the margin a bound must keep, the transformers states of each aux
-layer against its neighbour's (the off-by-one that has hit others).
+repeat on every conversation and every stored state (``feature_gate.compare_features``: min cosine per position,
+max-abs error over the reference's largest value), and, as the margin a bound must keep, the transformers states of
+each aux layer against its neighbour's (the off-by-one that has hit others).
 Writes ``benchmarks/results/feature_engines_cpu.json``.
 """
 
@@ -55,11 +55,11 @@ def measure(engine: str, dtype: str, args, scratch: Path, repeat: int) -> dict:
 
 def distance(ref_cache: Path, got_cache: Path, dtype: str) -> dict:
     from specframe.cache import FeatureCache
-    from specframe.feature_gate import compare
+    from specframe.feature_gate import compare_features
 
     ref, got = FeatureCache(ref_cache), FeatureCache(got_cache)
-    rep = compare([{"aux": x.aux_hidden, "final": x.final_hidden} for x in ref],
-                  [{"aux": x.aux_hidden, "final": x.final_hidden} for x in got], ref.aux_layers, dtype)
+    rep = compare_features([{"aux": x.aux_hidden, "final": x.final_hidden} for x in ref],
+                           [{"aux": x.aux_hidden, "final": x.final_hidden} for x in got], ref.aux_layers, dtype)
     return rep.as_dict()
 
 
@@ -70,7 +70,7 @@ def neighbours(conversations: int, max_length: int) -> dict:
 
     from specframe.data.chat import encode_dataset
     from specframe.data.specs import load_data
-    from specframe.feature_gate import compare
+    from specframe.feature_gate import compare_features
     from specframe.features import FeatureSpec, capture_features, default_aux_layers
     from specframe.targets import load_target
 
@@ -84,7 +84,7 @@ def neighbours(conversations: int, max_length: int) -> dict:
         f = capture_features(target, torch.tensor([e.input_ids]), spec).aux[0].unflatten(-1, (2 * len(aux), -1))
         here.append({"aux": f[:, : len(aux)].flatten(-2)})
         there.append({"aux": f[:, len(aux):].flatten(-2)})
-    return compare(here, there, aux, "fp32").as_dict() | {"compared": [[a, a + 1] for a in aux]}
+    return compare_features(here, there, aux, "fp32").as_dict() | {"compared": [[a, a + 1] for a in aux]}
 
 
 def main() -> None:

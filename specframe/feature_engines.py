@@ -53,12 +53,12 @@ def engine_features(engine: Any, target: Any, prompts: list[list[int]], batch: l
 
 def parity_gate(target: Any, prompts: list[list[int]], candidate: dict[int, tuple[Any, Any]],
                  spec: FeatureSpec) -> Any:
-    """``specframe.feature_gate.compare`` of ``candidate`` (features per conversation index, in order) against the
-    target's own forward over each prompt alone."""
+    """``specframe.feature_gate.compare_features`` of ``candidate`` (features per conversation index, in order)
+    against the target's own forward over each prompt alone."""
     import torch
 
     from specframe.devices import DTYPES
-    from specframe.feature_gate import compare
+    from specframe.feature_gate import compare_features
     from specframe.features import apply_final_norm
 
     spelled = {getattr(torch, full): short for short, full in DTYPES.items()}  # torch.bfloat16 -> "bf16"
@@ -82,7 +82,7 @@ def parity_gate(target: Any, prompts: list[list[int]], candidate: dict[int, tupl
         neighbours.append({name: {(f"layer {j}" if name != "final" else f"layer {j} through the final norm"):
                                   (streams[j] if name != "final" else apply_final_norm(target, streams[j]))
                                   for j in js} for name, js in near.items()})
-    return compare(ref, got, aux, dtype, neighbours)
+    return compare_features(ref, got, aux, dtype, neighbours)
 
 
 def check_engine(engine: Any, spec: FeatureSpec, num_layers: int, gate_sequences: Any, use: str) -> None:

@@ -140,8 +140,9 @@ def _check(name: str, ref: Any, got: Any, neighbours: dict[str, Any] | None = No
                       float(cos.mean()) if cos.numel() else 1.0, near, near_cos)
 
 
-def compare(reference: Sequence[dict[str, Any]], candidate: Sequence[dict[str, Any]], aux_layers: Sequence[int],
-            dtype: str, neighbours: Sequence[dict[str, Any]] | None = None) -> GateReport:
+def compare_features(reference: Sequence[dict[str, Any]], candidate: Sequence[dict[str, Any]],
+                     aux_layers: Sequence[int], dtype: str,
+                     neighbours: Sequence[dict[str, Any]] | None = None) -> GateReport:
     """Compare per-sequence features (dicts of ``aux`` [T, A*H] and ``final`` [T, H], either absent) of two engines.
 
     ``neighbours``: per sequence, the reference's states of the layers next to each declared one, keyed by the

@@ -202,7 +202,7 @@ def test_vllm_capture_answers_as_plain_vllm_and_its_cache_equals_prepares(tmp_pa
     cache equals transformers' for the same answers within the fp32 bound on every conversation."""
     from specframe.data.default import interleave_sources
     from specframe.data.specs import load_data
-    from specframe.feature_gate import BOUNDS, compare
+    from specframe.feature_gate import BOUNDS, compare_features
     from specframe.targets import load_target
     from tests.train_fixtures import write_chat
     from tests.vllm_fixtures import build_target
@@ -229,7 +229,7 @@ def test_vllm_capture_answers_as_plain_vllm_and_its_cache_equals_prepares(tmp_pa
                   dtype="float32", max_length=512 + 40 + CLOSING_TOKENS, draft_vocab=None)
     ref = [{"aux": y.aux_hidden, "final": y.final_hidden} for y in FeatureCache(tmp_path / "ref")]
     new = [{"aux": x.aux_hidden, "final": x.final_hidden} for x in FeatureCache(tmp_path / "cache")]
-    whole = compare(ref, new, (1, 2, 3), "fp32")
+    whole = compare_features(ref, new, (1, 2, 3), "fp32")
     assert len(ref) == len(new) and whole.passed and whole.bound == BOUNDS["fp32"], whole.failures
 
 

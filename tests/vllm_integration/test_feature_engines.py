@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from specframe.cache import FeatureCache, prepare_cache
 from specframe.errors import SpecframeError
 from specframe.feature_engines import engine_layer_ids
-from specframe.feature_gate import BOUNDS, GateReport, compare, describe_engine
+from specframe.feature_gate import BOUNDS, GateReport, compare_features, describe_engine
 from specframe.features import FeatureSpec, apply_final_norm
 from specframe.vllm import vllm_available
 from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
@@ -168,22 +168,22 @@ def test_gate_bounds_by_dtype():
     ref = _features(0)
     # bf16 rounding of the reference: within the bf16 bound, far outside the fp32 one
     rounded = [{k: v.bfloat16().float() for k, v in r.items()} for r in ref]
-    assert compare(ref, rounded, (1, 2), "bf16").passed
-    fp32 = compare(ref, rounded, (1, 2), "fp32")
+    assert compare_features(ref, rounded, (1, 2), "bf16").passed
+    fp32 = compare_features(ref, rounded, (1, 2), "fp32")
     assert not fp32.passed and len(fp32.failures) == 3
-    exact = compare(ref, ref, (1, 2), "fp32")
+    exact = compare_features(ref, ref, (1, 2), "fp32")
     assert exact.passed and all(c.min_cosine == pytest.approx(1.0) and c.max_abs_error == 0 for c in exact.layers)
     # one position's error larger than the bound fails by max-abs even when the cosines stay high
     spiked = [{k: v.clone() for k, v in r.items()} for r in ref]
     scale = float(torch.cat([r["final"] for r in ref]).abs().max())
     spiked[1]["final"][3, 5] += 2 * BOUNDS["fp32"].max_rel_error * scale
-    rep = compare(ref, spiked, (1, 2), "fp32")
+    rep = compare_features(ref, spiked, (1, 2), "fp32")
     assert [c.layer for c in rep.layers if c.failure(rep.bound)] == ["final"]
     assert GateReport.from_dict(json.loads(json.dumps(rep.as_dict()))) == rep
     with pytest.raises(SpecframeError, match="no parity bound for dtype int8"):
-        compare(ref, ref, (1, 2), "int8")
+        compare_features(ref, ref, (1, 2), "int8")
     with pytest.raises(SpecframeError, match="3 reference sequences, 2 to check"):
-        compare(ref, ref[:2], (1, 2), "fp32")
+        compare_features(ref, ref[:2], (1, 2), "fp32")
 
 
 def test_a_state_nearer_its_neighbour_fails_inside_a_loose_bound():
@@ -193,12 +193,12 @@ def test_a_state_nearer_its_neighbour_fails_inside_a_loose_bound():
     own = torch.randn(40, 16, generator=g)
     nxt = own + 0.05 * torch.randn(40, 16, generator=g)  # a neighbour within the bf16 bound of its own layer
     ref, near = [{"final": own}], [{"final": {"layer 3 through the final norm": nxt}}]
-    assert compare(ref, [{"final": nxt}], (), "bf16").passed  # the bound alone lets the wrong layer through
-    rep = compare(ref, [{"final": nxt}], (), "bf16", near)
+    assert compare_features(ref, [{"final": nxt}], (), "bf16").passed  # the bound alone lets the wrong layer through
+    rep = compare_features(ref, [{"final": nxt}], (), "bf16", near)
     want = ("final: closer to layer 3 through the final norm (mean cosine 1.000000) than to its own layer "
             f"({rep.layers[0].mean_cosine:.6f}), as a layer id off by one gives")
     assert rep.failures == [want]
-    honest = compare(ref, [{"final": own + 1e-3 * torch.randn(40, 16, generator=g)}], (), "bf16", near)
+    honest = compare_features(ref, [{"final": own + 1e-3 * torch.randn(40, 16, generator=g)}], (), "bf16", near)
     assert honest.passed and honest.layers[0].neighbour_cosine < honest.layers[0].mean_cosine
 
 
@@ -258,7 +258,7 @@ def test_vllm_cache_matches_transformers_and_trains_alike_and_the_gate_catches_a
     bound = BOUNDS["fp32"]
     ref = [{"aux": y.aux_hidden, "final": y.final_hidden} for y in FeatureCache(tmp_path / "t")]
     got = [{"aux": x.aux_hidden, "final": x.final_hidden} for x in FeatureCache(tmp_path / "v")]
-    whole = compare(ref, got, spec.aux_layers, "fp32")  # every conversation, not only the gate's first ones
+    whole = compare_features(ref, got, spec.aux_layers, "fp32")  # every conversation, not only the gate's first ones
     assert whole.passed and whole.bound == bound, whole.failures
     assert FeatureCache(tmp_path / "v").engine["vllm"]
 
@@ -459,7 +459,7 @@ def test_smollm2_cache_from_vllm_matches_transformers_within_the_fp32_bound(tmp_
     assert rep.gate.passed, rep.gate.failures
     ref = [{"aux": y.aux_hidden, "final": y.final_hidden} for y in FeatureCache(tmp_path / "t")]
     got = [{"aux": x.aux_hidden, "final": x.final_hidden} for x in FeatureCache(tmp_path / "v")]
-    whole = compare(ref, got, spec.aux_layers, "fp32")
+    whole = compare_features(ref, got, spec.aux_layers, "fp32")
     assert whole.passed and len(ref) == rep.examples >= 4, whole.failures
 
 
