@@ -42,12 +42,13 @@ class Components:
         return self.plan.training
 
 
-def load_target(cfg: TrainConfig) -> Any:
-    """The run's target, as its config asks (dtype, chat template, device map; remote code only when allowed)."""
-    from specframe.targets import load_target as load
+def load_run_target(cfg: TrainConfig) -> Any:
+    """The run's target, as its config asks (dtype, chat template, device map; remote code only when allowed):
+    ``specframe.targets.load_target`` with the run config's settings."""
+    from specframe.targets import load_target
 
-    return load(cfg.target, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code,
-                chat_template=cfg.chat_template, device_map=cfg.device_map)
+    return load_target(cfg.target, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code,
+                       chat_template=cfg.chat_template, device_map=cfg.device_map)
 
 
 def build(plan: compose.Plan, cfg: TrainConfig, target_config: Any, device: torch.device) -> Components:

@@ -128,7 +128,7 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         if target is None:
-            target = assembly.load_target(cfg)
+            target = assembly.load_run_target(cfg)
         self.target = target
         if getattr(target.model, "hf_device_map", None) is None:  # a device_map placed it already
             target.model.to(self.device)
