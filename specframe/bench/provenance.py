@@ -23,9 +23,9 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def recorded_target(checkpoints: Sequence[str | Path]) -> str | None:
+def first_recorded_target(checkpoints: Sequence[str | Path]) -> str | None:
     """The target the first checkpoint that names one was trained against (or the verifier its speculators config
-    names)."""
+    names): ``drafter_folders.recorded_target``, which reads one folder, asked of each in turn."""
     from specframe import drafter_folders
 
     for path in checkpoints:

@@ -99,7 +99,7 @@ def acceptance(
     verify = core.make_verifier(verifier, temperature=temperature, top_k=top_k, top_p=top_p)
     prompts = core.load_prompts(dataset, num_prompts)
     if target is None:
-        target = core.recorded_target(checkpoints) or "default"
+        target = core.first_recorded_target(checkpoints) or "default"
 
     progress = None if as_json else (lambda msg: click.echo(f"  {msg}", err=True))
     if engine == "vllm":

@@ -101,7 +101,7 @@ def generate(
     tree = tree_shape(verifier, tree_depth, tree_top_k, tree_tokens)
     verify = bench.make_verifier(verifier, temperature=temperature, top_k=top_k, top_p=top_p)
     if target is None:
-        target = (bench.recorded_target([checkpoint]) if checkpoint else None) or "default"
+        target = (bench.first_recorded_target([checkpoint]) if checkpoint else None) or "default"
     tgt = loading.load(target)
     if checkpoint is not None:
         method = bench.checkpoint_method(checkpoint, tgt.config, k=k, tree=tree)
