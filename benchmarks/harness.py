@@ -234,7 +234,7 @@ class Workspace:
                 raise RuntimeError(f"training {drafter} failed ({code}): {message}")
             record["refused"] = message
         else:
-            record.update(training_figures(out))
+            record.update(training_metrics(out))
             record["peak_rss_bytes"] = max(a["peak_rss_bytes"] for a in attempts)
             # the throughput above is only as quiet as the machine was: the most load any attempt had beside it
             loads = [a["beside_cores"] for a in attempts]
@@ -256,7 +256,7 @@ def too_few_tokens(preset: Preset, record: dict[str, Any]) -> str | None:
             "only partly filled by packing; raise the preset's steps")
 
 
-def training_figures(out: Path) -> dict[str, Any]:
+def training_metrics(out: Path) -> dict[str, Any]:
     """Throughput from the per-step log (eval and checkpoint time excluded), the final evaluation, and the learning
     curve: validation AL at every evaluation against the training tokens seen by then."""
     steps: dict[int, dict] = {}

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from harness import last_error, run_cli, run_module, training_figures
+from harness import last_error, run_cli, run_module, training_metrics
 from presets import Preset
 
 TRAINERS = ("specframe", "speculators")
@@ -192,11 +192,11 @@ def evaluate(p: Preset, drafter: str, options: dict, folder: Path, target: str, 
     child = run_cli(args, threads=threads, log=log)
     if child.exit != 0:
         return {"refused": last_error(log).removeprefix("error: "), "command": shlex.join(["specframe", *args])}
-    figures = training_figures(out)
+    metrics = training_metrics(out)
     final = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "val_loss" in line][-1]
     return {"run": str(out), "command": shlex.join(["specframe", *args]),
-            "val_expected_al": figures["val_expected_al"], "val_expected_al_method": figures["val_expected_al_method"],
-            "val_accuracy": figures["val_accuracy"], "val_chain_per_sequence": final.get("val_chain_per_sequence"),
+            "val_expected_al": metrics["val_expected_al"], "val_expected_al_method": metrics["val_expected_al_method"],
+            "val_accuracy": metrics["val_accuracy"], "val_chain_per_sequence": final.get("val_chain_per_sequence"),
             "val_sequences": len(final.get("val_chain_per_sequence") or [])}
 
 

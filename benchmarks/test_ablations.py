@@ -218,8 +218,8 @@ def _served(ablation: Workspace, target, run: str, drafter: str, name: str) -> d
         jobs = _with_k([method], _source(ablation), tmp)
         measured = measure(_source(ablation), ctx, jobs, max_new_tokens=p.acceptance_max_new_tokens,
                            options=_engine_options(p))
-    figures = summary(measured[label], plain)
-    return {"dataset": ab.served_dataset, **bench.json_safe(figures)}
+    metrics = summary(measured[label], plain)
+    return {"dataset": ab.served_dataset, **bench.json_safe(metrics)}
 
 
 def test_ablation(benchmark, ablation, target, case):

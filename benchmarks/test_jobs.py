@@ -118,8 +118,8 @@ def _acceptance(workspace, target, dataset: str, jobs: dict, path: Path, config:
     lo, hi = bootstrap_al(base)
     methods["plain"] = {"k": 0, "prompt_turns": len(base), "acceptance_length": 1.0,
                         "acceptance_length_interval": {"low": lo, "high": hi, "level": 0.95}}
-    rows = [{"method": label, "id": key_.split("#")[0], "turn": int(key_.split("#")[1]) + 1, **figures}
-            for label, m in methods.items() for key_, figures in m.pop("per_prompt", {}).items()]
+    rows = [{"method": label, "id": key_.split("#")[0], "turn": int(key_.split("#")[1]) + 1, **turn_metrics}
+            for label, m in methods.items() for key_, turn_metrics in m.pop("per_prompt", {}).items()]
     metrics = {"methods": methods, "dataset": dataset, "engine": "vllm", "batched": p.acceptance_batch,
                "max_new_tokens": p.acceptance_max_new_tokens}
     write_results(path, kind="bench.acceptance.whole-set", metrics=bench.json_safe(metrics), per_prompt=rows,

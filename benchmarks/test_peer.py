@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from harness import ROOT, Workspace, command, fingerprint, run_cli, target_provenance, training_figures
+from harness import ROOT, Workspace, command, fingerprint, run_cli, target_provenance, training_metrics
 from presets import PRESETS, Preset
 
 #: the peer presets, and the preset whose committed baselines hold their prompt contexts
@@ -142,7 +142,7 @@ def _train(peer: Workspace, data: dict, drafter: str, settings: str, trainer: st
         child = run_cli([*args, *resume], threads=p.threads, log=log)
         if child.exit != 0:
             raise RuntimeError(f"specframe train failed ({child.exit}): see {log}")
-        figures = training_figures(run)
+        metrics = training_metrics(run)
         child_record = {"seconds": child.seconds, "peak_rss_bytes": child.peak_rss_bytes,
                         "beside_cores": child.beside_cores}
         cmd = shlex.join(["specframe", *args])
@@ -154,9 +154,9 @@ def _train(peer: Workspace, data: dict, drafter: str, settings: str, trainer: st
             raise RuntimeError(f"speculators train failed ({child_record['exit']}): see {log}")
         with open(log) as f:
             f.seek(start)
-            figures = peer_jobs.speculators_throughput(f.read(), data["speculators"][drafter]["record"]["train_tokens"])
+            metrics = peer_jobs.speculators_throughput(f.read(), data["speculators"][drafter]["record"]["train_tokens"])
         cmd = f"PYTHONPATH={data['pythonpath']} python -m speculators {shlex.join(args)}"
-    record = {"key": key, "run": str(run), "command": cmd, **figures, **child_record}
+    record = {"key": key, "run": str(run), "command": cmd, **metrics, **child_record}
     record.pop("learning_curve", None)
     record_path.write_text(json.dumps(record, indent=1))
     return record

@@ -311,7 +311,7 @@ def read_results(path: Path) -> dict[str, Any]:
     return document
 
 
-def is_baseline(figures: dict[str, Any]) -> bool:
+def is_baseline(metrics: dict[str, Any]) -> bool:
     """Whether a measured method is a baseline rather than a trained drafter, as its results record it: a drafter
     run without a checkpoint (prompt-lookup n-gram, which has no weights), never by the drafter's name."""
-    return bool(figures.get("drafter")) and not figures.get("checkpoint")
+    return bool(metrics.get("drafter")) and not metrics.get("checkpoint")

@@ -109,7 +109,7 @@ def evaluate(*, step: int, drafter: api.Drafter, depth: int, val_ids: list[int],
         out["val_expected_al"] = product
         out["val_expected_al_method"] = "per-depth product"
     if held_out_confidence is not None:
-        out.update(confidence_figures(drafter, *held_out_confidence[:2]))
+        out.update(confidence_metrics(drafter, *held_out_confidence[:2]))
     return out, held_out_confidence
 
 
@@ -126,7 +126,9 @@ def gather_confidence(dist: Any, held_out: list[tuple[torch.Tensor, ...]]) -> He
     return tuple(torch.cat([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
 
 
-def confidence_figures(drafter: api.Drafter, logits: torch.Tensor, accepted: torch.Tensor) -> dict[str, Any]:
+def confidence_metrics(drafter: api.Drafter, logits: torch.Tensor, accepted: torch.Tensor) -> dict[str, Any]:
+    """The validation metrics of the drafter's calibrated confidence on held-out chains: the prefix acceptance's
+    ECE (``calibration.prefix_ece``: its mean, one per prefix length, and the rows it was measured on)."""
     from specframe.calibration import prefix_ece
 
     ece = prefix_ece(drafter.calibrated_confidence(logits), accepted)
@@ -148,10 +150,10 @@ def calibrate(drafter: api.Drafter, held_out: HeldOut | None, step: int) -> dict
     check = (sequence % 2) == 1
     in_sample = not bool(check.any()) or bool(check.all())
     fit_rows, check_rows = (slice(None), slice(None)) if in_sample else (~check, check)
-    before = confidence_figures(drafter, logits[check_rows], accepted[check_rows])
+    before = confidence_metrics(drafter, logits[check_rows], accepted[check_rows])
     if not drafter.calibrate(logits[fit_rows], accepted[fit_rows]):
         return None
-    after = confidence_figures(drafter, logits[check_rows], accepted[check_rows])
+    after = confidence_metrics(drafter, logits[check_rows], accepted[check_rows])
     if not in_sample:
         drafter.calibrate(logits, accepted)  # the fit kept: on every held-out chain
     return {"step": step, "calibrated": True, "calibration_anchors": int(logits.shape[0]),
