@@ -55,8 +55,10 @@ from specframe.interfaces.verifier import RoundCost, Verification, Verifier, ver
 from specframe.layouts import export as vllm_layouts
 from specframe.modeling import expand_kv  # noqa: F401  (api.expand_kv, for drafters' attention)
 
-# The sampling math the sampling verifiers share (API 8: the chain speculative sampling).
-from specframe.sampling import chain_verification, residual_distribution, sampling_distribution, speculative_chain
+# The sampling math the sampling verifiers share (API 8: the chain speculative sampling; API 14: one token's acceptance
+# ratio, which the chain and the tree share).
+from specframe.sampling import (acceptance_ratio, chain_verification, residual_distribution, sampling_distribution,
+                                speculative_chain)
 
 
 #: Version history and the compatibility rule (a plugin states the version it was written for in its docs):
@@ -159,6 +161,7 @@ __all__ = [
     "positive_int",
     "query_block_bytes",
     "one_dtype",
+    "acceptance_ratio",
     "residual_distribution",
     "rule_matrix",
     "sampling_distribution",

@@ -1,6 +1,7 @@
 """The sampling math the sampling verifiers share (``specframe.api`` re-exports it): the law a target's logits
-sample from, the residual law after a rejection, and chain speculative sampling (API 8), so plain sampling and
-speculative sampling with the same options draw from the same law."""
+sample from, the residual law after a rejection, one draft token's acceptance ratio (API 14: the chain and the tree
+verifiers share it) and chain speculative sampling (API 8), so plain sampling and speculative sampling with the same
+options draw from the same law."""
 
 from __future__ import annotations
 
@@ -49,6 +50,21 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r / total if total > 0 else p
 
 
+def acceptance_ratio(p: torch.Tensor, draft: Any, i: int, token: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft token's speculative acceptance (API 14): ``(q, p(x) / q(x))`` for draft node ``i`` whose token x is
+    ``token`` (``draft.tokens[i]``, which the caller already holds as an int), ``p`` being the target's law there.
+    q is ``draft.probs[i]`` when the drafter sampled and one-hot at x when it took the argmax; the ratio is 0 where
+    q(x) is 0. The token is accepted when a uniform draw falls below the ratio (so with probability min(1, ratio));
+    on a rejection the residual law takes q off p. The chain (``speculative_chain``) and the ``tree`` verifier
+    share it."""
+    if draft.probs is not None:
+        q = draft.probs[i].float().cpu()
+    else:
+        q = torch.zeros_like(p)
+        q[token] = 1.0
+    return q, p[token] / q[token] if q[token] > 0 else torch.tensor(0.0)
+
+
 def speculative_chain(
     logits: torch.Tensor, draft: Any, target: Any, generator: torch.Generator | None = None,
     residual: Any = residual_distribution,
@@ -63,12 +79,7 @@ def speculative_chain(
     accepted: list[int] = []
     for i, token in enumerate(tokens):
         p = target(logits[i])
-        if draft.probs is not None:
-            q = draft.probs[i].float().cpu()
-        else:
-            q = torch.zeros_like(p)
-            q[token] = 1.0
-        ratio = p[token] / q[token] if q[token] > 0 else torch.tensor(0.0)
+        q, ratio = acceptance_ratio(p, draft, i, token)
         if torch.rand((), generator=generator) < ratio:
             accepted.append(i)
             continue

@@ -64,13 +64,7 @@ class TreeVerifier(api.Verifier):
             p = self.target(logits[node + 1])
             chosen = None
             for child in children.get(node, ()):
-                x = tokens[child]
-                if draft.probs is not None:
-                    q = draft.probs[child].float().cpu()
-                else:
-                    q = torch.zeros_like(p)
-                    q[x] = 1.0
-                ratio = p[x] / q[x] if q[x] > 0 else torch.tensor(0.0)
+                q, ratio = api.acceptance_ratio(p, draft, child, tokens[child])
                 if torch.rand((), generator=generator) < ratio:
                     chosen = child
                     break
