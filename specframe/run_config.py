@@ -4,8 +4,9 @@
 Top-level keys are ``TrainConfig`` fields (``seq-len`` or ``seq_len``), read generically from ``attrs.fields``, so a
 field added to ``TrainConfig`` is a config key at once. The plugin option tables are ``drafter_options``,
 ``mask_builder_options`` and ``partitioner_options``; the older tables ``[drafter]``, ``[mask_builder]`` and
-``[partitioner]`` still work as their aliases (a *string* under those keys is the plugin's name). Flags the user typed
-override the file; the file overrides ``TrainConfig``'s defaults.
+``[partitioner]`` still work as their aliases (a *string* under those keys is the plugin's name). A plugin's name may
+carry its options inline (``--drafter peagle:layers=4,k_infer=3``, ``inline_options``), which go into its table over
+the file's. Flags the user typed override the file; the file overrides ``TrainConfig``'s defaults.
 
 ``resolve`` fills what the plugin classes decide without loading the target: the training depth (the drafter's
 ``Drafter.training``), the mask builder for the device, and every plugin option's default. What only the target or the data
@@ -121,6 +122,26 @@ def check_plugin_tables(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+#: the plugin kind (``plugins.KINDS``) each name field of a run config holds
+PLUGIN_KINDS = {"drafter": "drafter", "mask_builder": "mask builder", "partitioner": "partitioner"}
+
+
+def inline_options(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each plugin named with its options inline (``drafter: peagle:layers=4``; ``compose.named``)
+    split into the name and its table: the inline options go over the table's (the file's ``drafter_options``), as
+    a flag goes over the file; values still text, typed by the plugin's ``Options`` when the run is resolved."""
+    from specframe import compose
+
+    out = dict(values)
+    for field, kind in PLUGIN_KINDS.items():
+        if not (isinstance(out.get(field), str) and ":" in out[field]):
+            continue
+        table = f"{field}_options"  # a table, checked before (check_plugin_tables)
+        out[field], given = compose.named(kind, out[field])
+        out[table] = {**out.get(table, {}), **given}
+    return out
+
+
 # -------------------------------------------------------------------------------------------- merging and building
 #: pairs of settings of which a run takes one: a flag typed for one displaces the other from the file
 ALTERNATIVES = (("data", "cache"), ("max_steps", "epochs"))
@@ -141,8 +162,9 @@ def merge(file_values: dict[str, Any], flag_values: dict[str, Any]) -> dict[str,
 
 
 def build(values: dict[str, Any], where: str = "--config") -> TrainConfig:
-    """A ``TrainConfig`` from merged settings, with one clear error for a missing, unknown or mistyped key."""
-    check_plugin_tables(values)
+    """A ``TrainConfig`` from merged settings (plugin options inline split off: ``inline_options``), with one clear
+    error for a missing, unknown or mistyped key."""
+    values = inline_options(check_plugin_tables(values))
     for required in ("drafter", "output"):
         if values.get(required) is None:
             flag = f"--{required}"

@@ -10,9 +10,8 @@ from typing import Any
 
 import click
 
+from specframe.cli.decoding_options import decoding_options, tree_shape
 from specframe.cli.target_options import target_loading
-
-from specframe.cli.generate_cmd import decoding_options, tree_shape
 
 KIND = "bench.acceptance"
 
@@ -26,7 +25,8 @@ def bench() -> None:
 @click.option("--checkpoint", "checkpoints", multiple=True, type=click.Path(file_okay=False),
               help="A trained drafter's checkpoint or run folder; repeat to compare drafters in the same run.")
 @click.option("--drafter", "drafters", multiple=True,
-              help="An untrained drafter plugin to measure (ngram); repeatable.")
+              help="An untrained drafter plugin to measure (ngram), its options inline as NAME:KEY=VALUE,... "
+                   "(ngram:n_max=4); repeatable.")
 @click.option("--baseline", "baselines", multiple=True, type=click.Choice(["ngram"]),
               help="Add a baseline method (plain decoding is always measured).")
 @click.option("--dataset", required=True,

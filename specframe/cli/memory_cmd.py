@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from specframe.cli.run_options import read_config, shape_options
+
 
 def _target_config(target: str):
     from transformers import AutoConfig
@@ -26,15 +28,18 @@ def _target_config(target: str):
 
 
 @click.command("memory")
-@click.option("--drafter", required=True, help="Drafter plugin (see `specframe plugins`), e.g. peagle.")
+@click.option("--drafter", required=True, help="Drafter plugin (see `specframe plugins`), e.g. peagle, its options "
+              "inline as NAME:KEY=VALUE,... (peagle:layers=4; over --config's drafter_options).")
 @click.option("--seq-len", type=int, required=True, help="Tokens per training sequence (L).")
-@click.option("--depth", type=int, default=None, help="Training depth K. Default: the drafter's own (peagle: 8).")
-@click.option("--mask-builder", default=None, help="Mask builder (dense, precomputed, chunked, flex). Default: the "
-              "one `specframe train` would pick for --device (chunked on CPU).")
-@click.option("--partitioner", default="none", show_default=True, help="Sequence partitioner (none, peagle).")
-@click.option("--partitions", type=int, default=1, show_default=True, help="Segments per sequence (S).")
-@click.option("--memory-budget", default=None, help="Budget to check against (8GiB, 8G, 512MiB, 1.5GB or bytes); "
-              "adds `fits` and, when it does not fit, what would (largest --seq-len, partitions, mask builder).")
+@shape_options(
+    depth="Training depth K. Default: the drafter's own (peagle: 8).",
+    mask_builder="Mask builder (dense, precomputed, chunked, flex), its options inline as NAME:KEY=VALUE,... Default: "
+                 "the one `specframe train` would pick for --device (chunked on CPU).",
+    partitioner="Sequence partitioner (none, peagle), its options inline as NAME:KEY=VALUE,...",
+    partitions="Segments per sequence (S).",
+    memory_budget="Budget to check against (8GiB, 8G, 512MiB, 1.5GB or bytes); adds `fits` and, when it does not "
+                  "fit, what would (largest --seq-len, partitions, mask builder).",
+)
 @click.option("--target", default="default", show_default=True,
               help="Target whose shapes size the drafter: 'default' (SmolLM2-135M-Instruct), a folder or a hub id "
                    "(only its config is read).")
@@ -69,7 +74,7 @@ def memory(
     specframe.memory). `specframe train --memory-budget` applies the same check.
     """
     from specframe import memory as mem
-    from specframe.cli.train_cmd import read_config
+    from specframe import run_config
     from specframe.errors import UsageError
 
     if seq_len < 2:
@@ -83,7 +88,11 @@ def memory(
         from specframe.devices import resolve_device
 
         device = resolve_device(device).type
-    options = read_config(Path(config_file)) if config_file else {}
+    # a component named with its options inline: those go over the file's table
+    named = run_config.inline_options({"drafter": drafter, "mask_builder": mask_builder, "partitioner": partitioner,
+                                       **(read_config(Path(config_file)) if config_file else {})})
+    drafter, mask_builder, partitioner = named["drafter"], named["mask_builder"], named["partitioner"]
+    options = {table: named[table] for table in run_config.PLUGIN_TABLES if table in named}
     if mask_builder is None:
         from specframe.masks import default_mask_builder
 

@@ -9,25 +9,10 @@ import sys
 
 import click
 
+from specframe.cli.feature_options import feature_spec
 from specframe.cli.target_options import target_loading
+from specframe.cli.vllm_options import engine_options
 from specframe.devices import TARGET_ENGINES
-
-
-def feature_spec(aux_layers: str, num_layers: int, *, final_hidden: bool = True):
-    """The ``FeatureSpec`` of an ``--aux-layers`` value ('default', 'none' or comma-separated ids)."""
-    from specframe.errors import UsageError
-    from specframe.features import FeatureSpec, default_aux_layers
-
-    if aux_layers == "default":
-        aux = default_aux_layers(num_layers)
-    elif aux_layers == "none":
-        aux = None
-    else:
-        try:
-            aux = tuple(int(x) for x in aux_layers.split(","))
-        except ValueError:
-            raise UsageError(f"--aux-layers must be 'default', 'none' or comma-separated integers, not '{aux_layers}'") from None
-    return FeatureSpec(aux_layers=aux, final_hidden=final_hidden)
 
 
 @click.command("prepare")
@@ -73,20 +58,11 @@ def feature_spec(aux_layers: str, num_layers: int, *, final_hidden: bool = True)
 @click.option("--gate-sequences", type=int, default=4, show_default=True,
               help="--engine vllm: conversations recomputed with transformers and compared layer by layer before "
                    "anything is written (at least 1).")
-@click.option("--max-num-seqs", type=int, default=None, help="vLLM: requests in flight (default: --shard-size).")
-@click.option("--tensor-parallel-size", type=int, default=1, show_default=True, help="vLLM: GPUs per layer.")
-@click.option("--pipeline-parallel-size", type=int, default=1, show_default=True, help="vLLM: pipeline stages.")
-@click.option("--gpu-memory-utilization", type=float, default=None,
-              help="vLLM: share of each GPU's memory the engine may take (default: vLLM's, 0.9).")
-@click.option("--distributed-executor-backend", type=click.Choice(["mp", "ray", "uni", "external_launcher"]),
-              default=None, help="vLLM: how its workers run (default: vLLM's choice); ray spreads the target over "
-              "several nodes of a Ray cluster.")
-@click.option("--kv-cache-gib", type=int, default=2, show_default=True, help="vLLM on the CPU: KV-cache size.")
+@engine_options(max_num_seqs="vLLM: requests in flight (default: --shard-size).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dtype, max_length, shard_size, max_batch_tokens,
-            draft_vocab, threads, teacher_top_k, data_workers, skip_bad_lines, engine, gate_sequences, max_num_seqs,
-            tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, distributed_executor_backend, kv_cache_gib,
-            as_json, loading):
+            draft_vocab, threads, teacher_top_k, data_workers, skip_bad_lines, engine, gate_sequences, as_json, loading,
+            vllm):
     """Run the target over conversations and cache token ids, assistant-only loss masks and hidden states.
 
     Rerunning the same command after an interruption resumes: finished shards are kept. A cache folder made for
@@ -127,18 +103,13 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
 
     states = None
     if engine == "vllm":  # started before the cache folder is touched: an unusable vLLM is refused with nothing written
-        from specframe.vllm.answer import AnswerOptions
         from specframe.vllm.states import VllmStates, model_len
 
         # each conversation is a prompt of at most --max-length tokens and one generated token, never used
         states = VllmStates(tgt.path, engine_layer_ids(capture_spec(spec, teacher_top_k), tgt.num_layers),
-                            AnswerOptions(dtype=loading.dtype, max_model_len=model_len(tgt.config, max_length, "--max-length"),
-                                          max_num_seqs=max_num_seqs or shard_size,
-                                          tensor_parallel_size=tensor_parallel_size,
-                                          pipeline_parallel_size=pipeline_parallel_size,
-                                          gpu_memory_utilization=gpu_memory_utilization,
-                                          distributed_executor_backend=distributed_executor_backend,
-                                          kv_cache_gib=kv_cache_gib, threads=threads))
+                            vllm.answer_options(dtype=loading.dtype,
+                                                max_model_len=model_len(tgt.config, max_length, "--max-length"),
+                                                max_num_seqs=shard_size, threads=threads))
     console = Console(stderr=True)
     try:
         with Progress(TextColumn("prepare"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,

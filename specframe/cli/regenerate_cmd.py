@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from specframe.cli.target_options import target_loading
+from specframe.cli.vllm_options import engine_options
 from specframe.devices import TARGET_ENGINES
 
 
@@ -72,16 +73,7 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
 @click.option("--engine", type=click.Choice(TARGET_ENGINES), default="transformers", show_default=True,
               help="What answers: transformers' generate() on one padded batch (the reference), or vLLM's offline "
               "engine with every prompt of a batch in flight (continuous batching; use a large --batch-size).")
-@click.option("--max-num-seqs", type=int, default=None,
-              help="vLLM: requests decoded together (default: --batch-size).")
-@click.option("--tensor-parallel-size", type=int, default=1, show_default=True, help="vLLM: GPUs per layer.")
-@click.option("--pipeline-parallel-size", type=int, default=1, show_default=True, help="vLLM: pipeline stages.")
-@click.option("--gpu-memory-utilization", type=float, default=None,
-              help="vLLM: share of each GPU's memory the engine may take (default: vLLM's, 0.9).")
-@click.option("--distributed-executor-backend", type=click.Choice(["mp", "ray", "uni", "external_launcher"]),
-              default=None, help="vLLM: how its workers run (default: vLLM's choice); ray spreads the target over "
-              "several nodes of a Ray cluster.")
-@click.option("--kv-cache-gib", type=int, default=2, show_default=True, help="vLLM on the CPU: KV-cache size.")
+@engine_options(max_num_seqs="vLLM: requests decoded together (default: --batch-size).")
 @click.option("--capture", "capture", type=click.Path(file_okay=False), default=None,
               help="--engine vllm: also write the answered conversations' feature cache to this folder, the states "
               "taken from the answering pass (prefix caching: only each conversation's closing tail is computed "
@@ -100,9 +92,8 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @target_loading
 def regenerate(data, limit, target, output, provenance, batch_size, max_new_tokens, max_prompt_tokens, shard, finalize_only,
-               keep_dir, threads, engine, max_num_seqs, tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization,
-               distributed_executor_backend, kv_cache_gib, capture, aux_layers, storage_dtype, draft_vocab, teacher_top_k,
-               gate_sequences, as_json, loading):
+               keep_dir, threads, engine, capture, aux_layers, storage_dtype, draft_vocab, teacher_top_k, gate_sequences,
+               as_json, loading, vllm):
     """Answer prompts greedily with the target; resumable (rerun the same command after a kill)."""
     import torch
     from rich.progress import Progress
@@ -137,7 +128,7 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
     spec = staged = None
     if capture is not None:
         from specframe.cache import capture_spec
-        from specframe.cli.prepare_cmd import feature_spec
+        from specframe.cli.feature_options import feature_spec
         from specframe.feature_engines import engine_layer_ids
         from specframe.vllm.capture import CLOSING_TOKENS, StagedStates, staging_folder
 
@@ -146,13 +137,10 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
         staged = StagedStates(staging_folder(capture),
                               engine_layer_ids(capture_spec(spec, teacher_top_k), tgt.num_layers))
     if engine == "vllm" and not finalize_only:
-        from specframe.vllm.answer import AnswerOptions, VllmAnswerer
+        from specframe.vllm.answer import VllmAnswerer
 
-        options = AnswerOptions(
-            dtype=loading.dtype, max_model_len=max_prompt_tokens + max_new_tokens,
-            max_num_seqs=max_num_seqs or batch_size, tensor_parallel_size=tensor_parallel_size,
-            pipeline_parallel_size=pipeline_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            distributed_executor_backend=distributed_executor_backend, kv_cache_gib=kv_cache_gib, threads=threads)
+        options = vllm.answer_options(dtype=loading.dtype, max_model_len=max_prompt_tokens + max_new_tokens,
+                                      max_num_seqs=batch_size, threads=threads)
         if capture is None:
             answerer = VllmAnswerer(str(tgt.path), options)
         else:

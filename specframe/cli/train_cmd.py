@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
+from specframe.cli.run_options import shape_options
+from specframe.cli.vllm_options import feature_engine_options
 from specframe.devices import TARGET_ENGINES
 from specframe.errors import UsageError
-
-
-def read_config(path: Path) -> dict[str, dict[str, Any]]:
-    """The plugin option tables of a run file (``specframe memory --config``): ``drafter_options``,
-    ``mask_builder_options``, ``partitioner_options`` (older tables ``[drafter]``, ... included); the file's other
-    keys are checked but not returned."""
-    from specframe import run_config
-
-    values = run_config.check_plugin_tables(run_config.load(path))
-    return {table: values[table] for table in run_config.PLUGIN_TABLES if table in values}
 
 
 def _steps(value: str | None) -> tuple[int, ...] | None:
@@ -35,7 +26,8 @@ def _steps(value: str | None) -> tuple[int, ...] | None:
 
 
 @click.command("train")
-@click.option("--drafter", default=None, help="Drafter plugin to train (see `specframe plugins`), e.g. peagle. "
+@click.option("--drafter", default=None, help="Drafter plugin to train (see `specframe plugins`), e.g. peagle, its "
+              "options inline as NAME:KEY=VALUE,... (peagle:layers=4,k_infer=3; over --config's drafter_options). "
               "Required, here or as `drafter` in --config.")
 @click.option("--target", default="default", show_default=True,
               help="Target model: 'default' (embedded SmolLM2-135M-Instruct), a local folder or a hub id.")
@@ -69,24 +61,18 @@ def _steps(value: str | None) -> tuple[int, ...] | None:
                    "--engine vllm` instead.")
 @click.option("--gate-sequences", type=int, default=None,
               help="--feature-engine vllm: conversations checked against transformers before training (default 4).")
-@click.option("--vllm-kv-cache-gib", type=int, default=None, help="--feature-engine vllm on the CPU: KV cache (GiB, "
-              "default 2).")
-@click.option("--vllm-tensor-parallel-size", type=int, default=None,
-              help="--feature-engine vllm: GPUs per layer (default 1).")
-@click.option("--vllm-gpu-memory-utilization", type=float, default=None,
-              help="--feature-engine vllm: share of each GPU's memory the engine may take (default: vLLM's, 0.9).")
-@click.option("--depth", type=int, default=None, help="Training depth K (elements per anchor). Default: the "
-              "drafter's own k_train (`specframe plugins --options DRAFTER`; peagle and pard 8, eagle3 7, "
-              "parallelspec 5).")
-@click.option("--mask-builder", default=None, help="Mask builder plugin. Default: the fastest that trains on the "
-              "device (chunked on CPU, flex on CUDA, else dense).")
-@click.option("--partitioner", default="none", show_default=True, help="Sequence partitioner plugin (none, peagle).")
-@click.option("--partitions", type=int, default=1, show_default=True,
-              help="Segments per sequence (gradient accumulation within a sequence; exact).")
-@click.option("--memory-budget", default=None, help="Memory budget (8GiB, 8G, 512MiB, 1.5GB or bytes). Enforced: "
-              "a configuration whose estimated peak (see `specframe memory`) exceeds it is refused before training, "
-              "and a run whose measured peak goes over it stops after that step, keeping the last checkpoint "
-              "(exit code 3).")
+@feature_engine_options
+@shape_options(
+    depth="Training depth K (elements per anchor). Default: the drafter's own k_train (`specframe plugins --options "
+          "DRAFTER`; peagle and pard 8, eagle3 7, parallelspec 5).",
+    mask_builder="Mask builder plugin, its options inline as NAME:KEY=VALUE,... (chunked:chunk_size=256). Default: "
+                 "the fastest that trains on the device (chunked on CPU, flex on CUDA, else dense).",
+    partitioner="Sequence partitioner plugin (none, peagle), its options inline as NAME:KEY=VALUE,...",
+    partitions="Segments per sequence (gradient accumulation within a sequence; exact).",
+    memory_budget="Memory budget (8GiB, 8G, 512MiB, 1.5GB or bytes). Enforced: a configuration whose estimated peak "
+                  "(see `specframe memory`) exceeds it is refused before training, and a run whose measured peak goes "
+                  "over it stops after that step, keeping the last checkpoint (exit code 3).",
+)
 @click.option("--max-steps", type=int, default=None, help="Optimizer steps to train. Give at most one of "
               "--max-steps and --epochs; with neither, one epoch.")
 @click.option("--epochs", type=float, default=None, help="Passes over the training sequences (fractions allowed): "
@@ -128,9 +114,12 @@ def _steps(value: str | None) -> tuple[int, ...] | None:
               help="Output directory (locked while a run writes it; a finished run refuses to be overwritten). "
                    "Required, here or as `output` in --config.")
 @click.option("--init-from", default=None, type=click.Path(exists=True, file_okay=False),
-              help="Warm start from a drafter folder of the ecosystem: a speculators EAGLE-3 / P-EAGLE folder (what "
-                   "`specframe export` writes), a SafeAILab or SpecForge EAGLE-3 folder, or a PARD causal LM of the "
-                   "target's tokenizer; checked against the target and the drafter's options, loaded before step 1.")
+              help="Warm start from a drafter folder of the ecosystem, in any format `specframe export` imports "
+                   "(speculators, eagle3-flat, peagle-flat, deepspec, specforge-dspark, parallelspec, pard): a "
+                   "speculators EAGLE-3 / P-EAGLE / DFlash / DSpark folder (what `specframe export` writes), a SafeAILab "
+                   "or SpecForge EAGLE-3 / P-EAGLE folder, a DeepSpec or SpecForge DSpark folder, a ParallelSpec export "
+                   "or a PARD causal LM of the target's tokenizer; checked against the target and the drafter's "
+                   "options, loaded before step 1.")
 @click.option("--resume", default=None, type=click.Path(exists=True, file_okay=False),
               help="Continue exactly from a checkpoint or an output directory (its latest checkpoint). Give the "
                    "settings the run was started with (--config OUTPUT/config.json loads them): a change in what "

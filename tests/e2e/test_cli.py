@@ -63,3 +63,44 @@ def test_the_target_engine_choices_are_one_list():
                           (train_cmd.train, "feature_engine")):
         option = next(p for p in command.params if p.name == flag)
         assert tuple(option.type.choices) == TARGET_ENGINES, f"{command.name} --{flag.replace('_', '-')}"
+
+
+def test_the_vllm_engine_options_are_one_group():
+    """prepare and regenerate take the vLLM engine's sizes from one decorator (``cli/vllm_options``), received as one
+    ``VllmFlags`` whose ``answer_options`` fills what was not typed with the command's default (issue 55, item 5)."""
+    from specframe.cli import prepare_cmd, regenerate_cmd
+    from specframe.cli.vllm_options import VllmFlags, engine_options
+
+    names = ["max_num_seqs", "tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization",
+             "distributed_executor_backend", "kv_cache_gib"]
+    for command in (prepare_cmd.prepare, regenerate_cmd.regenerate):
+        params = [p.name for p in command.params]
+        assert params[params.index(names[0]):params.index(names[0]) + len(names)] == names, command.name
+    seen = {}
+
+    @click.command()
+    @engine_options(max_num_seqs="help")
+    def probe(vllm):
+        seen["flags"] = vllm
+
+    CliRunner().invoke(probe, ["--tensor-parallel-size", "2", "--kv-cache-gib", "3"], catch_exceptions=False)
+    assert seen["flags"] == VllmFlags(tensor_parallel_size=2, kv_cache_gib=3)
+    options = seen["flags"].answer_options(dtype="fp32", max_model_len=64, max_num_seqs=16, threads=None)
+    assert (options.max_num_seqs, options.tensor_parallel_size, options.kv_cache_gib) == (16, 2, 3)
+
+
+def test_commands_share_helpers_through_option_modules_not_each_other():
+    """No command module imports another (issue 55, item 5): what two commands share lives in a cli/ option module
+    (run_options, vllm_options, decoding_options, feature_options, target_options)."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(cli.__file__).parent
+    commands = {p.stem for p in folder.glob("*_cmd.py")}
+    crossing = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module.split(".")[-1], *(f"{a.name}" for a in node.names if node.module == "specframe.cli")]
+                crossing += [f"{path.name} -> {name}" for name in names if name in commands]
+    assert crossing == []

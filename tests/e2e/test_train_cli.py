@@ -97,3 +97,22 @@ def test_profile_prints_time_per_phase(assets, tmp_path):
     assert abs(sum(float(share.rstrip("%")) for _, share, _ in rows.values()) - 100.0) < 0.5
     code, text = run(*base(assets, tmp_path / "plain", "--max-steps", 1))
     assert code == 0 and "profile:" not in text
+
+
+def test_options_inline_train_and_are_recorded(assets, tmp_path):
+    """``--drafter peagle:layers=1`` (issue 55, item 2): inline options go over --config's table (layers 2 there) and
+    the run records what it trained (the file's other options kept); a bad inline key is refused before a target is
+    loaded, naming the drafter and the key."""
+    out = tmp_path / "inline"
+    args = list(base(assets, out, "--max-steps", 1, "--json"))
+    args[args.index("peagle")] = "peagle:layers=1"
+    code, text = run(*args)
+    assert code == 0, text
+    config = json.loads((out / "config.json").read_text())
+    assert config["drafter"] == "peagle"
+    assert config["drafter_options"]["layers"] == 1 and config["drafter_options"]["draft_vocab_size"] == 100
+    args[args.index("peagle:layers=1")] = "peagle:layerz=1"
+    args[args.index("--output") + 1] = tmp_path / "refused"
+    code, text = run(*args)
+    assert code == 2 and "drafter 'peagle' options: unknown key 'layerz' (did you mean 'layers'?)" in text
+    assert not (tmp_path / "refused").exists()

@@ -96,6 +96,22 @@ def test_a_verifier_spec_gives_options_checked_by_the_verifier():
             bench.verifier_spec(bad)
 
 
+def test_generate_and_bench_take_verifier_and_drafter_options_inline():
+    """``--verifier sampling:temperature=0.5`` and ``--drafter ngram:n_max=4`` (issue 55, item 2): the one inline
+    syntax, built through compose; a sampling flag and the same inline key both given is refused."""
+    assert bench.make_verifier("sampling:temperature=0.5,top_k=4").options.temperature == 0.5
+    assert bench.make_verifier("sampling:top_k=4", temperature=0.7).options.top_k == 4
+    with pytest.raises(UsageError, match="both set temperature: give it once"):
+        bench.make_verifier("sampling:temperature=0.5", temperature=0.7)
+    with pytest.raises(UsageError, match="verifier 'sampling' options: unknown key 'temp'"):
+        bench.make_verifier("sampling:temp=0.5")
+    method = bench.plugin_method("ngram:n_max=4", None, k=3)
+    assert (method.label, method.drafter.options.n_max) == ("ngram:n_max=4", 4)
+    assert bench.plugin_method("ngram", None, k=3).label == "ngram"
+    with pytest.raises(UsageError, match="drafter 'ngram' options: n_max must be an integer"):
+        bench.plugin_method("ngram:n_max=x", None)
+
+
 def test_comparison_is_interleaved_lossless_and_answers_later_turns(target, prompt_file, monkeypatch):
     prompts = bench.load_prompts(str(prompt_file), 2)
     calls: list[tuple[str, tuple[int, ...]]] = []

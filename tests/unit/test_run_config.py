@@ -182,11 +182,91 @@ def test_train_flags_show_the_engines_defaults():
 
 
 def test_memory_reads_the_plugin_tables_of_a_run_file(tmp_path):
-    from specframe.cli.train_cmd import read_config
+    from specframe.cli.run_options import read_config
 
     path = tmp_path / "run.yaml"
     path.write_text(RUN_YAML)
     assert read_config(path) == {"drafter_options": {"layers": 2, "k_train": 3}}
+
+
+# ------------------------------------------------------------------------------------------ options inline
+def test_an_inline_name_parses_into_the_name_and_texts():
+    """``NAME:KEY=VALUE,..`` (issue 55, item 2): one parser for every kind; a JSON list's commas stay in its value;
+    each value is the text typed until the component's ``Options`` types it."""
+    from specframe.errors import UsageError
+    from specframe.structuring import Text, inline
+
+    name, given = inline(" peagle: layers=4, aux_layer_ids=[1, 2],k_infer = 3", "drafter", "peagle:layers=4")
+    assert name == "peagle" and given == {"layers": "4", "aux_layer_ids": "[1, 2]", "k_infer": "3"}
+    assert all(isinstance(v, Text) for v in given.values())
+    assert inline("dense", "mask builder", "x") == ("dense", {})
+    with pytest.raises(UsageError, match="is not KEY=VALUE"):
+        inline("peagle:layers", "drafter", "peagle:layers=4")
+
+
+def test_inline_values_are_typed_by_the_options_field():
+    """The field decides: a str field keeps the text (``8`` stays '8'), ``null`` is None where None is allowed,
+    anything else is read as JSON and checked strictly."""
+    from specframe.errors import UsageError
+    from specframe.structuring import inline, structure
+
+    @attrs.frozen
+    class Options:
+        layers: int = 1
+        ratio: float = 0.5
+        label: str = "x"
+        maybe: str | None = "y"
+        ids: list[int] | None = None
+        flag: bool = False
+
+    typed = structure(inline("p:layers=4,ratio=1,label=8,maybe=null,ids=[1,2],flag=true", "drafter", "")[1],
+                      Options, "drafter 'p' options")
+    assert typed == Options(layers=4, ratio=1.0, label="8", maybe=None, ids=[1, 2], flag=True)
+    with pytest.raises(UsageError, match="drafter 'p' options: layers must be an integer, got 'four'"):
+        structure(inline("p:layers=four", "drafter", "")[1], Options, "drafter 'p' options")
+
+
+def test_every_kind_takes_options_inline_over_the_files_table(tmp_path):
+    """``--drafter``, ``--mask-builder`` and ``--partitioner`` NAME:KEY=VALUE: typed, written into the resolved
+    config as the file's tables would be, over the file's values (a flag over the file); the other keys of the
+    file's table stay. A config without inline options resolves as before."""
+    path = tmp_path / "run.yaml"
+    path.write_text("drafter_options:\n  layers: 2\n  k_train: 3\nmask_builder_options:\n  chunk_size: 32\n")
+    plain = printed("--drafter", "peagle", "--mask-builder", "chunked", "--config", path)
+    cfg = printed("--drafter", "peagle:layers=1,cod_ratio=0.5", "--mask-builder", "chunked:chunk_size=64",
+                  "--partitioner", "peagle", "--config", path)
+    assert cfg["drafter"] == "peagle" and cfg["mask_builder"] == "chunked" and cfg["partitioner"] == "peagle"
+    assert (cfg["drafter_options"]["layers"], cfg["drafter_options"]["k_train"]) == (1, 3)
+    assert cfg["drafter_options"]["cod_ratio"] == 0.5 and cfg["mask_builder_options"] == {"chunk_size": 64}
+    assert {k: v for k, v in cfg.items() if k not in ("drafter_options", "mask_builder_options", "partitioner")} \
+        == {k: v for k, v in plain.items() if k not in ("drafter_options", "mask_builder_options", "partitioner")}
+    assert plain["drafter_options"]["layers"] == 2 and plain["mask_builder_options"] == {"chunk_size": 32}
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--drafter", "peagle:layerz=1", "drafter 'peagle' options: unknown key 'layerz' (did you mean 'layers'?)"),
+    ("--drafter", "peagle:layers=1.5", "drafter 'peagle' options: layers must be an integer, got 1.5 (float)"),
+    ("--mask-builder", "chunked:chunk_size=big", "mask builder 'chunked' options: chunk_size must be an integer"),
+    ("--partitioner", "none:x=1", "partitioner 'none' options: unknown key 'x'"),
+    ("--drafter", "peagle:layers", "drafter option 'layers' in 'peagle:layers' is not KEY=VALUE (e.g. peagle:"),
+])
+def test_a_bad_inline_option_is_one_line_naming_the_component_and_key(flag, value, says):
+    args = ["train", "--drafter", "peagle", flag, value, "--print-config"]
+    code, text = run(*args)
+    assert code == 2 and says in text, text
+
+
+def test_memory_takes_options_inline_too(tmp_path):
+    """``specframe memory --drafter peagle:layers=1`` costs what a run file's layers 1 costs."""
+    path = tmp_path / "one.yaml"
+    path.write_text("drafter_options:\n  layers: 1\n")
+    costs = []
+    for args in (["--drafter", "peagle:layers=1"], ["--drafter", "peagle", "--config", path],
+                 ["--drafter", "peagle:layers=3"]):
+        code, text = run("memory", *args, "--seq-len", 256, "--features", "synthetic", "--json")
+        assert code == 0, text
+        costs.append(json.loads(text)["peak_bytes"])
+    assert costs[0] == costs[1] < costs[2]
 
 
 @pytest.mark.slow  # trains one step on the tiny target (~20 s on a busy 2-core machine)
