@@ -18,6 +18,10 @@ hidden states: ``block_hidden`` (training, through the segment's mask builder un
 
 The block anchored at drafter position a (the EAGLE pairing: it reads feature g_a and token x_{a+1}) is
 [x_{a+1}, MASK, ...] at positions a + 1 .., and its context is the features at positions <= a of a's document.
+
+What both methods' training does alike before and around the hidden states is here too: ``share_target`` (the
+target's embedding and lm_head, and the mask token), ``charged_blocks`` (a segment's charged elements and the blocks
+they lie in) and ``trained_elements`` (which of them the references train).
 """
 
 from __future__ import annotations
@@ -25,17 +29,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specframe import modeling
+from specframe import modeling, vocab
 from specframe.elements import ElementSet
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-__all__ = ["BlockAttention", "BlockContext", "BlockLayer", "BlockModel", "RMSNorm", "block_hidden",
-           "default_aux_layers", "full_attention", "position_docs"]
+__all__ = ["BlockAttention", "BlockContext", "BlockLayer", "BlockModel", "ChargedBlocks", "RMSNorm", "block_hidden",
+           "charged_blocks", "default_aux_layers", "full_attention", "position_docs", "share_target",
+           "trained_elements"]
 
 
 def default_aux_layers(num_layers: int, draft_layers: int) -> list[int]:
@@ -144,6 +150,67 @@ class BlockModel(nn.Module):
 def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """One block at inference sees all of the context and all of itself: no mask."""
     return F.scaled_dot_product_attention(q, k, v)
+
+
+def share_target(model: BlockModel, target: Any, examples: Any) -> int:
+    """Copy the target's embedding and lm_head into ``model`` (frozen: both methods share them with the target) and
+    return the mask token, picked by ``specframe.vocab``'s rule (a special or reserved token never seen in
+    ``examples``, the training data): what DFlash's and DSpark's ``prepare`` do alike."""
+    vocab_size = model.embed_tokens.num_embeddings
+    emb = target.model.get_input_embeddings().weight.detach()
+    head = target.model.get_output_embeddings().weight.detach()
+    counts = vocab.count_tokens(list(examples), vocab_size, masked_only=False)
+    mask_token_id = vocab.mask_token_ids(target.tokenizer, 1, data_counts=counts, embedding_rows=vocab_size)[0]
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(emb[:vocab_size].to(model.embed_tokens.weight.dtype))
+        model.lm_head.weight.copy_(head[:vocab_size].to(model.lm_head.weight.dtype))
+    return mask_token_id
+
+
+@attrs.frozen
+class ChargedBlocks:
+    """The elements (a, d) a block drafter's segment is charged with, and the blocks they lie in.
+
+    ``anchor`` / ``depth`` [n]: the charged elements, in the order of ``elements.subset(segment.elements)`` (the order
+    ``LossTerms.hit`` reports in); ``blocks``: their anchors, sorted and unique (the only blocks the loss runs: blocks
+    are independent given the target's features); ``block_of`` [n]: each element's block, an index into ``blocks``."""
+
+    anchor: torch.Tensor
+    depth: torch.Tensor
+    blocks: torch.Tensor
+    block_of: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        return int(self.anchor.numel())
+
+
+def charged_blocks(elements: ElementSet, segment: Any, supervised: torch.Tensor) -> ChargedBlocks:
+    """The elements of ``segment`` (an ``api.Segment`` of ``elements``) it is charged with: its loss mask, and
+    ``supervised`` (the drafter's ``supervision``) at each element's position; with the blocks they lie in. A segment
+    may be charged with nothing (``count`` 0): its loss is then ``LossTerms.empty``."""
+    sub = elements.subset(segment.elements)
+    pos = sub.anchor + sub.depth
+    charged = segment.loss_mask.cpu() & supervised[pos]
+    anchor, depth = sub.anchor[charged], sub.depth[charged]
+    blocks, block_of = torch.unique(anchor, return_inverse=True)
+    return ChargedBlocks(anchor, depth, blocks, block_of)
+
+
+def trained_elements(loss_mask: torch.Tensor, supervised: torch.Tensor, anchor: torch.Tensor,
+                     depth: torch.Tensor) -> torch.Tensor:
+    """Which charged elements (a, d) a block drafter's loss trains, as the reference samplers choose them: the block's
+    anchor token x_{a+1} is supervised (``loss_mask``, the data's: drafting only ever anchors on a generated token)
+    as is its first target x_{a+2} (SpecForge's ``_sample_anchor_positions``, DeepSpec's
+    ``build_anchor_candidate_mask``), and depth d only while the targets of depths 0..d are all ``supervised`` (the
+    drafter's supervision; DeepSpec's ``build_eval_mask``: a block stops at its first unsupervised slot, as a draft
+    never runs past the end of an answer). The engine's supervision is per position, so the elements outside this
+    rule stay charged (counted, verdicts reported) with weight 0."""
+    lm = loss_mask.to(torch.bool)
+    # unsupervised positions before i: positions a..a+d are all supervised iff none lies in [a, a + d]
+    gaps = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum((~supervised.to(torch.bool)).long(), 0)])
+    contiguous = gaps[anchor + depth + 1] == gaps[anchor]
+    return lm[anchor + 1] & contiguous
 
 
 def position_docs(elements: ElementSet) -> torch.Tensor:

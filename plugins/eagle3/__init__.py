@@ -196,7 +196,7 @@ class Eagle3Drafter(api.Drafter):
         embeds = model.embed_tokens(ids[pos + 1])
         hidden = model.fuse(aux[sub.anchor.to(device)])
         # a segment may be charged with nothing (context only); its zero must still be part of the graph
-        loss_sum = hidden.sum() * 0.0
+        loss_sum = api.LossTerms.zero(hidden)
         hits = torch.zeros(len(sub), dtype=torch.bool)
         passes = int(depth.max()) + 1 if len(sub) else 0
 

@@ -202,10 +202,7 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
             row_weight=row_weight,
             **api.eagle.loss_kind(self.options),
         )
-        k = elements.max_depth
-        d = depth[charged].cpu()
-        total = torch.bincount(d, minlength=k)[:k]
-        correct = torch.bincount(d[result.correct.cpu()], minlength=k)[:k]
+        correct, total = api.eagle.per_depth(depth[charged], result.correct, elements.max_depth)
         return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu(),
                              masked=result.dropped)
 

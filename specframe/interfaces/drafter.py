@@ -79,6 +79,20 @@ class LossTerms:
     #: calibration against it and hands it to ``Drafter.calibrate`` instead of ``hit``.
     acceptance: torch.Tensor | None = None
 
+    @staticmethod
+    def zero(like: torch.Tensor) -> torch.Tensor:
+        """A zero loss inside ``like``'s graph (``like.sum() * 0.0``; API 14): a segment charged with nothing (context
+        only) still returns a loss that reaches the drafter's parameters, so its backward runs and DDP's gradient
+        hooks fire as on any other rank."""
+        return like.sum() * 0.0
+
+    @classmethod
+    def empty(cls, k: int, like: torch.Tensor) -> LossTerms:
+        """The terms of a segment charged with nothing (API 14): the ``zero`` loss of ``like`` (a parameter or an
+        output of the drafter), no element, ``k`` depths with no hit and no count, no verdict."""
+        return cls(cls.zero(like), 0, torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long),
+                   hit=torch.zeros(0, dtype=torch.bool))
+
 
 class Drafter(Component, ABC):
     """A draft model and everything that makes it trainable and servable.

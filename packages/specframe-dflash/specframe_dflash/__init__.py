@@ -173,16 +173,9 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
 
     def prepare(self, target: Any, examples: Any) -> None:
         """Take the target's embedding and lm_head (frozen: DFlash shares them) and pick the mask token by
-        ``api.vocab``'s rule (a special or reserved token never seen in the training data)."""
-        emb = target.model.get_input_embeddings().weight.detach()
-        head = target.model.get_output_embeddings().weight.detach()
-        counts = api.vocab.count_tokens(list(examples), self.vocab_size, masked_only=False)
-        self.mask_token_id = api.vocab.mask_token_ids(
-            target.tokenizer, 1, data_counts=counts, embedding_rows=self.vocab_size
-        )[0]
-        with torch.no_grad():
-            self.model.embed_tokens.weight.copy_(emb[: self.vocab_size].to(self.model.embed_tokens.weight.dtype))
-            self.model.lm_head.weight.copy_(head[: self.vocab_size].to(self.model.lm_head.weight.dtype))
+        ``api.vocab``'s rule (a special or reserved token never seen in the training data), as
+        ``api.block.share_target`` does for both block drafters."""
+        self.mask_token_id = api.block.share_target(self.model, target, examples)
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
         # position i reads x_{i+1} with g_i and is charged with x_{i+2}: the EAGLE indexing, so the EAGLE rule
@@ -191,17 +184,10 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
     @staticmethod
     def trained_elements(example: api.TrainingExample, sup: torch.Tensor, anchor: torch.Tensor,
                          depth: torch.Tensor) -> torch.Tensor:
-        """Which charged elements (a, d) the loss trains, as the reference samplers choose them: the block's anchor
-        token x_{a+1} is supervised (drafting only ever anchors on a generated token) as is its first target x_{a+2}
-        (SpecForge's ``_sample_anchor_positions``, DeepSpec's ``build_anchor_candidate_mask``), and slot d only
-        while the targets of slots 0..d are all supervised (DeepSpec's ``build_eval_mask``: a block stops at its
-        first unsupervised slot, as a draft never runs past the end of an answer). The engine's supervision is per
-        position, so the elements outside this rule stay charged (counted, verdicts reported) with weight 0."""
-        lm = example.loss_mask.to(torch.bool)
-        # unsupervised positions before i: positions a..a+d are all supervised iff none lies in [a, a + d]
-        gaps = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum((~sup.to(torch.bool)).long(), 0)])
-        contiguous = gaps[anchor + depth + 1] == gaps[anchor]
-        return lm[anchor + 1] & contiguous
+        """Which charged elements (a, d) the loss trains, as the reference samplers choose them
+        (``api.block.trained_elements``: a block anchored on a supervised token whose first target is supervised, up
+        to its first unsupervised slot); the others stay charged with weight 0."""
+        return api.block.trained_elements(example.loss_mask, sup, anchor, depth)
 
     def loss(
         self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: Any
@@ -213,17 +199,12 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         k = elements.max_depth
         if k > self.depth:
             raise api.UsageError(f"dflash: element depth {k} exceeds block_size - 1 = {self.depth}")
-        sub = elements.subset(segment.elements)
-        pos = sub.anchor + sub.depth
         sup = self.supervision(example)
-        charged = segment.loss_mask.cpu() & sup[pos]
-        anchor, depth = sub.anchor[charged], sub.depth[charged]
-        if anchor.numel() == 0:
-            zero = model.fc.weight.sum() * 0.0  # keeps the graph (and DDP) intact for a segment with nothing charged
-            return api.LossTerms(zero, 0, torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long),
-                                 hit=torch.zeros(0, dtype=torch.bool))
+        charged = api.block.charged_blocks(elements, segment, sup)
+        if not charged.count:
+            return api.LossTerms.empty(k, model.fc.weight)
         # Blocks are independent given the target's features: only the charged elements' blocks are run.
-        blocks, block_of = torch.unique(anchor, return_inverse=True)
+        anchor, depth, blocks, block_of = charged.anchor, charged.depth, charged.blocks, charged.block_of
         slots = self.depth + 1  # the anchor token and every mask slot, whatever the grid's depth
         ids = example.input_ids
         hidden = api.block.block_hidden(model, example.features[AUX], ids, elements, blocks, slots,
@@ -243,8 +224,7 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         loss_sum, hit = api.modeling.chunked_cross_entropy(
             hidden[rows], model.lm_head.weight, target, self.options.loss_chunk, row_weight=weight)
         hit = hit.cpu()
-        total = torch.bincount(depth, minlength=k)[:k]
-        correct = torch.bincount(depth[hit], minlength=k)[:k]
+        correct, total = api.eagle.per_depth(depth, hit, k)
         return api.LossTerms(loss_sum, int(anchor.numel()), correct, total, hit=hit)
 
     # --------------------------------------------------------------------------------------------------- inference

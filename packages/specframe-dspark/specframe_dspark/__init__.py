@@ -330,17 +330,10 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
 
     def prepare(self, target: Any, examples: Any) -> None:
         """Take the target's embedding and lm_head (frozen, shared) and its head as the teacher, and pick the mask
-        token by ``api.vocab``'s rule (a special or reserved token never seen in the training data)."""
-        emb = target.model.get_input_embeddings().weight.detach()
-        head = target.model.get_output_embeddings().weight.detach()
+        token by ``api.vocab``'s rule (a special or reserved token never seen in the training data): DFlash's
+        ``api.block.share_target``."""
         self.target_head = api.eagle.target_head(target)
-        counts = api.vocab.count_tokens(list(examples), self.vocab_size, masked_only=False)
-        self.mask_token_id = api.vocab.mask_token_ids(
-            target.tokenizer, 1, data_counts=counts, embedding_rows=self.vocab_size
-        )[0]
-        with torch.no_grad():
-            self.model.embed_tokens.weight.copy_(emb[: self.vocab_size].to(self.model.embed_tokens.weight.dtype))
-            self.model.lm_head.weight.copy_(head[: self.vocab_size].to(self.model.lm_head.weight.dtype))
+        self.mask_token_id = api.block.share_target(self.model, target, examples)
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
         # position i reads x_{i+1} with g_i and is charged with x_{i+2}: the EAGLE indexing, so the EAGLE rule
@@ -349,16 +342,10 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
     @staticmethod
     def trained_elements(example: api.TrainingExample, sup: torch.Tensor, anchor: torch.Tensor,
                          depth: torch.Tensor) -> torch.Tensor:
-        """Which charged elements (a, d) the loss trains, as DeepSpec's and SpecForge's samplers choose them: the
-        block's anchor token x_{a+1} is supervised (a generated token: drafting only ever anchors on one) as is its
-        first target, and slot d only while slots 0..d are all supervised (a block stops at its first unsupervised
-        slot). The engine's supervision is per position, so the elements outside this rule stay charged (counted,
-        verdicts reported) with weight 0."""
-        lm = example.loss_mask.to(torch.bool)
-        # unsupervised positions before i: slots a..a+d are all supervised iff none lies in [a, a + d]
-        gaps = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum((~sup.to(torch.bool)).long(), 0)])
-        contiguous = gaps[anchor + depth + 1] == gaps[anchor]
-        return lm[anchor + 1] & contiguous
+        """Which charged elements (a, d) the loss trains, as DeepSpec's and SpecForge's samplers choose them
+        (DFlash's rule, ``api.block.trained_elements``: a block anchored on a supervised token whose first target is
+        supervised, up to its first unsupervised slot); the others stay charged with weight 0."""
+        return api.block.trained_elements(example.loss_mask, sup, anchor, depth)
 
     def _teacher(self, device: torch.device, dtype: torch.dtype) -> Any:
         if self.target_head is None:
@@ -380,16 +367,11 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         k = elements.max_depth
         if k > self.depth:
             raise api.UsageError(f"dspark: element depth {k} exceeds block_size = {self.depth}")
-        sub = elements.subset(segment.elements)
-        pos = sub.anchor + sub.depth
         sup = self.supervision(example)
-        charged = segment.loss_mask.cpu() & sup[pos]
-        anchor, depth = sub.anchor[charged], sub.depth[charged]
-        if anchor.numel() == 0:
-            zero = model.fc.weight.sum() * 0.0  # keeps the graph (and DDP) intact for a segment with nothing charged
-            return api.LossTerms(zero, 0, torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long),
-                                 hit=torch.zeros(0, dtype=torch.bool))
-        blocks, block_of = torch.unique(anchor, return_inverse=True)
+        charged = api.block.charged_blocks(elements, segment, sup)
+        if not charged.count:
+            return api.LossTerms.empty(k, model.fc.weight)
+        anchor, depth, blocks, block_of = charged.anchor, charged.depth, charged.blocks, charged.block_of
         slots = self.depth
         ids = example.input_ids
         hidden = api.block.block_hidden(model, example.features[AUX], ids, elements, blocks, slots,
@@ -442,8 +424,7 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         self.last_acceptance = torch.cat(accepts).detach().cpu()
         self.last_confidence_estimate = torch.sigmoid(logit.double() / self.confidence_temperature[depth]).float()
         self.last_trained = trained
-        count_total = torch.bincount(depth, minlength=k)[:k]
-        correct = torch.bincount(depth[hit], minlength=k)[:k]
+        correct, count_total = api.eagle.per_depth(depth, hit, k)
         # the raw logits go to the engine (API 8), which measures their calibration and hands them to `calibrate`;
         # an element the reference does not train gives none (NaN), so its chain stays out of the held-out chains
         # (those are situations drafting never meets)
