@@ -2,7 +2,9 @@
 
 Exposed to plugins as ``api.eagle``. EAGLE-3 (``eagle3``) and ParallelSpec (``parallelspec``) use all of it; P-EAGLE
 subclasses ``EagleBackbone`` (adding its ``mask_hidden``); P-EAGLE, ParallelSpec and DFlash (a separate package)
-draft from ``QueuedInference``'s queue of committed tokens (``specframe.queued_inference``, re-exported here).
+draft from ``QueuedInference``'s queue of committed tokens (``specframe.queued_inference``, re-exported here). What
+their classes declare and record alike (``family_training``, the ``FamilyTraining`` / ``FamilyDrafter`` mixins) is
+``specframe.family``, re-exported here beside the options they share (``FamilyFields``).
 
 ``EagleBackbone`` holds the vLLM ``llama_eagle3`` parameter names (``embed_tokens``, ``fc``, ``layers.N.*``,
 ``norm``, ``lm_head``, ``d2t`` offsets and ``t2d`` mask), so a checkpoint exports without renaming. Draft vocabulary
@@ -20,9 +22,11 @@ import torch
 from torch import nn
 
 from specframe import modeling
-from specframe.declarations import Training, positive_int, unit_interval
+from specframe.declarations import positive_int, unit_interval
 from specframe.elements import position_docs
 from specframe.errors import UsageError
+# What a family drafter class declares and records (training, comparison options, the checkpoint record), held once.
+from specframe.family import FamilyDrafter, FamilyTraining, family_training
 from specframe.features import default_aux_layers
 from specframe.queued_inference import PendingInputs, QueuedInference
 from specframe.target_head import TargetHead, as_target_head, target_head
@@ -38,7 +42,9 @@ __all__ = [
     "TEACHER_LOGP",
     "Architecture",
     "EagleBackbone",
+    "FamilyDrafter",
     "FamilyFields",
+    "FamilyTraining",
     "TargetHead",
     "PendingInputs",
     "QueuedInference",
@@ -48,6 +54,7 @@ __all__ = [
     "default_aux_layers",
     "depth_weights",
     "draft_vocabulary",
+    "family_training",
     "freeze_head",
     "full_vocab_top1",
     "in_draft_vocab",
@@ -415,16 +422,6 @@ def sequence_weights(elements: Any, supervised: torch.Tensor, rows: torch.Tensor
     doc = elements.doc.cpu()
     n_doc = torch.bincount(doc[charged], minlength=int(doc.max()) + 1 if doc.numel() else 1).float()
     return (scale / n_doc[doc[rows.cpu()]]).to(rows.device)
-
-
-def family_training(options: Any, depth: int) -> Training:
-    """``Drafter.training`` (API 6) for the EAGLE family's drafters (P-EAGLE, EAGLE-3, PARD, ParallelSpec), whose
-    options carry the family's shared fields (``FamilyFields``) ``k_infer``, ``cod_ratio``, ``cod_min_ratio``,
-    ``activation_checkpointing`` and ``loss_chunk``; ``depth`` is the drafter's default training depth, which each
-    spells its own way (EAGLE-3's is its number of test-time-training passes)."""
-    return Training(depth=depth, k=options.k_infer, cod_ratio=options.cod_ratio, cod_min_ratio=options.cod_min_ratio,
-                    activation_checkpointing=options.activation_checkpointing,
-                    checkpointing_option="activation_checkpointing", loss_chunk=options.loss_chunk)
 
 
 def all_token_counts(examples: Iterable[Any], vocab_size: int) -> torch.Tensor:

@@ -101,19 +101,12 @@ def parents_of(elements: api.ElementSet) -> torch.Tensor:
     return torch.where(deep, parent, torch.full_like(parent, -1))
 
 
-class Eagle3Drafter(api.Drafter):
+class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
     name = "eagle3"
     Options = Eagle3Options
     parallel = False
     builds_trees = True  # propose_tree grows an EAGLE-2 dynamic tree
-
-    @classmethod
-    def training(cls, options: Eagle3Options) -> api.Training:
-        return api.eagle.family_training(options, options.ttt_steps)  # one element depth per TTT pass
-
-    @classmethod
-    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
-        return {"draft_vocab_size": draft_vocab_size, "ttt_steps": depth, "k_infer": k}
+    depth_option = "ttt_steps"  # the training depth: one element depth per TTT pass
 
     def __init__(self, target_config: Any, options: Eagle3Options | None = None) -> None:
         super().__init__(target_config, options)
@@ -344,27 +337,6 @@ class Eagle3Drafter(api.Drafter):
         return api.dynamic_tree(full_logprobs(root)[0], expand, depth=depth, top_k=top_k, total_tokens=total_tokens)
 
     # -------------------------------------------------------------------------------------------------- checkpoints
-    def describe(self) -> dict[str, Any]:
-        """What inference and vLLM export need besides the tensors."""
-        s = self.shape
-        return {
-            **super().describe(),
-            "aux_layer_ids": list(self.aux_layer_ids),
-            "draft_vocab_size": self.draft_vocab_size,
-            "vocab_size": self.vocab_size,
-            **s.config_fields(),
-            "target_hidden_size": s.hidden,
-            "num_hidden_layers": self.options.layers,
-            "d2t": "offsets: target id = draft id + d2t[draft id]",
-        }
-
-    def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
-        if list(info["aux_layer_ids"]) != self.aux_layer_ids or info["draft_vocab_size"] != self.draft_vocab_size:
-            raise api.SpecframeError(
-                f"{directory} was trained with aux layers {info['aux_layer_ids']} and draft vocabulary "
-                f"{info['draft_vocab_size']}; this drafter has {self.aux_layer_ids} and {self.draft_vocab_size}"
-            )
-
     def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
         """The speculators ``eagle3`` layout vLLM serves from the folder alone (``LLM(model=EXPORT)``, the verifier
         being this target); the module's tensors already carry its names."""

@@ -86,18 +86,11 @@ class ParallelSpecOptions:
         return self.num_masks if self.num_masks is not None else max(self.k_train - 1, 1)
 
 
-class ParallelSpecDrafter(api.eagle.QueuedInference, api.Drafter):
+class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, api.Drafter):
+    # FamilyTraining, not FamilyDrafter: its checkpoint record is its own (two backbones, no d2t)
     name = "parallelspec"
     Options = ParallelSpecOptions
     parallel = True
-
-    @classmethod
-    def training(cls, options: ParallelSpecOptions) -> api.Training:
-        return api.eagle.family_training(options, options.k_train)
-
-    @classmethod
-    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
-        return {"draft_vocab_size": draft_vocab_size, "k_train": depth, "k_infer": k}
 
     @classmethod
     def import_options(cls, imported: Any) -> dict[str, Any]:

@@ -90,18 +90,11 @@ def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
     return ids
 
 
-class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
+class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Drafter):
     name = "peagle"
     Options = PEagleOptions
     parallel = True
-
-    @classmethod
-    def training(cls, options: PEagleOptions) -> api.Training:
-        return api.eagle.family_training(options, options.k_train)
-
-    @classmethod
-    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
-        return {"draft_vocab_size": draft_vocab_size, "k_train": depth, "k_infer": k}
+    recorded = ("mask_token_id",)  # in the checkpoint record before the family's fields; restore_checkpoint reads it
 
     def __init__(self, target_config: Any, options: PEagleOptions | None = None) -> None:
         super().__init__(target_config, options)
@@ -244,28 +237,6 @@ class PEagleDrafter(api.eagle.QueuedInference, api.Drafter):
         return api.Draft(tokens=target_ids.cpu())
 
     # -------------------------------------------------------------------------------------------------- checkpoints
-    def describe(self) -> dict[str, Any]:
-        """What inference and vLLM export need besides the tensors."""
-        s = self.shape
-        return {
-            **super().describe(),
-            "mask_token_id": self.mask_token_id,
-            "aux_layer_ids": list(self.aux_layer_ids),
-            "draft_vocab_size": self.draft_vocab_size,
-            "vocab_size": self.vocab_size,
-            **s.config_fields(),
-            "target_hidden_size": s.hidden,
-            "num_hidden_layers": self.options.layers,
-            "d2t": "offsets: target id = draft id + d2t[draft id]",
-        }
-
-    def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
-        if list(info["aux_layer_ids"]) != list(self.aux_layer_ids) or info["draft_vocab_size"] != self.draft_vocab_size:
-            raise api.SpecframeError(
-                f"{directory} was trained with aux layers {info['aux_layer_ids']} and draft vocabulary "
-                f"{info['draft_vocab_size']}, this drafter has {self.aux_layer_ids} and {self.draft_vocab_size}"
-            )
-
     def restore_checkpoint(self, info: dict[str, Any]) -> None:
         self.mask_token_id = info["mask_token_id"]
 
