@@ -49,10 +49,12 @@ from specframe.interfaces.mask_builder import (Attention, MaskBuilder, SegmentAt
 from specframe.interfaces.partitioner import Partitioner, Segment
 from specframe.interfaces.verifier import RoundCost, Verification, Verifier, verify
 
-# The checkpoint layouts vLLM loads (speculators EAGLE-3 / P-EAGLE / DFlash, PARD, ParallelSpec): a drafter's
-# ``export_vllm`` calls one of ``vllm_layouts.write_eagle3`` / ``write_peagle`` / ``write_dflash`` / ``write_pard`` /
-# ``write_parallelspec``.
+# The checkpoint layouts vLLM loads, one per row of the layout table (speculators EAGLE-3 / P-EAGLE / DFlash / DSpark,
+# PARD, ParallelSpec): a drafter's ``export_vllm`` calls one of ``vllm_layouts.write_eagle3`` / ``write_peagle`` /
+# ``write_dflash`` / ``write_dspark`` / ``write_pard`` / ``write_parallelspec`` with the ``Serving`` it was handed
+# (API 14), and returns the ``Manifest`` the writer returns.
 from specframe.layouts import export as vllm_layouts
+from specframe.layouts.manifest import Manifest, Serving
 from specframe.modeling import expand_kv  # noqa: F401  (api.expand_kv, for drafters' attention)
 
 # The sampling math the sampling verifiers share (API 8: the chain speculative sampling; API 14: one token's acceptance
@@ -126,7 +128,14 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   (``rule_matrix(..., window)``, ``api.shared_window``); ``MaskBuilder.windows`` says a builder applies it (dense,
 #:   chunked, precomputed and flex do), and ``SegmentAttention`` refuses a windowed set to a builder that does not.
 #:   Sets without a window, which is every set a version-12 drafter sees, attend exactly as before.
-API_VERSION = "13"
+#: - "14" (additive): an export is written once. ``Drafter.export_vllm(directory, tokenizer, serving=None)`` is
+#:   handed the ``Serving`` the user chose (``verifier``, ``speculative_tokens``; None: the drafter's own) and passes
+#:   it to its ``vllm_layouts`` writer (every writer takes ``serving=``), which writes ``config.json`` once with it;
+#:   the writers return the ``Manifest`` object instead of a dict (``Manifest.as_dict()`` is that dict, and a manifest
+#:   still answers ``manifest["layout"]`` and ``.get``). Compatibility: a version-13 drafter, whose ``export_vllm``
+#:   has no ``serving`` parameter, keeps working: the core reads its signature (``inspect``), calls it as before and
+#:   re-targets the folder it wrote (``vllm_layouts.set_serving``), and a dict it returns is taken as its manifest.
+API_VERSION = "14"
 
 __all__ = [
     "API_VERSION",
@@ -140,6 +149,7 @@ __all__ = [
     "Drafter",
     "ElementSet",
     "LossTerms",
+    "Manifest",
     "MaskBuilder",
     "NoOptions",
     "Partitioner",
@@ -147,6 +157,7 @@ __all__ = [
     "RoundCost",
     "Segment",
     "SegmentAttention",
+    "Serving",
     "SpecframeError",
     "Training",
     "TrainingExample",

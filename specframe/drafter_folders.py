@@ -134,6 +134,25 @@ def open_drafter(path: str | os.PathLike, target: str | None = None) -> OpenDraf
                        target_config=target_config, tokenizer=tokenizer)
 
 
+@attrs.frozen
+class Exported:
+    """What ``export_checkpoint`` wrote: the export's manifest (as its ``config.json`` says, written once) and where
+    it came from."""
+
+    manifest: Any
+    #: the export folder, absolute
+    output: str
+    #: the loadable target the drafter was exported for
+    target: str
+    #: the folder the drafter's weights were read from
+    checkpoint: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The manifest's fields plus ``output``, ``target`` and ``checkpoint`` (what ``specframe export --json``
+        prints)."""
+        return {**self.manifest.as_dict(), "output": self.output, "target": self.target, "checkpoint": self.checkpoint}
+
+
 def export_checkpoint(
     checkpoint: str | Path,
     output: str | Path,
@@ -141,23 +160,63 @@ def export_checkpoint(
     *,
     verifier: str | None = None,
     k: int | None = None,
-) -> dict[str, Any]:
+) -> Exported:
     """Export the drafter of ``checkpoint`` (a checkpoint, a run's output folder or an importable foreign folder) to
     ``output`` for vLLM; the target defaults to the one the run trained against. A speculators export names
-    ``verifier`` (default: the target) and drafts ``k`` tokens (default: the drafter's). Returns the manifest plus
-    ``output``, ``target`` and ``checkpoint``."""
+    ``verifier`` (default: the target) and drafts ``k`` tokens (default: the drafter's): the drafter's
+    ``export_vllm`` is handed that ``Serving`` and writes ``config.json`` once with it. Returns the ``Exported``
+    (the writer's manifest, ``output``, ``target`` and ``checkpoint``)."""
     from specframe.layouts import export
 
     if k is not None and k < 1:
         raise SpecframeError(f"--k must be positive, got {k}")
     opened = open_drafter(checkpoint, target)
     drafter, source = opened.drafter, opened.target_source
-    manifest = drafter.export_vllm(Path(output), opened.tokenizer)
-    if not isinstance(manifest, dict) or "method" not in manifest:
-        raise SpecframeError(f"drafter '{drafter.name}' export_vllm returned {manifest!r}, not a layout manifest")
-    if manifest.get("layout") in export.SPECULATORS:
-        manifest = export.set_serving(output, verifier=verifier or export.verifier_name(source), speculative_tokens=k)
-        manifest = attrs.asdict(manifest)
-    elif verifier is not None:
-        raise SpecframeError(f"--verifier applies to speculators exports (EAGLE-3, P-EAGLE), not {manifest.get('layout')}")
-    return {**manifest, "output": str(Path(output).resolve()), "target": source, "checkpoint": str(opened.directory)}
+    serving = export.Serving(verifier=verifier or export.verifier_name(source), speculative_tokens=k)
+    manifest = write_export(drafter, Path(output), opened.tokenizer, serving)
+    if verifier is not None and not manifest.speculators:
+        raise SpecframeError(f"--verifier applies to speculators exports (EAGLE-3, P-EAGLE), not {manifest.layout}")
+    return Exported(manifest=manifest, output=str(Path(output).resolve()), target=source,
+                    checkpoint=str(opened.directory))
+
+
+def takes_serving(export_vllm: Any) -> bool:
+    """Whether a drafter's ``export_vllm`` takes the ``serving`` choice (API 14), read from its signature: an API 13
+    drafter's has only ``directory`` and ``tokenizer``."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(export_vllm).parameters.values()
+    except (TypeError, ValueError):  # a callable whose signature cannot be read: called the API 13 way, which works
+        return False
+    return any(p.name == "serving" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def write_export(drafter: Any, output: Path, tokenizer: Any, serving: Any) -> Any:
+    """Write ``drafter``'s vLLM export to ``output`` with the ``serving`` choice and return its ``Manifest``. An API
+    14 drafter writes ``config.json`` once, with the choice; an API 13 one (``takes_serving`` false) writes its own
+    guesses, which a speculators export then has re-targeted (``set_serving``, as every export was up to API 13).
+    The manifest a drafter returns may be a ``Manifest`` or, from an API 13 drafter, its dict."""
+    from specframe.layouts import export
+
+    if takes_serving(drafter.export_vllm):
+        manifest = _manifest(drafter, drafter.export_vllm(output, tokenizer, serving=serving))
+    else:
+        manifest = _manifest(drafter, drafter.export_vllm(output, tokenizer))
+        if manifest.layout in export.SPECULATORS:
+            manifest = export.set_serving(output, verifier=serving.verifier, speculative_tokens=serving.speculative_tokens)
+    return manifest
+
+
+def _manifest(drafter: Any, returned: Any) -> Any:
+    """The ``Manifest`` an ``export_vllm`` returned (a dict with ``method``, from an API 13 drafter, taken as one);
+    anything else is refused, naming the drafter."""
+    from collections.abc import Mapping
+
+    from specframe.layouts.export import Manifest
+
+    if isinstance(returned, Manifest):
+        return returned
+    if not isinstance(returned, Mapping) or "method" not in returned:
+        raise SpecframeError(f"drafter '{drafter.name}' export_vllm returned {returned!r}, not a layout manifest")
+    return Manifest.from_mapping(returned)

@@ -337,7 +337,7 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
         return api.dynamic_tree(full_logprobs(root)[0], expand, depth=depth, top_k=top_k, total_tokens=total_tokens)
 
     # -------------------------------------------------------------------------------------------------- checkpoints
-    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+    def export_vllm(self, directory: Path, tokenizer: Any, serving: api.Serving | None = None) -> api.Manifest:
         """The speculators ``eagle3`` layout vLLM serves from the folder alone (``LLM(model=EXPORT)``, the verifier
         being this target); the module's tensors already carry its names."""
         layouts = api.vllm_layouts
@@ -348,7 +348,7 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config), speculative_tokens=self.options.k_infer,
             verifier_architectures=layouts.verifier_architectures_of(self.target_config),
-            architecture=self.model.architecture.export_fields(),
+            architecture=self.model.architecture.export_fields(), serving=serving,
         )
 
     @classmethod

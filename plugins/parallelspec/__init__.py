@@ -170,7 +170,7 @@ class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, a
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
         return api.eagle.shifted_supervision(example.loss_mask, example.doc, self.options.loss_mask_bit)
 
-    def export_vllm(self, directory: Any, tokenizer: Any) -> dict[str, Any]:
+    def export_vllm(self, directory: Any, tokenizer: Any, serving: api.Serving | None = None) -> api.Manifest:
         """The EAGLE backbone for vLLM's parallel drafting (eagle3 method), served by specframe's vLLM general plugin
         model ``ParallelSpecLlamaForCausalLMEagle3``, which gives each draft slot its own learned [MASK]_d
         embedding and its anchor's hidden state (``specframe.vllm.vllm_plugin``). vLLM needs the target beside it
@@ -190,7 +190,7 @@ class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, a
         return layouts.write_parallelspec(
             directory, weights, config=config, aux_layer_ids=self.aux_layer_ids, target_hidden_size=self.shape.hidden,
             mask_token_ids=self.mask_token_ids, target_num_layers=int(self.target_config.num_hidden_layers),
-            tokenizer=tokenizer, drafter=self.name,
+            tokenizer=tokenizer, drafter=self.name, serving=serving,
         )
 
     def import_weights(self, imported: Any) -> None:

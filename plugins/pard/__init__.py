@@ -275,14 +275,15 @@ class PardDrafter(api.Drafter):
             raise api.SpecframeError(f"{directory}: weights do not fit this pard drafter: {exc}") from exc
         self.mask_token_id = int(hf.config.pard_token)
 
-    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+    def export_vllm(self, directory: Path, tokenizer: Any, serving: api.Serving | None = None) -> api.Manifest:
         """vLLM's ``{"method": "draft_model", "parallel_drafting": true}`` layout: the plain causal LM."""
         if self.mask_token_id is None:
             raise api.SpecframeError("pard: no mask token chosen (train the drafter or load a checkpoint first)")
         weights = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
         config = {k: v for k, v in self.hf_config().to_dict().items() if k != "pard_token"}
         return api.vllm_layouts.write_pard(
-            directory, weights, config=config, pard_token=self.mask_token_id, tokenizer=tokenizer, drafter=self.name
+            directory, weights, config=config, pard_token=self.mask_token_id, tokenizer=tokenizer, drafter=self.name,
+            serving=serving,
         )
 
     def import_weights(self, imported: Any) -> None:

@@ -240,7 +240,7 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
     def restore_checkpoint(self, info: dict[str, Any]) -> None:
         self.mask_token_id = info["mask_token_id"]
 
-    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+    def export_vllm(self, directory: Path, tokenizer: Any, serving: api.Serving | None = None) -> api.Manifest:
         """The speculators ``peagle`` layout (vLLM's eagle3 method with ``parallel_drafting``), served from the
         folder alone: the module's tensors already carry its names (``mask_hidden`` [1, 1, 3H] included); the
         trained embedding is exported so the mask row is used."""
@@ -255,7 +255,7 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
             tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config), speculative_tokens=self.options.k_infer,
             verifier_architectures=layouts.verifier_architectures_of(self.target_config),
-            architecture=self.model.architecture.export_fields(),
+            architecture=self.model.architecture.export_fields(), serving=serving,
         )
 
     @classmethod

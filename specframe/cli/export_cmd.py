@@ -7,7 +7,8 @@ local folder's absolute path, the converted folder for ``default``, or the hub i
 (``--k``, else the drafter's ``k_infer``). PARD is written as a plain causal LM with ``pard_token``, ParallelSpec as
 its EAGLE backbone with mask embeddings; both are served beside the target. ``--checkpoint`` may also be a foreign
 drafter folder ``specframe.layouts.imports`` reads (its formats, listed in the help likewise): it is imported and
-written again.
+written again. The verifier and ``--k`` reach the drafter's writer (``api.Serving``), which writes ``config.json``
+once; the speculative config printed is built from the manifest it returns.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ def export(checkpoint: str, fmt: str, output: str, target: str | None, verifier:
     """Export a trained drafter for serving in vLLM, in its drafter's layout: eagle3, peagle, dflash or dspark (the
     speculators format, served from the folder alone), pard or parallelspec (served beside the target)."""
     from specframe.drafter_folders import export_checkpoint
-    from specframe.layouts.export import DEFAULT_SPECULATIVE_TOKENS, speculative_config
+    from specframe.layouts.export import DEFAULT_SPECULATIVE_TOKENS
 
-    result = export_checkpoint(checkpoint, output, target, verifier=verifier, k=k)
-    tokens = k or result.get("speculative_tokens") or DEFAULT_SPECULATIVE_TOKENS
-    result["speculative_config"] = speculative_config(output, tokens)
+    exported = export_checkpoint(checkpoint, output, target, verifier=verifier, k=k)
+    manifest = exported.manifest  # the writer's, for what it wrote: the folder is not read back
+    result = exported.as_dict()
+    tokens = k or manifest.speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
+    result["speculative_config"] = manifest.speculative_config(output, tokens)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return

@@ -89,8 +89,10 @@ class TrainConfig:
     device_map: str | None = None
     #: a Jinja chat template file replacing the target tokenizer's
     chat_template: str | None = None
-    #: warm start: a speculators EAGLE-3 / P-EAGLE, SafeAILab / SpecForge EAGLE-3 or PARD folder whose weights are
-    #: loaded into the drafter after it is built and prepared, before the first step (specframe.layouts.imports)
+    #: warm start: a drafter folder in one of the formats specframe.layouts.imports reads (FORMATS: speculators
+    #: EAGLE-3 / P-EAGLE / DFlash / DSpark, eagle3-flat and peagle-flat from SafeAILab / SpecForge, deepspec and
+    #: specforge-dspark DSpark, parallelspec, pard), whose weights are loaded into the drafter after it is built and
+    #: prepared, before the first step
     init_from: str | None = None
     drafter_options: dict[str, Any] = attrs.field(factory=dict)
     mask_builder_options: dict[str, Any] = attrs.field(factory=dict)

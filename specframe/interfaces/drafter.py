@@ -26,6 +26,7 @@ from specframe.interfaces.component import Component
 from specframe.interfaces.mask_builder import Attention
 from specframe.interfaces.partitioner import Segment
 from specframe.layouts import export as vllm_layouts
+from specframe.layouts.manifest import Manifest, Serving
 
 
 @attrs.frozen
@@ -274,16 +275,23 @@ class Drafter(Component, ABC):
         default: vLLM serves only this drafter's trained checkpoints, written by ``export_vllm``."""
         return None
 
-    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+    def export_vllm(self, directory: Path, tokenizer: Any, serving: Serving | None = None) -> Manifest:
         """Write this (trained) drafter into ``directory`` in a checkpoint layout vLLM loads, with ``tokenizer`` (the
-        target's) saved beside it, and return the manifest dict the ``vllm_layouts`` writer returned (``layout``,
-        ``method``, ``parallel_drafting``). ``specframe export --format vllm`` calls it; ``specframe serve`` and the
-        vLLM engine read the manifest to build vLLM's ``speculative_config``.
+        target's) saved beside it, and return the ``Manifest`` the ``vllm_layouts`` writer returned (``layout``,
+        ``method``, ``parallel_drafting``, ...). ``specframe export --format vllm`` calls it; ``specframe export`` and
+        ``specframe serve`` pass the manifest on to build vLLM's ``speculative_config``.
 
-        Implementations gather their tensors under the layout's names and call ``vllm_layouts.write_eagle3``,
-        ``write_peagle``, ``write_dflash``, ``write_pard`` or ``write_parallelspec`` (they validate shapes and ids and write
-        atomically). Default: refuse, for drafters vLLM has no model for (those belong in a vLLM general plugin, as
-        ``specframe.vllm.vllm_plugin`` does for ParallelSpec).
+        ``serving`` (API 14): the verifier and default draft tokens the user chose (``specframe export --verifier``,
+        ``--k``; None, or a field None: the drafter's own choice). Hand it to the writer as ``serving=``, which
+        writes it into ``config.json`` once. An API 13 drafter, whose ``export_vllm`` takes no ``serving``, still
+        exports with the user's choice: the core sees its signature and re-targets the folder after it was written
+        (``vllm_layouts.set_serving``).
+
+        Implementations gather their tensors under the layout's names and call the writer of their layout, one per
+        row of the layout table (``specframe.layouts.table``): ``vllm_layouts.write_eagle3``, ``write_peagle``,
+        ``write_dflash``, ``write_dspark``, ``write_pard`` or ``write_parallelspec`` (they validate shapes and ids and
+        write atomically). Default: refuse, for drafters vLLM has no model for (those belong in a vLLM general
+        plugin, as ``specframe.vllm.vllm_plugin`` does for ParallelSpec).
         """
         raise SpecframeError(
             f"drafter '{self.name}' cannot be exported to vLLM: it does not implement Drafter.export_vllm "
@@ -300,10 +308,12 @@ class Drafter(Component, ABC):
         return legacy_import_options(cls.Options, imported)
 
     def import_weights(self, imported: Any) -> None:
-        """Load a foreign drafter folder read by ``specframe.layouts.imports.read`` (speculators EAGLE-3 / P-EAGLE,
-        SafeAILab / SpecForge EAGLE-3, a PARD causal LM) into this drafter, after checking it against the target and
-        this drafter's shape (one ``SpecframeError`` naming the field otherwise). ``specframe train --init-from``,
-        ``generate`` / ``bench --checkpoint FOLDER`` and ``export`` call it. Default: refuse."""
+        """Load a foreign drafter folder read by ``specframe.layouts.imports.read`` into this drafter, after checking
+        it against the target and this drafter's shape (one ``SpecframeError`` naming the field otherwise). The
+        folder is in one of the formats it reads (``imports.FORMATS``): ``speculators``, ``eagle3-flat``,
+        ``peagle-flat``, ``deepspec``, ``specforge-dspark``, ``parallelspec``, ``pard``; ``imported.plugin`` names
+        the drafter it belongs to. ``specframe train --init-from``, ``generate`` / ``bench --checkpoint FOLDER`` and
+        ``export`` call it. Default: refuse."""
         raise SpecframeError(
             f"drafter '{self.name}' cannot import {getattr(imported, 'layout', '?')} folders: it does not implement "
             "Drafter.import_weights"

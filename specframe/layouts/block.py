@@ -42,7 +42,7 @@ from specframe.layouts.checks import (
     tensors as cpu_tensors,
     token_id,
 )
-from specframe.layouts.manifest import MIN_TOKENS, PROVENANCE
+from specframe.layouts.manifest import MIN_TOKENS, PROVENANCE, Manifest, Serving
 from specframe.layouts.speculators import IDENTITY_KEYS, envelope, layer_config, with_target_hidden_size
 from specframe.layouts.table import Layout, Limits, register_layout
 from specframe.layouts.writing import write
@@ -83,7 +83,8 @@ def write_dflash(
     speculative_tokens: int | None = None,
     verifier_architectures: Sequence[str] | None = None,
     min_speculative_tokens: int | None = None,
-) -> dict[str, Any]:
+    serving: Serving | None = None,
+) -> Manifest:
     """Write a DFlash drafter (speculators ``dflash``, module docstring): ``weights`` under vLLM's
     ``DFlashQwen3Model`` names, ``config`` the drafter's layer config (``llama_config`` of the target with
     ``num_hidden_layers`` = drafter layers: the sizes are the same, the Qwen3 model type is set here),
@@ -92,7 +93,7 @@ def write_dflash(
     defaults to ``block_size - 1``, every mask slot. ``min_speculative_tokens``: the fewest tokens per step vLLM may
     serve it at, as the drafter declares (vLLM's proposer runs a block of K + 1 slots, so a drafter trained on full
     blocks serves only K = block_size - 1, the default); recorded in the export and refused below
-    (``Manifest.refusal``)."""
+    (``Manifest.refusal``). ``serving``: the user's verifier and draft tokens, as ``write_eagle3``'s."""
     check_int("block_size", block_size, 2,
               message=f"block_size must be an integer of at least 2 (an anchor and a mask), got {block_size!r}")
     low = block_size - 1 if min_speculative_tokens is None else min_speculative_tokens
@@ -107,7 +108,7 @@ def write_dflash(
     full = _dflash_config(flat, verifier=verifier, speculative_tokens=tokens, drafter=drafter,
                           verifier_architectures=verifier_architectures)
     full[PROVENANCE][MIN_TOKENS] = low
-    return write(directory, tensors, full, tokenizer)
+    return write(directory, tensors, full, tokenizer, serving)
 
 
 def _block_flat(config: Mapping[str, Any], target_hidden_size: int, mask_token_id: int, aux_layer_ids: Sequence[int],
@@ -229,7 +230,8 @@ def write_dspark(
     verifier_architectures: Sequence[str] | None = None,
     confidence_temperature: Sequence[float] | None = None,
     confidence_calibration_rule: str | None = None,
-) -> dict[str, Any]:
+    serving: Serving | None = None,
+) -> Manifest:
     """Write a DSpark drafter (speculators ``dspark``, module docstring): the DFlash backbone's weights under vLLM's
     names plus the Markov head (``markov_head.markov_w1`` / ``markov_w2``) and the confidence head
     (``confidence_head.proj``), ``config`` the drafter's layer config (as ``write_dflash``'s), ``block_size`` the
@@ -237,7 +239,7 @@ def write_dspark(
     drafts ``block_size`` tokens per step, the only K vLLM serves it at. ``confidence_temperature`` (one per slot)
     and ``confidence_calibration_rule``: the confidence's fitted calibration and the verification it was fitted for,
     kept in the ``specframe`` entry (vLLM has no field for them: its adaptive verification reads the raw sigmoid)
-    and read back by an import."""
+    and read back by an import. ``serving``: the user's verifier and draft tokens, as ``write_eagle3``'s."""
     check_int("block_size", block_size, 1)
     if markov_head_type != "vanilla":
         # vLLM 0.32's Qwen3DSparkModel builds markov_w1 / markov_w2 only (no gate, no recurrent state), whatever
@@ -261,14 +263,17 @@ def write_dspark(
             raise SpecframeError(f"confidence_temperature {temperatures} is not {block_size} positive numbers")
         full[PROVENANCE].update(confidence_temperature=temperatures,
                                 confidence_calibration_rule=confidence_calibration_rule)
-    return write(directory, tensors, full, tokenizer)
+    return write(directory, tensors, full, tokenizer, serving)
 
 
 def _dspark_config(
     flat: Mapping[str, Any], *, verifier: str | None, speculative_tokens: int, drafter: str | None,
     verifier_architectures: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    config = _dflash_config({k: v for k, v in flat.items() if k not in _DSPARK_FIELDS or k in _DFLASH_FIELDS},
+    # the calibration a flat config read back carries (``_dspark_flat``) stays in the ``specframe`` entry: it is no
+    # layer field (set_serving's round trip used to copy it into transformer_layer_config)
+    config = _dflash_config({k: v for k, v in flat.items()
+                             if (k not in _DSPARK_FIELDS or k in _DFLASH_FIELDS) and k not in DSPARK_CALIBRATION},
                             verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
                             verifier_architectures=verifier_architectures)
     # vLLM's update_dspark keeps this architecture (and defaults to it); there is no speculators class

@@ -44,7 +44,7 @@ from specframe.layouts.checks import (
     tensors as cpu_tensors,
     token_id,
 )
-from specframe.layouts.manifest import DEFAULT_SPECULATIVE_TOKENS
+from specframe.layouts.manifest import DEFAULT_SPECULATIVE_TOKENS, Manifest, Serving
 from specframe.layouts.speculators import (
     IDENTITY_KEYS,
     envelope,
@@ -87,7 +87,8 @@ def write_eagle3(
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
     verifier_architectures: Sequence[str] | None = None,
     architecture: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    serving: Serving | None = None,
+) -> Manifest:
     """Write an autoregressive EAGLE-3 drafter (speculators ``eagle3``).
 
     ``weights`` uses the layout names above (``midlayer.*`` is accepted for ``layers.0.*``); ``config`` is the
@@ -100,7 +101,10 @@ def write_eagle3(
     them); ``speculative_tokens`` is the default number of draft tokens per step. ``architecture``: the drafter's
     layer architecture (``specframe.eagle.Architecture.export_fields``: ``qk_norm`` -> a qwen3 layer config,
     ``sliding_window`` -> ``layer_types``, the EAGLE 3.1 flags at the top); none: specframe's default one.
-    Returns the manifest (``layout``, ``method``, ``parallel_drafting``, ...) as a dict.
+    ``serving`` (API 14): the verifier and draft tokens the user chose (``Drafter.export_vllm`` is handed them),
+    which replace ``verifier`` / ``speculative_tokens`` where given (a number of draft tokens the export cannot be
+    served at refused) before ``config.json`` is written, once. Returns the ``Manifest`` of what was written (every
+    writer does; ``Manifest.as_dict()`` is the dict they returned up to API 13).
     """
     config = {**config, **(architecture or {})}
     tensors, cfg = eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
@@ -108,7 +112,7 @@ def write_eagle3(
         raise SpecframeError("an autoregressive EAGLE-3 export has no mask_hidden; use write_peagle for P-EAGLE")
     full = _eagle3_config(cfg, verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
                           verifier_architectures=verifier_architectures)
-    return write(directory, tensors, full, tokenizer)
+    return write(directory, tensors, full, tokenizer, serving)
 
 
 def write_peagle(
@@ -126,10 +130,11 @@ def write_peagle(
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS,
     verifier_architectures: Sequence[str] | None = None,
     architecture: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    serving: Serving | None = None,
+) -> Manifest:
     """Write a P-EAGLE drafter (speculators ``peagle``: vLLM's eagle3 method with ``parallel_drafting``):
     ``write_eagle3``'s layout plus ``mask_hidden`` [1, 1, n_aux * H_target] in ``weights`` and ``mask_token_id`` (a
-    target-vocabulary id whose embedding row the mask slots read) in the config."""
+    target-vocabulary id whose embedding row the mask slots read) in the config; ``serving`` as ``write_eagle3``'s."""
     config = {**config, **(architecture or {})}
     if config.get("norm_output"):
         # vLLM 0.32's update_peagle does not pass norm_output on, and a parallel drafter has no step to feed
@@ -139,7 +144,7 @@ def write_peagle(
     peagle_parts(tensors, cfg, mask_token_id)
     full = _peagle_config(cfg, verifier=verifier, speculative_tokens=speculative_tokens, drafter=drafter,
                           verifier_architectures=verifier_architectures)
-    return write(directory, tensors, full, tokenizer)
+    return write(directory, tensors, full, tokenizer, serving)
 
 
 # ------------------------------------------------------------------------------------- config.json and its inverse

@@ -3,9 +3,11 @@ plugins reach as ``api.vllm_layouts``, and the export check every layout shares.
 
 A drafter plugin's ``export_vllm`` gathers its tensors under the layout's names plus a few config values, and calls
 one of ``write_eagle3``, ``write_peagle``, ``write_dflash``, ``write_dspark``, ``write_pard`` or
-``write_parallelspec``. Each writer validates shapes and ids (raising ``SpecframeError`` with the offending name),
-then writes ``config.json``, ``model.safetensors`` and the tokenizer files (when given a tokenizer) into a temporary
-folder beside ``directory`` and moves it into place (``writing``), so a reader never sees half an export.
+``write_parallelspec`` with the ``Serving`` choice it was handed. Each writer validates shapes and ids (raising
+``SpecframeError`` with the offending name), then writes ``config.json`` (once, naming the chosen verifier and draft
+tokens), ``model.safetensors`` and the tokenizer files (when given a tokenizer) into a temporary folder beside
+``directory`` and moves it into place (``writing``), so a reader never sees half an export; it returns the
+``Manifest``.
 ``config.json`` alone says what the folder is (``read_manifest``); a ``specframe`` entry in it records which drafter
 plugin and specframe version wrote it.
 
@@ -43,7 +45,9 @@ from specframe.layouts.manifest import (  # noqa: F401
     PROVENANCE,
     WEIGHTS,
     Manifest,
+    Serving,
     layout_of,
+    manifest_of,
     read_config,
     read_manifest,
     speculative_config,
@@ -59,6 +63,7 @@ from specframe.layouts.speculators import (  # noqa: F401
     verifier_architectures_of,
     verifier_name,
     verifier_of,
+    with_serving,
 )
 from specframe.layouts.target_checks import sliding_window_layers  # noqa: F401
 

@@ -1,6 +1,7 @@
 """What an export's ``config.json`` says it is: the ``Manifest`` (layout, vLLM method, the plugin and version that
 wrote it, the verifier and draft tokens a speculators folder names, the draft-token limits vLLM serves it at), read
-back from a folder, and the explicit vLLM ``speculative_config`` built from it.
+back from a folder or from the config a writer is about to write, and the explicit vLLM ``speculative_config`` built
+from it; and the ``Serving`` choice (verifier, draft tokens) an export is written with (API 14).
 
 Which layout a config is in, and its limits, are the layout table's (``specframe.layouts.table``); the constants of
 the format every layout shares are here.
@@ -29,6 +30,19 @@ DEFAULT_SPECULATIVE_TOKENS = 5
 PROVENANCE = "specframe"
 #: the key in that entry under which a block drafter declares the fewest draft tokens vLLM serves it at
 MIN_TOKENS = "min_speculative_tokens"
+
+
+@attrs.frozen
+class Serving:
+    """API 14: what the user chose to serve an export with, handed to ``Drafter.export_vllm`` and on to the layout's
+    writer, which writes it into ``config.json`` once (a speculators layout names the verifier and its default draft
+    tokens there; the others record neither, vLLM taking both from the command line). None: the drafter's own
+    choice (the target it was built for, its default number of draft tokens)."""
+
+    #: the verifier vLLM starts for ``vllm serve EXPORT`` (a local folder's absolute path or a hub id)
+    verifier: str | None = None
+    #: the default number of draft tokens per step, checked against the export's limits (``Manifest.refusal``)
+    speculative_tokens: int | None = None
 
 
 @attrs.frozen
@@ -87,6 +101,34 @@ class Manifest:
         if reason is not None:
             raise SpecframeError(reason)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The manifest as the dict the writers returned up to API 13 (every field, in order)."""
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> Manifest:
+        """The manifest a dict gives (``as_dict``'s, or what an API 13 plugin's ``export_vllm`` returned); keys that
+        are no field are left out."""
+        names = {f.name for f in attrs.fields(cls)}
+        values = {k: v for k, v in mapping.items() if k in names}
+        values.setdefault("layout", None)
+        values.setdefault("parallel_drafting", False)
+        return cls(**values)
+
+    # An API 13 caller indexed the dict a writer returned (``export_vllm(...)["layout"]``): it still can.
+    def __getitem__(self, key: str) -> Any:
+        if key not in attrs.fields_dict(type(self)):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``self[key]``, or ``default`` when the manifest has no such field (as the API 13 dict's ``get``)."""
+        return getattr(self, key) if key in attrs.fields_dict(type(self)) else default
+
+    def keys(self) -> list[str]:
+        """The field names (so ``dict(manifest)`` and ``{**manifest}`` give ``as_dict()``, as the API 13 dict did)."""
+        return list(attrs.fields_dict(type(self)))
+
     def speculative_config(self, directory: str | os.PathLike, num_speculative_tokens: int) -> dict[str, Any]:
         """vLLM's explicit ``speculative_config`` for this export at ``directory`` drafting ``num_speculative_tokens``
         (the target is then vLLM's ``model``); a number it cannot serve is refused with ``refusal``'s reason."""
@@ -130,8 +172,12 @@ def layout_of(cfg: Mapping[str, Any]) -> str | None:
 
 def read_manifest(directory: str | os.PathLike) -> Manifest:
     """The manifest of a drafter export (``SpecframeError`` if ``directory`` is not one vLLM and specframe know)."""
-    directory = Path(directory)
-    cfg = read_config(directory)
+    return manifest_of(read_config(Path(directory)), directory)
+
+
+def manifest_of(cfg: Mapping[str, Any], directory: str | os.PathLike) -> Manifest:
+    """The manifest of the ``config.json`` ``cfg`` of the export at ``directory`` (named in a refusal): what
+    ``read_manifest`` reads back, and what a writer returns for the config it writes there without reading it."""
     layout = layout_of(cfg)
     if layout is None:
         kind = cfg.get("speculators_model_type")

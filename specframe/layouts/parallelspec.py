@@ -16,7 +16,7 @@ from specframe import __version__
 from specframe.errors import SpecframeError
 from specframe.layouts.checks import require_ints, token_id
 from specframe.layouts.eagle3 import FIXED_FLAGS, eagle3_parts, eagle_backbone
-from specframe.layouts.manifest import PARALLELSPEC_ARCHITECTURE, PROVENANCE
+from specframe.layouts.manifest import PARALLELSPEC_ARCHITECTURE, PROVENANCE, Manifest, Serving
 from specframe.layouts.table import Layout, Limits, register_layout
 from specframe.layouts.writing import write
 
@@ -32,20 +32,22 @@ def write_parallelspec(
     target_num_layers: int | None = None,
     tokenizer: Any = None,
     drafter: str | None = "parallelspec",
-) -> dict[str, Any]:
+    serving: Serving | None = None,
+) -> Manifest:
     """Write a ParallelSpec drafter (EAGLE backbone) for vLLM's eagle3 method with ``parallel_drafting``, served by
     specframe's vLLM general plugin model ``ParallelSpecLlamaForCausalLMEagle3`` (``specframe.vllm.vllm_plugin``):
     ``write_eagle3``'s tensors plus ``mask_embeddings`` [masks, H] (slot d's own [MASK]_d embedding), a flat Llama
     config with that architecture, ``pard_token`` (the id vLLM feeds every mask slot: ``mask_token_ids[0]``) and
     ``parallelspec_num_masks``. vLLM needs the target beside it and an explicit ``speculative_config`` (no
-    speculators type exists for it); at most ``masks + 1`` draft tokens."""
+    speculators type exists for it); at most ``masks + 1`` draft tokens. ``serving`` records nothing, as
+    ``write_pard``'s."""
     weights = dict(weights)
     masks = weights.pop("mask_embeddings", None)
     tensors, cfg = eagle3_parts(weights, config, aux_layer_ids, target_hidden_size, target_num_layers)
     parallelspec_parts(tensors, cfg, masks, mask_token_ids)
     cfg.update(architectures=[PARALLELSPEC_ARCHITECTURE], model_type="llama", tie_word_embeddings=False, **FIXED_FLAGS)
     cfg[PROVENANCE] = {"drafter": drafter, "version": __version__}
-    return write(directory, tensors, cfg, tokenizer)
+    return write(directory, tensors, cfg, tokenizer, serving)
 
 
 def parallelspec_parts(

@@ -14,7 +14,7 @@ import torch
 
 from specframe import __version__
 from specframe.layouts.checks import check_layer_count, check_shape, require_ints, tensors as cpu_tensors, token_id
-from specframe.layouts.manifest import PROVENANCE
+from specframe.layouts.manifest import PROVENANCE, Manifest, Serving
 from specframe.layouts.speculators import set_dtype
 from specframe.layouts.table import Layout, register_layout
 from specframe.layouts.writing import write
@@ -28,10 +28,13 @@ def write_pard(
     pard_token: int,
     tokenizer: Any = None,
     drafter: str | None = "pard",
-) -> dict[str, Any]:
+    serving: Serving | None = None,
+) -> Manifest:
     """Write a PARD drafter for ``{"method": "draft_model", "parallel_drafting": true}``: a plain causal LM
     (``LlamaForCausalLM`` names unless ``config["architectures"]`` says otherwise) whose config carries
-    ``pard_token``, the mask token its parallel slots read. ``config["vocab_size"]`` must be the target's."""
+    ``pard_token``, the mask token its parallel slots read. ``config["vocab_size"]`` must be the target's.
+    ``serving`` is taken for every writer's signature and records nothing: vLLM takes the target and the number of
+    draft tokens from its command line for this layout."""
     cfg = dict(config)
     cfg.setdefault("architectures", ["LlamaForCausalLM"])
     cfg.setdefault("model_type", "llama")
@@ -39,7 +42,7 @@ def write_pard(
     tensors = cpu_tensors(weights)
     pard_parts(tensors, cfg, pard_token)
     cfg[PROVENANCE] = {"drafter": drafter, "version": __version__}
-    return write(directory, tensors, cfg, tokenizer)
+    return write(directory, tensors, cfg, tokenizer, serving)
 
 
 def pard_parts(tensors: dict[str, torch.Tensor], cfg: dict[str, Any], pard_token: Any) -> None:

@@ -3,7 +3,8 @@ speculators layout shares: the envelope of its ``config.json`` (``speculators_mo
 with ``proposal_methods[0].speculative_tokens`` and ``verifier.name_or_path``, ``transformer_layer_config``, the
 ``specframe`` provenance entry), how a verifier is named, the drafter's Llama layer config built from the target's,
 and the two dispatches by layout over the table: ``speculators_config`` (a flat config into its ``config.json``) and
-its inverse ``flat_config``, which ``set_serving`` runs to re-target an existing folder.
+its inverse ``flat_config``, which ``set_serving`` runs to re-target an existing folder. A new export is written with
+its ``Serving`` choice at once (``with_serving``, called by the atomic writer), not re-targeted after.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from specframe import __version__
 from specframe.errors import SpecframeError
 from specframe.layouts import table
 from specframe.layouts.checks import check_int
-from specframe.layouts.manifest import DEFAULT_SPECULATIVE_TOKENS, PROVENANCE, Manifest, read_config, read_manifest
+from specframe.layouts.manifest import (
+    DEFAULT_SPECULATIVE_TOKENS,
+    PROVENANCE,
+    Manifest,
+    Serving,
+    read_config,
+    read_manifest,
+)
 
 #: the target config fields a drafter's Llama layer config copies (``llama_config``)
 LLAMA_KEYS = (
@@ -182,11 +190,30 @@ def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return record.flat(config)
 
 
+def with_serving(config: dict[str, Any], manifest: Manifest, serving: Serving) -> dict[str, Any]:
+    """``config``, the speculators ``config.json`` a writer is about to write (its ``manifest``), naming the verifier
+    and default draft tokens ``serving`` chose where it chose them (the envelope's two serving fields, which
+    ``speculators_config`` would have built with them); a number of draft tokens the export cannot be served at is
+    refused first, with ``Manifest.refusal``'s reason. Another layout records neither: ``config`` as it is."""
+    if not manifest.speculators:
+        return config
+    if serving.speculative_tokens is not None:
+        manifest.check_tokens(serving.speculative_tokens)
+    spec = config["speculators_config"]
+    if serving.verifier is not None:
+        spec["verifier"]["name_or_path"] = serving.verifier
+    if serving.speculative_tokens is not None:
+        spec["proposal_methods"][0]["speculative_tokens"] = serving.speculative_tokens
+    return config
+
+
 def set_serving(
     directory: str | os.PathLike, *, verifier: str | None = None, speculative_tokens: int | None = None
 ) -> Manifest:
     """Rewrite the verifier and / or default number of draft tokens of the speculators export at ``directory``
-    (``config.json`` replaced atomically); returns the new manifest."""
+    (``config.json`` replaced atomically); returns the new manifest. For re-targeting a folder already written (and
+    for an API 13 drafter's export, written before the choice could reach it): a new export is written with its
+    ``Serving`` at once."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     if verifier is None and speculative_tokens is None:

@@ -291,7 +291,7 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         self.model.load_state_dict(state)
         self.mask_token_id = imported.mask_token_id
 
-    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+    def export_vllm(self, directory: Path, tokenizer: Any, serving: api.Serving | None = None) -> api.Manifest:
         """The speculators ``dflash`` layout vLLM serves with method ``dflash``: the module's state dict already
         carries vLLM's ``DFlashQwen3Model`` names; the layer sizes are the drafter's (the target's)."""
         if self.mask_token_id is None:
@@ -316,7 +316,7 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config),
             verifier_architectures=layouts.verifier_architectures_of(self.target_config),
-            speculative_tokens=tokens, min_speculative_tokens=serves[0],
+            speculative_tokens=tokens, min_speculative_tokens=serves[0], serving=serving,
         )
 
 

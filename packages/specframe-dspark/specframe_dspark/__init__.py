@@ -564,7 +564,7 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
             self.restore_checkpoint({"mask_token_id": self.mask_token_id, "confidence_temperature": temperatures,
                                      "confidence_calibration_rule": config.get("confidence_calibration_rule")})
 
-    def export_vllm(self, directory: Path, tokenizer: Any) -> dict[str, Any]:
+    def export_vllm(self, directory: Path, tokenizer: Any, serving: api.Serving | None = None) -> api.Manifest:
         """The speculators ``dspark`` layout vLLM 0.32 serves with method ``dspark``: the module's state dict already
         carries vLLM's ``Qwen3DSparkModel`` names."""
         if self.mask_token_id is None:
@@ -595,7 +595,7 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
             confidence_calibration_rule=self.calibration_rule,
             target_num_layers=int(self.target_config.num_hidden_layers), tokenizer=tokenizer, drafter=self.name,
             verifier=layouts.verifier_of(self.target_config),
-            verifier_architectures=layouts.verifier_architectures_of(self.target_config),
+            verifier_architectures=layouts.verifier_architectures_of(self.target_config), serving=serving,
         )
 
 
