@@ -2,69 +2,19 @@
 
 A speculators export (EAGLE-3, P-EAGLE) without ``--target`` is served as vLLM serves it, ``vllm serve EXPORT``: vLLM
 starts the verifier the folder names with the folder's method (``--k`` overrides its number of draft tokens). With
-``--target``, or for a PARD export, the target is served with an explicit ``--speculative-config``."""
+``--target``, or for a PARD export, the target is served with an explicit ``--speculative-config``. The command is
+built by ``specframe.vllm.serving.serve_command``; this module reads the export's manifest once and hands it to the
+export check and to the command.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
-
-
-def serve_command(
-    target: str | None,
-    drafter: str | Path | None = None,
-    k: int | None = None,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    dtype: str = "auto",
-    max_model_len: int | None = None,
-    kv_cache_gib: float = 1.0,
-    enforce_eager: bool = True,
-    extra: tuple[str, ...] = (),
-) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment additions that start vLLM's OpenAI server for ``target`` with the export at
-    ``drafter`` (``specframe export`` output) drafting ``k`` tokens per step (None: the export's own number). A
-    speculators export with ``target`` None is vLLM's ``model`` itself."""
-    from specframe.errors import SpecframeError
-    from specframe.vllm.engine import DEFAULT_ENV
-    from specframe.layouts.export import DEFAULT_SPECULATIVE_TOKENS, read_manifest, speculative_config
-
-    from specframe.vllm import support
-
-    manifest = read_manifest(drafter) if drafter is not None else None
-    # vLLM would fail after minutes of start-up (a DSpark runner it lacks, a target without SupportsEagle3, a RoPE its
-    # drafter models cannot take): the check every command runs before vLLM starts says so first
-    support.prestart(target, drafter)
-    folder_alone = manifest is not None and manifest.speculators and target is None
-    if folder_alone:
-        model = str(Path(drafter).resolve())
-    elif target is None:
-        raise SpecframeError(f"{drafter} is a {manifest.layout} export: give --target (vLLM serves it beside the target)")
-    else:
-        model = target
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--host", host, "--port", str(port), "--dtype", dtype]
-    if folder_alone:
-        if k is not None:
-            manifest.check_tokens(k)  # e.g. a DFlash export below block_size - 1, with the reason
-            argv += ["--speculative-config", json.dumps({"num_speculative_tokens": int(k)})]
-    elif drafter is not None:
-        tokens = k or manifest.speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
-        argv += ["--speculative-config", json.dumps(speculative_config(drafter, tokens))]
-    if max_model_len is not None:
-        argv += ["--max-model-len", str(max_model_len)]
-    if enforce_eager:
-        argv.append("--enforce-eager")
-    argv += list(extra)
-    env = {k_: v for k_, v in DEFAULT_ENV.items() if k_ != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
-    return argv, env
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": True})
@@ -97,12 +47,14 @@ def serve(
     from specframe.targets import target_source
     from specframe.errors import SpecframeError
     from specframe.vllm import vllm_available
+    from specframe.vllm.serving import serve_command
 
     if k is not None and k < 1:
         raise SpecframeError(f"--k must be positive, got {k}")
     source = None
     if drafter is None or target is not None:
         source = target_source(target or "default")
+    manifest = None
     if drafter is not None:
         from specframe.layouts.export import check_export, read_manifest
 
@@ -110,11 +62,11 @@ def serve(
         if source is None and not manifest.speculators:
             source = target_source("default")
         if source is None:
-            check_export(drafter, _local_config(_verifier(drafter, manifest.verifier)))
+            check_export(drafter, _local_config(_verifier(drafter, manifest.verifier)), manifest)
         else:
-            check_export(drafter, _local_config(source))
+            check_export(drafter, _local_config(source), manifest)
     argv, env = serve_command(
-        source, drafter, k, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
+        source, drafter, k, manifest=manifest, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
         kv_cache_gib=kv_cache_gib, enforce_eager=eager, extra=vllm_args,
     )
     if print_command:

@@ -73,17 +73,19 @@ LAYOUTS = table.names()
 SPECULATORS = table.speculators()
 
 
-def check_layout(directory: str | os.PathLike, target_config: Any = None) -> tuple[Manifest, dict, dict]:
+def check_layout(
+    directory: str | os.PathLike, target_config: Any = None, manifest: Manifest | None = None
+) -> tuple[Manifest, dict, dict]:
     """Read and validate the export at ``directory`` (for a target with ``target_config``, when given): returns its
-    manifest, its tensors under the layout's names and its flat config; one ``SpecframeError`` (without the folder
-    prefix) names the problem otherwise. Reads weights through safetensors only; the layout's own check is its
-    table row's."""
+    manifest (``manifest`` when the caller read it already), its tensors under the layout's names and its flat config;
+    one ``SpecframeError`` (without the folder prefix) names the problem otherwise. Reads weights through safetensors
+    only; the layout's own check is its table row's."""
     from safetensors.torch import load_file
 
     from specframe.files import check_safetensors
 
     directory = Path(directory)
-    manifest = read_manifest(directory)
+    manifest = manifest if manifest is not None else read_manifest(directory)
     weights_path = directory / WEIGHTS
     if not weights_path.is_file():
         raise SpecframeError(f"{WEIGHTS} is missing (re-run `specframe export`)")
@@ -96,9 +98,10 @@ def check_layout(directory: str | os.PathLike, target_config: Any = None) -> tup
     return manifest, tensors, flat
 
 
-def check_export(directory: str | os.PathLike, target_config: Any = None) -> Manifest:
+def check_export(directory: str | os.PathLike, target_config: Any = None, manifest: Manifest | None = None) -> Manifest:
     """Check that vLLM can load the export at ``directory`` (for a target with ``target_config``, when given) and
-    return its manifest; raise one ``SpecframeError`` naming the problem otherwise.
+    return its manifest (``manifest`` when the caller read it already); raise one ``SpecframeError`` naming the
+    problem otherwise.
 
     vLLM meets a damaged or mismatched drafter folder with a long traceback from deep inside model loading, often
     after minutes of start-up; this runs the writers' own shape and id checks on what is on disk instead."""
@@ -107,6 +110,6 @@ def check_export(directory: str | os.PathLike, target_config: Any = None) -> Man
     if (Path(directory) / WEIGHTS).is_file():
         check_safetensors(Path(directory) / WEIGHTS)  # its message names the file already
     try:
-        return check_layout(directory, target_config)[0]
+        return check_layout(directory, target_config, manifest)[0]
     except SpecframeError as e:
         raise SpecframeError(f"{directory} cannot be served by vLLM: {e}") from None

@@ -169,6 +169,22 @@ def test_a_manifest_answers_as_the_api_13_dict_did(tmp_path):
     assert Manifest.from_mapping({**manifest.as_dict(), "extra": 1}) == manifest
 
 
+def test_serve_builds_its_command_from_the_manifest_it_is_handed(tmp_path, monkeypatch):
+    from specframe.vllm import serving
+    from tests.vllm_fixtures import build_drafter, build_target
+
+    target = build_target(tmp_path / "target")
+    out = build_drafter("pard", target, tmp_path / "pard")
+    manifest = export.read_manifest(out)
+
+    def no_read(directory):
+        raise AssertionError("the command builder read the manifest again")
+
+    monkeypatch.setattr(serving, "read_manifest", no_read)
+    argv, _ = serving.serve_command(str(target), out, 3, manifest=manifest)
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == manifest.speculative_config(out, 3)
+
+
 # ------------------------------------------------------------------------------ the lists kept to the layout table
 
 

@@ -450,7 +450,7 @@ def test_vllm_serves_an_export_only_at_the_full_block(target, tmp_path):
     (explicit, folder alone, ``drafter_job``, ``serve``, ``export --k``) refuses fewer with one line giving the reason;
     the benchmark suites read ``Manifest.refusal`` to skip such a K. A reference-engine ``k_infer`` below the block
     is fine (``propose`` runs the full block), so the export's own default is then the block."""
-    from specframe.cli.serve_cmd import serve_command
+    from specframe.vllm.serving import serve_command
     from specframe.layouts import export
     from specframe.vllm.jobs import drafter_job
 

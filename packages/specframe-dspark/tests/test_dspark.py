@@ -475,7 +475,7 @@ def test_serving_an_export_on_this_vllm_is_refused_before_start_up(target, tmp_p
     message = str(info.value)
     assert message.startswith("the installed vLLM cannot serve this dspark export for target")
     assert "only in its V2 model runner" in message and "\n" not in message
-    from specframe.cli.serve_cmd import serve_command
+    from specframe.vllm.serving import serve_command
 
     with pytest.raises(api.SpecframeError, match="the installed vLLM cannot serve this dspark export for target .*: "
                                                  "vLLM serves method dspark only in its V2 model runner"):
