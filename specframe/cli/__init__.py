@@ -1,7 +1,9 @@
 """The ``specframe`` command line.
 
 Each command lives in its own module under ``specframe.cli`` and is listed in ``COMMANDS``; modules are imported
-only when their command runs (or for ``--help``), so ``specframe plugins`` never pays for importing torch.
+only when their command runs (or for ``--help``), and a command module imports torch, the API and the engine only
+inside the command, so ``specframe --help`` and every command's ``--help`` start without them
+(``tests/e2e/test_cli.py`` checks it). ``specframe plugins`` loads the plugins, which import the API and torch.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from specframe.inference.engine import DEFAULT_MAX_NEW_TOKENS
+from specframe.inference.defaults import DEFAULT_MAX_NEW_TOKENS
 
 
 def decoding_options(fn=None, *, bench: bool = False):

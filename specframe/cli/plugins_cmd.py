@@ -9,13 +9,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specframe import plugins as plugin_manager
-
 _KEYS = {"drafter": "drafters", "mask builder": "mask_builders", "partitioner": "partitioners", "verifier": "verifiers"}
 
 
 def plugins_report() -> dict:
     """The ``--json`` document: plugin entries plus the names in each catalogue."""
+    # here, not at import: loading the plugins imports the API and torch, which `specframe --help` must not pay for
+    from specframe import plugins as plugin_manager
+
     registry = plugin_manager.load()
     report: dict = {
         "plugins": [

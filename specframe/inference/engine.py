@@ -25,8 +25,7 @@ from specframe import api
 from specframe.errors import PluginError, SpecframeError, UsageError
 from specframe.inference.target import TargetSession
 from specframe.draft_tree import node_depths
-
-DEFAULT_MAX_NEW_TOKENS = 256
+from specframe.inference.defaults import DEFAULT_MAX_NEW_TOKENS
 
 
 @attrs.frozen

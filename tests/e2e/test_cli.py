@@ -104,3 +104,24 @@ def test_commands_share_helpers_through_option_modules_not_each_other():
                 names = [node.module.split(".")[-1], *(f"{a.name}" for a in node.names if node.module == "specframe.cli")]
                 crossing += [f"{path.name} -> {name}" for name in names if name in commands]
     assert crossing == []
+
+
+def test_help_imports_neither_torch_nor_the_api():
+    """``specframe --help`` and every command's ``--help`` start without torch, the API or the engine (the lazy CLI):
+    a command module that imports them at its top (a default read from the engine, the plugin registry) fails this."""
+    import subprocess
+
+    script = (
+        "import runpy, sys\n"
+        "from specframe.cli import COMMANDS\n"
+        "for args in [['--help']] + [[name, '--help'] for name in sorted(COMMANDS)]:\n"
+        "    sys.argv = ['specframe', *args]\n"
+        "    try:\n"
+        "        runpy.run_module('specframe', run_name='__main__')\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "    heavy = [m for m in ('torch', 'specframe.api', 'specframe.engine') if m in sys.modules]\n"
+        "    assert not heavy, f'specframe {\" \".join(args)} imported {heavy}'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
