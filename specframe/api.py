@@ -135,6 +135,12 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   still answers ``manifest["layout"]`` and ``.get``). Compatibility: a version-13 drafter, whose ``export_vllm``
 #:   has no ``serving`` parameter, keeps working: the core reads its signature (``inspect``), calls it as before and
 #:   re-targets the folder it wrote (``vllm_layouts.set_serving``), and a dict it returns is taken as its manifest.
+#:   Also, pieces built-in drafters had written twice, now held once: ``api.acceptance_ratio`` (one draft token's
+#:   speculative acceptance, which ``speculative_chain`` and the ``tree`` verifier share), ``LossTerms.zero`` /
+#:   ``LossTerms.empty`` (the loss of a segment charged with nothing), ``api.block.share_target``, ``charged_blocks``
+#:   and ``trained_elements`` (what DFlash and DSpark do alike around the block backbone) and
+#:   ``api.eagle.FamilyTraining`` / ``FamilyDrafter`` (the EAGLE family's declarations and checkpoint record, beside
+#:   ``family_training``). Nothing a version-13 plugin uses changed.
 API_VERSION = "14"
 
 __all__ = [
