@@ -74,7 +74,7 @@ def memory(
     specframe.memory). `specframe train --memory-budget` applies the same check.
     """
     from specframe import memory as mem
-    from specframe import run_config
+    from specframe.engine import run_config
     from specframe.errors import UsageError
 
     if seq_len < 2:

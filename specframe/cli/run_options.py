@@ -18,7 +18,7 @@ def read_config(path: Path) -> dict[str, dict[str, Any]]:
     """The plugin option tables of a run file (``specframe memory --config``): ``drafter_options``,
     ``mask_builder_options``, ``partitioner_options`` (older tables ``[drafter]``, ... included); the file's other
     keys are checked but not returned."""
-    from specframe import run_config
+    from specframe.engine import run_config
 
     values = run_config.check_plugin_tables(run_config.load(path))
     return {table: values[table] for table in run_config.PLUGIN_TABLES if table in values}

@@ -168,7 +168,7 @@ def train(ctx: click.Context, resume: str | None, allow_changed_settings: bool, 
     """
     from click.core import ParameterSource
 
-    from specframe import run_config
+    from specframe.engine import run_config
 
     known = run_config.fields()
     unknown = sorted(name for name in flags if name not in known)

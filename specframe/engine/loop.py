@@ -115,7 +115,7 @@ class Trainer:
                     "another --output (nothing was overwritten)"
                 )
             return None
-        from specframe import run_config
+        from specframe.engine import run_config
 
         directory, saved, changes = run_config.check_resume(resume, self.cfg, self.allow_changed, plan=self.plan)
         # every resume that changed settings stays in the run's record (allow_changed), so a reader of config.json
@@ -522,7 +522,7 @@ def train(
     """Train (or, with ``resume``, continue) a drafter as ``cfg`` says; returns where the last checkpoint is.
     ``log_lines`` receives a plain progress line every ``cfg.log_every`` steps (see ``Trainer.run``); ``profile``
     times every phase and returns the table in ``TrainResult.profile``; ``allow_changed`` resumes under settings
-    other than the run's recorded ones (``run_config.check_resume``), recording that it did. ``plan``: ``cfg``'s names
+    other than the run's recorded ones (``engine.run_config.check_resume``), recording that it did. ``plan``: ``cfg``'s names
     already resolved (``compose.plan``; the CLI resolves them once per ``train``), else resolved here."""
     trainer = Trainer(cfg, plan=plan, resume=resume, target=target, profile=profile, allow_changed=allow_changed)
     try:

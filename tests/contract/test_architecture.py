@@ -28,7 +28,30 @@ def _lint(config: Path, env_path: str | None = None) -> subprocess.CompletedProc
 def test_the_layer_contracts_are_kept():
     done = _lint(ROOT / "pyproject.toml")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "Contracts: 3 kept, 0 broken." in done.stdout
+    assert "Contracts: 4 kept, 0 broken." in done.stdout
+
+
+@pytest.mark.parametrize("module, upward", [
+    ("specframe/errors.py", "import specframe.cli"),  # a leaf reaching the top
+    ("specframe/engine/schedule.py", "from specframe import bench"),  # the engine reaching the benchmarks' library
+    ("specframe/compose.py", "from specframe.engine import config"),  # the composition root climbing into the engine
+])
+def test_an_import_running_back_up_breaks_the_layers(tmp_path, module, upward):
+    """The ``layers`` contract bites: one import from a lower layer into a higher one, planted in a copy of the
+    core, breaks it (a function-level import would too: import-linter reads every import statement)."""
+    import shutil
+
+    shutil.copytree(ROOT / "specframe", tmp_path / "specframe", ignore=shutil.ignore_patterns("__pycache__"))
+    planted = tmp_path / module
+    planted.write_text(planted.read_text() + f"\n{upward}  # planted\n")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    lint = config["tool"]["importlinter"]
+    lint["root_packages"] = ["specframe"]
+    lint["contracts"] = [c for c in lint["contracts"] if c["id"] == "layers"]
+    path = tmp_path / "pyproject.toml"
+    path.write_text(tomli_w.dumps(config))
+    done = _lint(path, env_path=str(tmp_path))
+    assert done.returncode != 0 and "BROKEN" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_the_core_has_no_import_circle():

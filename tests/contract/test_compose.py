@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from specframe import compose, memory, plugins, run_config
+from specframe import compose, memory, plugins
+from specframe.engine import run_config
 from specframe.engine import TrainConfig, assembly, train
 from specframe.errors import UsageError
 from tests.train_fixtures import build, small_options

@@ -157,7 +157,7 @@ def test_a_drafter_spelling_its_depth_its_own_way_joins_the_comparison_at_equal_
     assert declared.depth == preset.depth and declared.k == min(preset.speed_k, preset.depth)
     # the run config resolves the declared depth when no --depth is given
     from specframe.engine.config import TrainConfig
-    from specframe.run_config import resolve
+    from specframe.engine.run_config import resolve
 
     cfg = resolve(TrainConfig(drafter="horizon", output="out", drafter_options=opts, device="cpu"))
     assert cfg.depth == preset.depth

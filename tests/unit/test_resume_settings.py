@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from specframe import run_config
+from specframe.engine import run_config
 from specframe.errors import UsageError
 
 #: the settings that decide the steps a run takes: changed on resume, each must be named

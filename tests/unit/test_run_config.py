@@ -11,7 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from specframe import plugin_options, plugins, run_config
+from specframe import plugin_options, plugins
+from specframe.engine import run_config
 from specframe.cli import main
 from specframe.engine.config import TrainConfig
 
