@@ -180,8 +180,10 @@ PRESETS = {
         acceptance_prompts=3, acceptance_max_new_tokens=16, acceptance_batch=4, acceptance_kv_gib=1, speed_prompts=2,
         speed_max_new_tokens=12, tree_prompts=1, committed=False, speed_concurrency=(1, 2), keep_drafter_at=(3,),
         # 1: drafts from its full block (GPU-path review item 3); 2: starts as the references' post_init and trains
-        # only their elements (anchor token and first target supervised, up to the first unsupervised slot; issue 54)
-        job_revisions={"dflash": 2},
+        # only their elements (anchor token and first target supervised, up to the first unsupervised slot; issue 54);
+        # 3 (and dspark 1): the loss is divided by the summed weights of the trained elements, the references'
+        # sum(w * CE) / sum(w), not by the charged count (issue 54, D5)
+        job_revisions={"dflash": 3, "dspark": 1},
     ),
     "cpu": Preset(
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; about 2.5 hours on 2 cores",
@@ -211,8 +213,10 @@ PRESETS = {
         keep_drafter_at=(90, 180, 360),
         # dflash 1: drafts from its full block on the reference engine, and vLLM serves it at block_size - 1 only,
         # which none of vllm_ks is (GPU-path review item 3); 2: starts as the references' post_init (N(0, 0.02)) and
-        # trains only their elements (anchor token and first target supervised, up to the first unsupervised slot)
-        job_revisions={"dflash": 2},
+        # trains only their elements (anchor token and first target supervised, up to the first unsupervised slot);
+        # 3 (and dspark 1): the loss is divided by the summed weights of the trained elements, the references'
+        # sum(w * CE) / sum(w), not by the charged count (issue 54, D5)
+        job_revisions={"dflash": 3, "dspark": 1},
     ),
     "gpu": Preset(
         name="gpu", description="SmolLM2 target, about 30x the cpu preset's training tokens, 8 GiB budget, 64K memory search",

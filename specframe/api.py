@@ -141,6 +141,11 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   and ``trained_elements`` (what DFlash and DSpark do alike around the block backbone) and
 #:   ``api.eagle.FamilyTraining`` / ``FamilyDrafter`` (the EAGLE family's declarations and checkpoint record, beside
 #:   ``family_training``). Nothing a version-13 plugin uses changed.
+#:   Also (issue 54, D5): ``Drafter.element_weights(example, elements)`` (default None) weighs each element in the
+#:   loss's normaliser: the engine divides a step's summed loss by the summed weights of its charged elements
+#:   (``specframe.interfaces.drafter.charged_weight``, known before the first backward) instead of their count, and
+#:   the drafter's ``loss`` weighs each element's loss by the same value; ``api.block.element_weights`` is DFlash's and
+#:   DSpark's (the trained elements by the depth decay). A drafter without the hook trains exactly as before.
 API_VERSION = "14"
 
 __all__ = [

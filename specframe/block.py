@@ -21,7 +21,8 @@ The block anchored at drafter position a (the EAGLE pairing: it reads feature g_
 
 What both methods' training does alike before and around the hidden states is here too: ``share_target`` (the
 target's embedding and lm_head, and the mask token), ``charged_blocks`` (a segment's charged elements and the blocks
-they lie in) and ``trained_elements`` (which of them the references train).
+they lie in), ``trained_elements`` (which of them the references train) and ``element_weights`` (their weights in the
+loss and its normaliser: the trained ones by the depth decay, the others 0).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from specframe.elements import ElementSet
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 __all__ = ["BlockAttention", "BlockContext", "BlockLayer", "BlockModel", "ChargedBlocks", "RMSNorm", "block_hidden",
-           "charged_blocks", "default_aux_layers", "full_attention", "position_docs", "share_target",
-           "trained_elements"]
+           "charged_blocks", "default_aux_layers", "element_weights", "full_attention", "position_docs",
+           "share_target", "trained_elements"]
 
 
 def default_aux_layers(num_layers: int, draft_layers: int) -> list[int]:
@@ -211,6 +212,19 @@ def trained_elements(loss_mask: torch.Tensor, supervised: torch.Tensor, anchor: 
     gaps = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum((~supervised.to(torch.bool)).long(), 0)])
     contiguous = gaps[anchor + depth + 1] == gaps[anchor]
     return lm[anchor + 1] & contiguous
+
+
+def element_weights(loss_mask: torch.Tensor, supervised: torch.Tensor, anchor: torch.Tensor, depth: torch.Tensor,
+                    gamma: float | None) -> torch.Tensor:
+    """Each element's weight (float64) in a block drafter's loss and in its normaliser (``Drafter.element_weights``,
+    API 14): ``exp(-d / gamma)`` (1 with ``gamma`` None) on the elements ``trained_elements`` keeps, 0 on the others.
+    The engine then divides the step's sum of w * loss by the sum of w over its charged elements: the references'
+    ``sum(w * CE) / sum(w)`` over the trained slots (SpecForge ``dflash_family_model.py`` L350-362, L455-458;
+    DeepSpec ``loss.py`` L112-114), where dividing by the charged count would scale every step by sum(w) / count."""
+    weight = trained_elements(loss_mask, supervised, anchor, depth).to(torch.float64)
+    if gamma is not None:
+        weight = weight * torch.exp(-depth.to(torch.float64) / gamma)
+    return weight
 
 
 def position_docs(elements: ElementSet) -> torch.Tensor:

@@ -5,6 +5,7 @@ per-sequence accumulation with its checks. A test module imports ``target`` (the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 from specframe import api, plugins
 from specframe.elements import check_partition, full_grid, position_docs
+from specframe.interfaces.drafter import charged_weight
 from tests.drafter_helpers import features, tiny_target
 
 SDPA = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
@@ -57,12 +59,13 @@ def grid(drafter, ex, depth=None):
 
 
 def run(drafter, ex, elems, sup, builder="dense", partitioner="none", parts=1, **builder_options):
-    """The engine's per-sequence accumulation (segments, global count): (normalised loss, grads, hits)."""
+    """The engine's per-sequence accumulation (segments, the normaliser ``charged_weight``: the charged elements'
+    summed weights, API 14): (normalised loss, grads, hits)."""
     cls = plugins.get("mask builder", builder)
     b = cls(cls.Options(**builder_options)) if builder_options else cls()
     segments = plugins.get("partitioner", partitioner)().partition(elems, parts)
     check_partition(elems, segments, partitioner)
-    count = int(sup[elems.position].sum())
+    count = charged_weight(drafter, ex, elems, sup)
     drafter.module().zero_grad(set_to_none=True)
     total, hits = 0.0, 0
     for seg in segments:
@@ -73,3 +76,14 @@ def run(drafter, ex, elems, sup, builder="dense", partitioner="none", parts=1, *
         assert terms.count == int((seg.loss_mask & sup[elems.subset(seg.elements).position]).sum())
     grads = {n: p.grad.clone() for n, p in drafter.module().named_parameters() if p.grad is not None}
     return total / count, grads, hits
+
+
+def reference_weight(ex, elems, sup, gamma=None) -> float:
+    """The references' normaliser, written from them (SpecForge ``dflash_family_model.py`` L350-362, L455-458;
+    DeepSpec ``loss.py`` L112-114): sum(w) over the trained slots, w = exp(-d / gamma) (1 without decay), a slot
+    (a, d) trained when its anchor token x_{a+1} and the targets x_{a+2} .. x_{a+2+d} are supervised."""
+    total = 0.0
+    for a, d in zip(elems.anchor.tolist(), elems.depth.tolist()):
+        if sup[a + d] and ex.loss_mask[a + 1] and bool(sup[a : a + d + 1].all()):
+            total += math.exp(-d / gamma) if gamma else 1.0
+    return total

@@ -13,6 +13,7 @@ import torch
 
 from specframe import api
 from specframe.engine.segments import record_hits
+from specframe.interfaces.drafter import charged_weight
 from specframe.metrics import chain_acceptance, expected_acceptance_length
 
 #: the last validation's held-out chains: (confidence logits, verdicts, validation sequence of each), API 8
@@ -29,6 +30,8 @@ def evaluate(*, step: int, drafter: api.Drafter, depth: int, val_ids: list[int],
     module.eval()
     loss_sum = torch.zeros(1)
     count = torch.zeros(1)
+    # the loss's normaliser, as in training: the charged elements' summed weights (their count without weights)
+    weight = torch.zeros(1, dtype=torch.float64)
     correct = torch.zeros(depth)
     total = torch.zeros(depth)
     # chain acceptance: anchors with a full chain, their accepted depths, and per depth reached / accepted
@@ -46,6 +49,7 @@ def evaluate(*, step: int, drafter: api.Drafter, depth: int, val_ids: list[int],
             continue
         example = source.example(idx)
         elems, sup = elements(example, None)
+        weight += charged_weight(drafter, example, elems, sup)
         # verdict of element (anchor, depth): -1 none (not charged or not returned), else 0 / 1
         hits = torch.full((elems.seq_len, depth), -1, dtype=torch.long)
         # the drafter's confidence logit of each element (API 8), NaN where it gives none
@@ -78,7 +82,7 @@ def evaluate(*, step: int, drafter: api.Drafter, depth: int, val_ids: list[int],
                 observed = torch.where(acceptance.isnan(), hits.clamp(min=0).double(), acceptance)
                 held_out.append((logits[full], observed[full], torch.full((int(full.sum()),), j)))
     flag = torch.tensor([0.0 if chained else 1.0])
-    for t in (loss_sum, count, correct, total, chain, flag, masked, per_sequence):
+    for t in (loss_sum, count, weight, correct, total, chain, flag, masked, per_sequence):
         dist.sum_(t)
     module.train()
     held_out_confidence = gather_confidence(dist, held_out) if flag.item() == 0 else None
@@ -88,7 +92,7 @@ def evaluate(*, step: int, drafter: api.Drafter, depth: int, val_ids: list[int],
     product = expected_acceptance_length(acc)
     out: dict[str, Any] = {
         "step": step,
-        "val_loss": float(loss_sum.item() / max(count.item(), 1.0)),
+        "val_loss": float(loss_sum.item() / (weight.item() if weight.item() > 0 else 1.0)),
         "val_elements": int(count.item()),
         "val_accuracy": acc,
         "val_product_al": product,

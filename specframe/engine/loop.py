@@ -1,10 +1,12 @@
 """The training loop shared by every drafter.
 
 Loss normalisation (docs/design.md section 8): the loss of an optimizer step is the sum over every supervised element of
-the global batch (all sequences, segments and ranks) divided by that global count. The count is known before any
-forward (each element is charged in exactly one segment, and it is supervised iff the drafter's supervision is set
-at its reference position), so it is all-reduced first and every segment back-propagates ``loss_sum / count`` at
-once; gradients are then summed across ranks. One rank and two, S = 1 and S = 4 therefore give the same gradient.
+the global batch (all sequences, segments and ranks) divided by that global count, or, for a drafter that weighs its
+elements (``Drafter.element_weights``, API 14), the weighted sum divided by the global sum of the weights. Either
+is known before any forward (each element is charged in exactly one segment, and it is supervised iff the drafter's
+supervision is set at its reference position), so it is all-reduced first and every segment back-propagates
+``loss_sum / normaliser`` at once; gradients are then summed across ranks. One rank and two, S = 1 and S = 4
+therefore give the same gradient.
 
 Data order is a seeded permutation per epoch and COD draws from a generator seeded by (seed, step, slot), so a resumed
 run sees exactly the sequences and elements the uninterrupted run would have.
@@ -40,6 +42,7 @@ from specframe.engine.precision import Precision
 from specframe.engine.progress import ProgressLines, RunSummary, progress_bar
 from specframe.engine.schedule import resolve_steps
 from specframe.errors import SpecframeError, UsageError
+from specframe.interfaces.drafter import charged_weight
 
 
 @attrs.define
@@ -282,6 +285,7 @@ class Trainer:
         module.train()
         work = []
         local_count = 0
+        local_weight = 0.0  # the normaliser: the charged elements' summed weights (their count without weights)
         local_tokens = 0
         for slot, idx in self.local_slots(step):
             gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 4096 + slot)
@@ -290,23 +294,27 @@ class Trainer:
                 elems, sup = self.elements(example, gen)
                 segs = self.segments(elems)
             local_count += int(sup[elems.position].sum())
+            local_weight += charged_weight(self.drafter, example, elems, sup)
             local_tokens += int(example.input_ids.numel())
             work.append((example, elems, segs, sup))
         if self.prefetch and step + 1 < self.total_steps:
             # the target works on the next step's sequences while the drafter trains on these
             self.source.prefetch([idx for _, idx in self.local_slots(step + 1)])
-        count = self.dist.sum_(torch.tensor([float(local_count), float(local_tokens)]))
+        count = self.dist.sum_(torch.tensor([float(local_count), float(local_tokens), local_weight],
+                                            dtype=torch.float64))
         global_count, global_tokens = float(count[0].item()), int(count[1].item())
+        global_weight = float(count[2].item())
         # one all-reduce for the loss and the per-depth top-1 hits / counts: [loss, correct x K, total x K]
         stats = torch.zeros(1 + 2 * self.depth)
         self.optimizer.zero_grad(set_to_none=True)
         jobs = [(example, elems, seg, sup) for example, elems, segs, sup in work for seg in segs]
-        # DDP averages the ranks' gradients; scaling by the world size makes that the global sum / global count
-        scale = self.dist.world / global_count if global_count > 0 else 0.0
+        # DDP averages the ranks' gradients; scaling by the world size makes that the global sum / global weight
+        # (nothing with a weight: nothing trains, as a step with nothing supervised)
+        scale = self.dist.world / global_weight if global_weight > 0 else 0.0
         # zero-loss forward / backward passes that keep this rank in the ranks' collectives: under FSDP every forward
         # all-gathers and every backward reduce-scatters, so each rank runs as many as the busiest one; under DDP a
         # rank with no sequence this step still takes part in the one reduction, also when nothing is supervised
-        # (global count 0): a rank with sequences then still runs its synchronising backward
+        # (global weight 0): a rank with sequences then still runs its synchronising backward
         if self.fsdp is not None:
             idle = self.dist.max_(len(jobs)) - len(jobs)
         else:
@@ -331,14 +339,14 @@ class Trainer:
         loss_sum = stats[:1]
         correct, total = stats[1 : 1 + self.depth], stats[1 + self.depth :]
         with self.timer("optimizer"):
-            if global_count > 0:
+            if global_weight > 0:
                 # only a step that steps unscales: fp16's GradScaler forgets an unscale_ only in update(), which
                 # step() calls, so an unscale_ on a skipped step made the next one raise (the gradients are zero
                 # here anyway: the losses were scaled by 0)
                 self.precision.unscale(self.optimizer)
             grad_norm = sharding.full(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
             lr = self.scheduler.get_last_lr()[0]
-            if global_count > 0:
+            if global_weight > 0:
                 # fp16's scaler skips a step with overflowed gradients by itself (and lowers its scale); a
                 # non-finite loss is an error in every precision
                 validate.check_finite(step + 1, float(loss_sum.item()),
@@ -348,7 +356,7 @@ class Trainer:
             self.scheduler.step()
         self.step += 1
         self.tokens_seen += global_tokens
-        loss = float(loss_sum.item() / global_count) if global_count > 0 else None
+        loss = float(loss_sum.item() / global_weight) if global_weight > 0 else None
         seconds = time.perf_counter() - started
         # tokens and seconds per step let a benchmark compute training throughput without eval or checkpoint time;
         # train_accuracy: per-depth top-1 agreement with the target over the draft vocabulary (training mode)

@@ -19,7 +19,7 @@ from specframe import modeling
 from specframe.declarations import Training, legacy_comparison_options, legacy_import_options, legacy_training
 from specframe.drafts import Draft
 from specframe.elements import ElementSet
-from specframe.errors import SpecframeError
+from specframe.errors import PluginError, SpecframeError
 from specframe.features import FeatureSpec
 from specframe.interfaces import checkpoint
 from specframe.interfaces.component import Component
@@ -48,8 +48,10 @@ class TrainingExample:
 class LossTerms:
     """What a drafter returns for one segment.
 
-    ``loss_sum``: sum of (depth-weighted) losses over the elements the segment is charged with (the engine divides by
-    the global supervised count). ``count``: number of those elements. ``correct`` / ``total`` [K]: per-depth top-1
+    ``loss_sum``: sum of the losses over the elements the segment is charged with, each times its weight
+    (``Drafter.element_weights``, 1 without the hook); the engine divides by the step's global sum of those weights
+    (``charged_weight``), which without the hook is the global supervised count. ``count``: number of those
+    elements (the weight-0 ones included). ``correct`` / ``total`` [K]: per-depth top-1
     hits and element counts, for validation accuracy.
 
     ``hit`` (optional, bool [count]): the top-1 verdict of each charged element, in the order of
@@ -93,6 +95,26 @@ class LossTerms:
         output of the drafter), no element, ``k`` depths with no hit and no count, no verdict."""
         return cls(cls.zero(like), 0, torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long),
                    hit=torch.zeros(0, dtype=torch.bool))
+
+
+def charged_weight(drafter: Drafter, example: TrainingExample, elements: ElementSet,
+                   supervision: torch.Tensor) -> float:
+    """The loss normaliser of one sequence: the sum of ``drafter.element_weights`` over the elements it is charged
+    with (``supervision`` set at the element's position), or their count when the drafter gives no weights. Each
+    element is charged in exactly one segment, so summed over a step's sequences (and ranks) this is the denominator
+    every segment's backward divides by (checked here: a weight that is not finite and >= 0 is a PluginError)."""
+    charged = supervision.to(torch.bool)[elements.position]
+    weights = drafter.element_weights(example, elements)
+    if weights is None:
+        return float(int(charged.sum()))
+    who = f"drafter '{getattr(drafter, 'name', type(drafter).__name__)}'"
+    if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != (len(elements),):
+        shape = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
+        raise PluginError(f"{who}: element_weights() returned {shape}, not a tensor [{len(elements)}]")
+    weights = weights.detach().to(device="cpu", dtype=torch.float64)
+    if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
+        raise PluginError(f"{who}: element_weights() returned a weight that is negative or not finite")
+    return float(weights[charged].sum())
 
 
 class Drafter(Component, ABC):
@@ -186,6 +208,17 @@ class Drafter(Component, ABC):
     def loss(self, example: TrainingExample, elements: ElementSet, segment: Segment, attention: Attention) -> LossTerms:
         """The loss of the segment's charged elements (``elements.subset(segment.elements)`` are forwarded).
         ``attention`` is a ``SegmentAttention`` when the engine calls (tests may pass a plain ``Attention``)."""
+
+    def element_weights(self, example: TrainingExample, elements: ElementSet) -> torch.Tensor | None:
+        """API 14: the weight of each element of ``elements`` (float [len(elements)], finite, >= 0) in the loss's
+        normaliser. The engine divides a step's summed loss by the sum of these weights over the step's charged
+        elements (``charged_weight``: every sequence and rank, computed before the first segment's forward, so each
+        segment's backward already knows it), and ``loss`` must weigh each charged element's loss by the same value
+        (its ``loss_sum`` is the sum of weight x loss): the step's loss is then the weighted mean the reference
+        trainers of a weighted loss take (e.g. DFlash's ``sum(w * CE) / sum(w)``). Default None: every charged
+        element weighs 1, the loss is the mean over the charged count. ``LossTerms.count`` and the accuracy figures
+        count the elements whatever their weight."""
+        return None
 
     # -- inference
     @abstractmethod

@@ -82,12 +82,14 @@ def element_set(drafter: api.Drafter, example: api.TrainingExample, depth: int, 
 def accumulate_loss(drafter: api.Drafter, example: api.TrainingExample, elems: Any, sup: torch.Tensor,
                     builder: str = "dense", partitioner: str = "none", parts: int = 1) -> float:
     """Back-propagate one sequence as the engine does (segments in turn, normalised by the sequence's charged count,
-    attention through ``api.SegmentAttention``); returns the normalised loss."""
+    or the charged elements' summed weights for a drafter that weighs them, attention through
+    ``api.SegmentAttention``); returns the normalised loss."""
     from specframe import plugins
+    from specframe.interfaces.drafter import charged_weight
 
     b = plugins.get("mask builder", builder)()
     p = plugins.get("partitioner", partitioner)()
-    count = float(sup[elems.position].sum())
+    count = charged_weight(drafter, example, elems, sup)
     total = 0.0
     for seg in p.partition(elems, parts):
         if len(seg.elements) == 0:

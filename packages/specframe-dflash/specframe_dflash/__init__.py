@@ -12,10 +12,11 @@ It imports only ``specframe.api``. What it declares, and why (README.md has the 
   as element sets under the block rule (context = depth-0 keys, block slot s = depth s + 1) and asks the segment's
   mask builder for it (``attention.subset``), so the configured builder's memory behaviour carries over.
 - Loss: cross-entropy against the data token with the target's frozen lm_head, weight exp(-d / gamma) at depth d
-  (``loss_decay_gamma``; off by default, as in SpecForge), normalised by the engine's supervised count; computed in
-  row chunks over the target's vocabulary (``api.modeling.chunked_cross_entropy``), never as a whole [rows, V] block.
-  It trains the elements the reference samplers choose (``trained_elements``): a block anchored on a supervised token
-  whose first target is supervised, up to its first unsupervised slot; the engine's other charged elements weigh 0.
+  (``loss_decay_gamma``; off by default, as in SpecForge), computed in row chunks over the target's vocabulary
+  (``api.modeling.chunked_cross_entropy``), never as a whole [rows, V] block. It trains the elements the reference
+  samplers choose (``trained_elements``): a block anchored on a supervised token whose first target is supervised, up
+  to its first unsupervised slot; the engine's other charged elements weigh 0. The engine divides the step's sum by
+  the sum of those weights (``element_weights``, API 14), the references' ``sum(w * CE) / sum(w)``.
 - Initialisation: every module the drafter owns starts as the reference's ``post_init`` (``reference_init``).
 """
 
@@ -189,6 +190,13 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         to its first unsupervised slot); the others stay charged with weight 0."""
         return api.block.trained_elements(example.loss_mask, sup, anchor, depth)
 
+    def element_weights(self, example: api.TrainingExample, elements: api.ElementSet) -> torch.Tensor:
+        """Each element's weight in the loss and the engine's normaliser (API 14): the depth decay on the trained
+        elements, 0 on the others (``api.block.element_weights``), so a step's loss is SpecForge's and DeepSpec's
+        ``sum(w * CE) / sum(w)`` over the trained slots."""
+        return api.block.element_weights(example.loss_mask, self.supervision(example), elements.anchor,
+                                         elements.depth, self.options.loss_decay_gamma)
+
     def loss(
         self, example: api.TrainingExample, elements: api.ElementSet, segment: api.Segment, attention: Any
     ) -> api.LossTerms:
@@ -212,13 +220,10 @@ class DFlashDrafter(api.eagle.QueuedInference, api.Drafter):
         # element (a, d) is slot d + 1 of block a and predicts x_{a+2+d}
         rows = (block_of * slots + depth + 1).to(device)
         target = ids[anchor + depth + 2].to(device)
-        gamma = self.options.loss_decay_gamma
-        trained = self.trained_elements(example, sup, anchor, depth)
-        self.last_trained = trained
-        weight = trained.to(torch.float64)
-        if gamma is not None:
-            weight = weight * torch.exp(-depth.to(torch.float64) / gamma)
-        weight = weight.to(device)
+        # the weights the engine's normaliser sums (element_weights): the depth decay on the trained elements
+        self.last_trained = self.trained_elements(example, sup, anchor, depth)
+        weight = api.block.element_weights(example.loss_mask, sup, anchor, depth,
+                                           self.options.loss_decay_gamma).to(device)
         # the head is the target's whole vocabulary: full [rows, V] logits (and softmax's saved copy and gradient)
         # would be most of a step's memory, so the core's chunked cross-entropy holds one [chunk, V] block at a time
         loss_sum, hit = api.modeling.chunked_cross_entropy(

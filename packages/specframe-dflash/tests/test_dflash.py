@@ -31,7 +31,7 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on
     pytest.skip("the specframe-dflash distribution is not installed (pip install --no-deps -e "
                 "packages/specframe-dflash)", allow_module_level=True)
 
-from tests.block_fixtures import grid, make_block, run, target  # noqa: E402, F401 (target: the module fixture)
+from tests.block_fixtures import grid, make_block, reference_weight, run, target  # noqa: E402, F401 (target: fixture)
 
 SMALL = {"layers": 2, "block_size": 4, "aux_layer_ids": [1, 3]}
 
@@ -151,16 +151,24 @@ def two_turns(length=20):
     return mask
 
 
-@pytest.mark.parametrize("docs,turns", [(1, False), (2, False), (1, True), (2, True)])
-def test_training_loss_equals_the_per_block_oracle(target, docs, turns):
-    drafter, ex = make(target, length=20 if turns else 18, docs=docs, mask=two_turns() if turns else None)
+@pytest.mark.parametrize("docs,turns,gamma", [(1, False, None), (2, False, None), (1, True, None), (2, True, None),
+                                               (2, True, 7.0)])
+def test_training_loss_equals_the_per_block_oracle(target, docs, turns, gamma):
+    """The loss and gradients of the engine's accumulation equal the references' sum(w * CE) / sum(w) over the
+    trained slots (D5): with prompt turns, blocks anchored on the prompt weigh 0 and are not in the denominator, where
+    the charged count (the old normaliser) counted them."""
+    drafter, ex = make(target, length=20 if turns else 18, docs=docs, mask=two_turns() if turns else None,
+                       loss_decay_gamma=gamma)
     elems, sup = grid(drafter, ex)
     loss, grads, _ = run(drafter, ex, elems, sup)
-    count = int(sup[elems.position].sum())
-    expected = oracle_loss(drafter, ex, elems, sup)
-    assert math.isclose(loss, float(expected.detach()) / count, rel_tol=1e-10)
+    normaliser = reference_weight(ex, elems, sup, gamma)
+    expected = oracle_loss(drafter, ex, elems, sup, gamma=gamma)
+    assert math.isclose(loss, float(expected.detach()) / normaliser, rel_tol=1e-10)
+    if turns or gamma:  # the old normaliser gives another loss here
+        count = int(sup[elems.position].sum())
+        assert count > normaliser and not math.isclose(loss, float(expected.detach()) / count, rel_tol=1e-6)
     drafter.module().zero_grad(set_to_none=True)
-    (expected / count).backward()
+    (expected / normaliser).backward()
     for name, p in drafter.module().named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(grads[name], p.grad, atol=1e-12, rtol=1e-9, msg=name)
@@ -192,9 +200,11 @@ def test_depth_decay_weights_each_depth_as_the_oracle(target):
     drafter, ex = make(target, loss_decay_gamma=1.5)
     elems, sup = grid(drafter, ex)
     loss, _, _ = run(drafter, ex, elems, sup)
-    count = int(sup[elems.position].sum())
-    assert math.isclose(loss, float(oracle_loss(drafter, ex, elems, sup, gamma=1.5).detach()) / count, rel_tol=1e-10)
-    assert not math.isclose(loss, float(oracle_loss(drafter, ex, elems, sup).detach()) / count, rel_tol=1e-6)
+    decayed = reference_weight(ex, elems, sup, 1.5)
+    assert math.isclose(loss, float(oracle_loss(drafter, ex, elems, sup, gamma=1.5).detach()) / decayed,
+                        rel_tol=1e-10)
+    uniform = reference_weight(ex, elems, sup)
+    assert not math.isclose(loss, float(oracle_loss(drafter, ex, elems, sup).detach()) / uniform, rel_tol=1e-6)
 
 
 def test_the_loss_never_holds_logits_for_more_rows_than_a_chunk(target):

@@ -22,7 +22,9 @@ declares, and why (docs/plugins/dspark.md has the sources):
 - Loss per charged element, weighted ``exp(-d / gamma)``: ``ce_weight * CE(data token) + l1_weight * ||p_draft -
   p_target||_1 + confidence_weight * BCE``, as DeepSpec's ``compute_dspark_loss`` (the l1 term is the L1 distance of
   the two distributions, i.e. twice their total variation). It is computed in row chunks over the target's
-  vocabulary, each chunk recomputed in backward (activation checkpointing), never as a whole [rows, V] block.
+  vocabulary, each chunk recomputed in backward (activation checkpointing), never as a whole [rows, V] block. The
+  elements DeepSpec does not train (``trained_elements``) weigh 0, and the engine divides the step's sum by the sum
+  of the weights (``element_weights``, API 14), as DeepSpec divides each term by ``sum(w)``.
 """
 
 from __future__ import annotations
@@ -347,6 +349,13 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         supervised, up to its first unsupervised slot); the others stay charged with weight 0."""
         return api.block.trained_elements(example.loss_mask, sup, anchor, depth)
 
+    def element_weights(self, example: api.TrainingExample, elements: api.ElementSet) -> torch.Tensor:
+        """Each element's weight in the loss and the engine's normaliser (API 14): the depth decay on the trained
+        elements, 0 on the others (``api.block.element_weights``), so a step's loss is DeepSpec's
+        ``sum(w * terms) / sum(w)``."""
+        return api.block.element_weights(example.loss_mask, self.supervision(example), elements.anchor,
+                                         elements.depth, self.options.loss_decay_gamma)
+
     def _teacher(self, device: torch.device, dtype: torch.dtype) -> Any:
         if self.target_head is None:
             # a drafter restored from a checkpoint without prepare(): the head is the lm_head it shares (a plain
@@ -395,11 +404,10 @@ class DSparkDrafter(api.eagle.QueuedInference, api.Drafter):
         labels = ids[anchor + depth + 2].to(device)
         # the target's distribution for x_{a+2+d} comes from its final hidden state at position a+1+d
         target_hidden = example.features[FINAL][anchor + depth + 1].to(device=device, dtype=dtype)
-        gamma = opts.loss_decay_gamma
         trained = self.trained_elements(example, sup, anchor, depth)
-        weight = (torch.ones(depth.shape, dtype=dtype) if gamma is None
-                  else torch.exp(-depth.to(torch.float64) / gamma).to(dtype))
-        weight = (weight * trained).to(device)
+        # the weights the engine's normaliser sums (element_weights): the depth decay on the trained elements
+        weight = api.block.element_weights(example.loss_mask, sup, anchor, depth,
+                                           opts.loss_decay_gamma).to(dtype).to(device)
         teacher = self._teacher(device, dtype)
         total = hidden.new_zeros(())
         hits, greedy, accepts, confidences = [], [], [], []

@@ -29,7 +29,7 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on
     pytest.skip("the specframe-dspark distribution is not installed (pip install --no-deps -e "
                 "packages/specframe-dspark)", allow_module_level=True)
 
-from tests.block_fixtures import grid, run, target  # noqa: E402, F401 (target: the module fixture)
+from tests.block_fixtures import grid, reference_weight, run, target  # noqa: E402, F401 (target: the module fixture)
 from tests.dspark_fixtures import SMALL, block_forward, make, markov_biases, sampling_drafter  # noqa: E402
 
 
@@ -142,11 +142,15 @@ def test_training_loss_and_gradients_equal_the_per_block_oracle(target, head, do
                        markov_head_type=head, confidence_head=confidence)
     elems, sup = grid(drafter, ex)
     loss, grads, _ = run(drafter, ex, elems, sup)
+    # DeepSpec's normaliser (D5): each term divided by sum(w) over the trained slots, not by the charged count
+    normaliser = reference_weight(ex, elems, sup, drafter.options.loss_decay_gamma)
     count = int(sup[elems.position].sum())
     drafter.module().zero_grad(set_to_none=True)
-    want = oracle_loss(drafter, ex, elems, sup, target) / count
+    total = oracle_loss(drafter, ex, elems, sup, target)
+    want = total / normaliser
     want.backward()
     assert loss == pytest.approx(float(want.detach()), rel=1e-10)
+    assert count > normaliser and loss != pytest.approx(float(total.detach()) / count, rel=1e-6)
     for name, p in drafter.module().named_parameters():
         if p.grad is not None:
             assert torch.allclose(grads[name], p.grad, atol=1e-10), name
