@@ -12,7 +12,7 @@ It imports only ``specframe.api``. What it declares, and why (README.md has the 
   as element sets under the block rule (context = depth-0 keys, block slot s = depth s + 1) and asks the segment's
   mask builder for it (``attention.subset``), so the configured builder's memory behaviour carries over.
 - Loss: cross-entropy against the data token with the target's frozen lm_head, weight exp(-d / gamma) at depth d
-  (``loss_decay_gamma``; off by default, as in SpecForge), computed in row chunks over the target's vocabulary
+  (``loss_decay_gamma``, 7 by default as SpecForge's block-16 recipes), computed in row chunks over the target's vocabulary
   (``api.modeling.chunked_cross_entropy``), never as a whole [rows, V] block. It trains the elements the reference
   samplers choose (``trained_elements``): a block anchored on a supervised token whose first target is supervised, up
   to its first unsupervised slot; the engine's other charged elements weigh 0. The engine divides the step's sum by
@@ -74,8 +74,10 @@ class DFlashOptions:
                 "full block's; vLLM serves a DFlash export at block_size - 1 only (its proposer runs K + 1 slots)"})
     aux_layer_ids: list[int] | None = attrs.field(default=None, metadata={
         "help": "target aux layer ids (hidden state entering that layer); null: DFlash's evenly spaced layers"})
-    loss_decay_gamma: float | None = attrs.field(default=None, metadata={
-        "help": "weight exp(-d / gamma) on depth d (the paper's position decay); null: uniform (SpecForge default)"})
+    # 7 as every SpecForge DFlash recipe at block 16 (DeepSpec and speculators use 4 at blocks 7 and 8)
+    loss_decay_gamma: float | None = attrs.field(default=7.0, metadata={
+        "help": "weight exp(-d / gamma) on depth d (the paper's position decay; SpecForge's recipes at block 16 use "
+                "7, DeepSpec and speculators 4 at blocks 7-8); null: uniform"})
     loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
         "help": "rows per chunk of the cross-entropy over the target's vocabulary (memory: one [chunk, vocab] block)"})
 

@@ -40,11 +40,13 @@ def make(target, length: int = 18, docs: int = 1, seed: int = 0, mask=None, **op
     return make_block("dflash", SMALL, target, length, docs, seed, mask, **options)
 
 
-def oracle_loss(drafter, ex, elems, sup, gamma=None):
+def oracle_loss(drafter, ex, elems, sup, gamma=...):
     """DFlash's forward written per block, with no mask builder: block a = [x_{a+1}, MASK x (B-1)] at positions
     a+1 .., attending with full attention to the context g_c (c <= a, same document) and to itself; element (a, d)
     is slot d + 1 and its target x_{a+2+d}. Returns the summed cross-entropy over the elements the references
-    train (depth d weighted exp(-d / gamma) when ``gamma`` is given)."""
+    train (depth d weighted exp(-d / gamma); ``gamma`` by default the drafter's ``loss_decay_gamma``, None uniform)."""
+    if gamma is ...:
+        gamma = drafter.options.loss_decay_gamma
     model = drafter.model
     docs = position_docs(ex.doc, sup.shape[0])
     B = drafter.options.block_size
@@ -204,7 +206,8 @@ def test_depth_decay_weights_each_depth_as_the_oracle(target):
     assert math.isclose(loss, float(oracle_loss(drafter, ex, elems, sup, gamma=1.5).detach()) / decayed,
                         rel_tol=1e-10)
     uniform = reference_weight(ex, elems, sup)
-    assert not math.isclose(loss, float(oracle_loss(drafter, ex, elems, sup).detach()) / uniform, rel_tol=1e-6)
+    assert not math.isclose(loss, float(oracle_loss(drafter, ex, elems, sup, gamma=None).detach()) / uniform,
+                            rel_tol=1e-6)
 
 
 def test_the_loss_never_holds_logits_for_more_rows_than_a_chunk(target):
