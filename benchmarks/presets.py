@@ -211,6 +211,9 @@ PRESETS = {
         per_drafter_jobs=True, vllm_ks=(2, 3, 5), speed_k=3, vllm_repeats=3, speed_prompts=16,  # 2 per category
         # about 128K, 255K and 510K training tokens (packing fills about 1,417 tokens a step), then the final 1.02M
         keep_drafter_at=(90, 180, 360),
+        # DFlash trains at block depth + 1 = 8 here, where the references decay its loss with gamma 4 (speculators at
+        # block 8, DeepSpec at 7); its default, 7, is SpecForge's at block 16 (deviations D4)
+        plugin_drafters={"dflash": {"loss_decay_gamma": 4.0}},
         # dflash 1: drafts from its full block on the reference engine, and vLLM serves it at block_size - 1 only,
         # which none of vllm_ks is (GPU-path review item 3); 2: starts as the references' post_init (N(0, 0.02)) and
         # trains only their elements (anchor token and first target supervised, up to the first unsupervised slot);
