@@ -13,6 +13,7 @@ from transformers import LlamaConfig
 
 from specframe import memory as mem
 from specframe import plugins
+from specframe.decoder import ROW_CHUNK
 from specframe.engine.checkpoint import step_name
 from specframe.errors import SpecframeError, UsageError
 from specframe.memory_probe import ProbeSpec, measure
@@ -119,12 +120,12 @@ def test_estimate_matches_measured_peak_chunked_checkpointed_partitioned():
 
 @pytest.mark.slow
 def test_estimate_matches_measured_peak_row_chunked_recompute():
-    """A segment longer than ``modeling.ROW_CHUNK`` elements: checkpointed layers recompute their position-wise parts
+    """A segment longer than ``decoder.ROW_CHUNK`` elements: checkpointed layers recompute their position-wise parts
     in row chunks (the long-context regime), with grouped k / v heads in the chunked builder."""
     est, got = _check(ProbeSpec(seq_len=2048, depth=8, mask_builder="chunked", **{**SMALL, "hidden": 128,
                                 "intermediate": 384}, drafter_options={"layers": 3, "draft_vocab_size": 256,
                                                                        "activation_checkpointing": True}))
-    assert est.largest_segment["forwarded"] > mem.ROW_CHUNK
+    assert est.largest_segment["forwarded"] > ROW_CHUNK
 
 
 def test_refusal_names_the_need_and_what_fits():
