@@ -18,6 +18,7 @@ import pytest
 
 from harness import command, fingerprint, saved_metrics
 from specframe import bench
+from specframe.stats import mean_text
 
 def pytest_generate_tests(metafunc):
     if "drafter" in metafunc.fixturenames:
@@ -98,5 +99,5 @@ def test_vllm_against_reference(benchmark, workspace, trained, drafter):
         row = m[f"vllm/k{k}"]
         print(f"\n{drafter} in vLLM at K={k}: AL {row['acceptance_length']:.3f}, speedup "
               f"{bench.Interval(**{**row['speedup_interval'], 'values': tuple(row['speedup_interval']['values'])})}")
-    print(f"\n{drafter} K={p.speed_k}: vLLM AL {al_v:.3f} speedup {m['vllm']['speedup_interval']['mean']:.2f}x | "
-          f"reference AL {al_r:.3f} speedup {m['reference']['speedup_interval']['mean']:.2f}x (AL gap {gap:.1%})")
+    print(f"\n{drafter} K={p.speed_k}: vLLM AL {al_v:.3f} speedup {mean_text(m['vllm']['speedup_interval'])} | "
+          f"reference AL {al_r:.3f} speedup {mean_text(m['reference']['speedup_interval'])} (AL gap {gap:.1%})")

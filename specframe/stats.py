@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -98,9 +98,21 @@ class Interval:
         return attrs.asdict(self)
 
     def __str__(self) -> str:
+        # no repeat left (every one flagged as implausible; a saved file holds NaN as null): say so, never a number
+        if self.mean is None or not math.isfinite(self.mean):
+            return f"n/a (none of {self.repeats} repeats plausible)" if self.repeats else "n/a (no repeat kept)"
         if self.low is None:
             return f"{self.mean:.3f}"
         return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def mean_text(interval: Mapping[str, Any] | None, digits: int = 2, unit: str = "x") -> str:
+    """A saved interval's mean as a progress line or report cell shows it, or "n/a" where no repeat was kept (every
+    one flagged as implausible on a noisy machine; the file holds that mean as null)."""
+    mean = (interval or {}).get("mean")
+    if mean is None or not math.isfinite(mean):
+        return "n/a"
+    return f"{mean:.{digits}f}{unit}"
 
 
 @attrs.frozen

@@ -20,7 +20,7 @@ from specframe.report.questions import (
     tokens_to_beat_plain,
 )
 from specframe.report.runs import all_runs, drafter_of, false_tree, is_number, token_budgets
-from specframe.stats import t975
+from specframe.stats import mean_text, t975
 
 
 #: a training throughput measured while other processes kept more than this many cores busy, on average, is flagged
@@ -198,8 +198,8 @@ def _vllm_beside_reference(documents: list[dict[str, Any]]) -> list[str]:
         r_v = round_cost_ratio(m["vllm"], m.get("vllm/plain"))
         r_r = round_cost_ratio(m["reference"], m.get("reference/plain"))
         rows.append([d["config"].get("drafter"), f"{m['vllm']['acceptance_length']:.2f}",
-                     f"{m['vllm']['speedup_interval']['mean']:.2f}x", f"{r_v:.2f}" if r_v else "n/a",
-                     f"{m['reference']['acceptance_length']:.2f}", f"{m['reference']['speedup_interval']['mean']:.2f}x",
+                     mean_text(m['vllm']['speedup_interval']), f"{r_v:.2f}" if r_v else "n/a",
+                     f"{m['reference']['acceptance_length']:.2f}", mean_text(m['reference']['speedup_interval']),
                      f"{r_r:.2f}" if r_r else "n/a", budget if budget is not None else "n/a"])
     return ["vLLM against the reference engine (same checkpoint, prompts and K; R = round time over a plain step):",
             ""] + table(["drafter", "vLLM AL", "vLLM speedup", "vLLM R", "reference AL", "reference speedup",

@@ -132,3 +132,26 @@ def test_the_speed_table_names_the_fastest_ngram_the_two_way_interval_and_the_ma
     assert "0.66" in row  # against n-gram's fastest K (k3), not the first listed
     assert all(f"ngram/k{k}" in text for k in (2, 3, 5))
     assert "AMD EPYC, family 25 model 17, 2 cores; plain vLLM step 17.4 ms" in text
+
+
+def test_an_interval_with_no_plausible_repeat_prints_no_number():
+    """Every repeat flagged (a noisy machine): the interval has no mean, and printing it (the suites print every
+    interval) says so instead of failing on a missing number or showing NaN; a saved file holds that mean as null."""
+    from specframe.stats import Interval
+
+    empty = Interval.of([])
+    assert str(empty) == "n/a (no repeat kept)"
+    saved = Interval(**{**empty.as_dict(), "mean": None, "median": None})
+    assert str(saved) == "n/a (no repeat kept)"
+    assert str(Interval(None, None, None, None, 3, ())) == "n/a (none of 3 repeats plausible)"
+    assert str(Interval.of([1.2])) == "1.200"
+    assert str(Interval.of([1.0, 1.21])).startswith("1.100 [")
+
+
+def test_a_saved_mean_is_shown_or_said_missing():
+    from specframe.stats import mean_text
+
+    assert mean_text({"mean": 1.234}) == "1.23x"
+    assert mean_text({"mean": None}) == "n/a"
+    assert mean_text({"mean": float("nan")}) == "n/a"
+    assert mean_text(None) == "n/a"
