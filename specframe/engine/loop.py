@@ -240,6 +240,7 @@ class Trainer:
             self.trackers = None
         if self.lock is not None:
             self.lock.release()
+        self.dist.close()
 
     # ------------------------------------------------------------------------------------------------- elements
     def elements(self, example: api.TrainingExample, generator: torch.Generator | None) -> tuple[Any, torch.Tensor]:
@@ -534,6 +535,8 @@ def train(
     already resolved (``compose.plan``; the CLI resolves them once per ``train``), else resolved here."""
     trainer = Trainer(cfg, plan=plan, resume=resume, target=target, profile=profile, allow_changed=allow_changed)
     try:
-        return trainer.run(progress=progress, log_lines=log_lines)
+        result = trainer.run(progress=progress, log_lines=log_lines)
+        trainer.dist.barrier()  # no rank destroys the process group while another still reduces through it
+        return result
     finally:
         trainer.close()

@@ -47,7 +47,8 @@ class Dist:
 
         self.dist = dist
         self.world = world_size(rendezvous=not dist.is_initialized())
-        if self.world > 1 and not dist.is_initialized():
+        self.owner = self.world > 1 and not dist.is_initialized()  # the group is ours to destroy
+        if self.owner:
             if device.type == "cuda":
                 torch.cuda.set_device(device)
             dist.init_process_group(backend(device))
@@ -68,6 +69,14 @@ class Dist:
     def barrier(self) -> None:
         if self.world > 1:
             self.dist.barrier()
+
+    def close(self) -> None:
+        """Destroy the process group this object created. A gloo group left for the interpreter's exit to tear down
+        can abort the process ("terminate called without an active exception", SIGABRT) after a run that finished,
+        so a torchrun job that trained every step still exits non-zero."""
+        if self.owner and self.dist.is_initialized():
+            self.dist.destroy_process_group()
+        self.owner = False
 
 
 class DrafterLoss(torch.nn.Module):
