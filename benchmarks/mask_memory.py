@@ -43,7 +43,7 @@ def _reset_hwm() -> None:
 def _elements(layout: str, seq_len: int, depth: int):
     import torch
 
-    from specframe.elements import cod_sample, full_grid
+    from specframe.drafting.elements import cod_sample, full_grid
 
     if layout == "grid":
         return full_grid(seq_len, depth)

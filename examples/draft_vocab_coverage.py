@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from specframe.data.chat import encode_dataset
 from specframe.data.sources import load_data
 from specframe.targets import ensure_default_target
-from specframe.vocab import build_draft_vocab, count_tokens, coverage
+from specframe.drafting.vocab import build_draft_vocab, count_tokens, coverage
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--data", action="append", default=None)

@@ -8,7 +8,7 @@ Components are classes with a class attribute ``name`` (what users type) and an 
 plugin-specific settings, filled from CLI flags or ``--config``); the core instantiates them as ``cls(options)``.
 
 This module holds the version and its history and re-exports the names; the bodies live below it, one idea a module
-(``specframe.interfaces.*``, ``specframe.sampling``, ``specframe.draft_tree``, ...), as pluggy's ``__init__`` re-exports
+(``specframe.interfaces.*``, ``specframe.sampling``, ``specframe.drafting.draft_tree``, ...), as pluggy's ``__init__`` re-exports
 its ``_hooks`` and ``_manager``. The rule "a plugin imports only ``specframe.api``" is about this name, not about
 where a body lives: a name importable from here keeps its identity wherever its body moves.
 """
@@ -18,24 +18,24 @@ from __future__ import annotations
 # Drafter building blocks (decoder layers over element sets, chunked KL) are part of the public surface, as
 # ``api.modeling``, so drafter plugins share them without importing core internals; so is the draft-vocabulary and
 # mask-token rule (``api.vocab``), which every drafter must apply the same way.
-from specframe import modeling, vocab
+from specframe.drafting import modeling, vocab
 
 # The feature-reading drafters' shared backbone (vLLM EAGLE-3 names), draft vocabulary and depth bookkeeping.
-from specframe import eagle
+from specframe.drafting import eagle
 from specframe.attention_memory import AttentionShape, full_mask_bytes, query_block_bytes
 
 # The block-drafting backbone (context from the target's aux states, a block of anchor + mask slots) that DFlash and
 # DSpark share (API 7).
-from specframe import block
+from specframe.drafting import block
 
 # Calibration of per-token confidence (prefix ECE, sequential temperature scaling), for drafters that estimate it
 # (API 8).
-from specframe import calibration
+from specframe.drafting import calibration
 from specframe.declarations import (Training, legacy_comparison_options, legacy_greedy,  # noqa: F401
                                     legacy_import_options, legacy_training, positive_int, unit_interval)
-from specframe.draft_tree import DraftTree, dynamic_tree
-from specframe.drafts import Draft
-from specframe.elements import (VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility,
+from specframe.drafting.draft_tree import DraftTree, dynamic_tree
+from specframe.drafting.drafts import Draft
+from specframe.drafting.elements import (VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility,
                                 shared_window, visible)
 from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError, read_json  # noqa: F401
 from specframe.features import FeatureSpec
@@ -55,7 +55,7 @@ from specframe.interfaces.verifier import RoundCost, Verification, Verifier, ver
 # (API 14), and returns the ``Manifest`` the writer returns.
 from specframe.layouts import export as vllm_layouts
 from specframe.layouts.manifest import Manifest, Serving
-from specframe.modeling import expand_kv  # noqa: F401  (api.expand_kv, for drafters' attention)
+from specframe.drafting.modeling import expand_kv  # noqa: F401  (api.expand_kv, for drafters' attention)
 
 # The sampling math the sampling verifiers share (API 8: the chain speculative sampling; API 14: one token's acceptance
 # ratio, which the chain and the tree share).
@@ -71,7 +71,7 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   which rules a builder applies. A version-1 plugin runs unchanged: its drafters are chain drafters, and its
 #:   mask builders are taken as chain-only, so a block drafter is refused with them (``UsageError`` at the first
 #:   segment) rather than trained under the wrong rule; a partitioner that ignores the rule is caught by the
-#:   engine's causal-completeness check (``specframe.elements.check_partition``), which applies the set's rule.
+#:   engine's causal-completeness check (``specframe.drafting.elements.check_partition``), which applies the set's rule.
 #: - "3" (additive): ``Drafter.forwarded_rows``, the row count the memory estimator charges a segment with; its
 #:   default (one row per element) is what every version-2 drafter was estimated with, so those run unchanged.
 #: - "4" (additive): ``api.eagle.target_head(target)`` / ``api.eagle.TargetHead``, the target's head as its forward

@@ -4,7 +4,7 @@ Layout of a cache folder::
 
     manifest.json              config (target id + weights hash, aux layers, dtype, data fingerprint, max length,
                                draft vocabulary) + the list of *finished* shards
-    vocab.safetensors          the draft vocabulary (specframe.vocab.DraftVocab) built from the data's assistant tokens
+    vocab.safetensors          the draft vocabulary (specframe.drafting.vocab.DraftVocab) built from the data's assistant tokens
     shard-00000.safetensors    examples [0, S): input_ids int32 [T], loss_mask uint8 [T], offsets int64 [n+1],
                                aux [T, len(aux_layers)*H], final [T, H] (float16 / bfloat16); with
                                --teacher-top-k K also teacher_ids int32 [T, K] and teacher_logp float32 [T, K] (the
@@ -37,7 +37,7 @@ from specframe.data.chat import Encoded, EncodeStats, encode_dataset
 from specframe.errors import SpecframeError, read_json
 from specframe.feature_engines import check_engine, engine_features, gate_engine
 from specframe.features import FeatureSpec, capture_features
-from specframe.vocab import DraftVocab, build_draft_vocab, count_tokens, vocab_metadata
+from specframe.drafting.vocab import DraftVocab, build_draft_vocab, count_tokens, vocab_metadata
 
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"

@@ -1,6 +1,6 @@
 """What components declare to the core instead of being known by name (API 6, exposed as ``specframe.api``).
 
-A leaf module: ``specframe.api`` and the shared EAGLE family (``specframe.eagle``) both import it.
+A leaf module: ``specframe.api`` and the shared EAGLE family (``specframe.drafting.eagle``) both import it.
 """
 
 from __future__ import annotations

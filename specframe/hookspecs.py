@@ -39,7 +39,7 @@ def register_mask_builders(register: Callable[[type[MaskBuilder]], None]) -> Non
     """Register mask-builder classes: call ``register(cls)`` for each ``specframe.api.MaskBuilder`` subclass.
 
     A mask builder turns the query and key element sets of one training segment into an attention function that
-    applies their visibility rule (``specframe.elements.visible``: the drafter's declared ``chain`` or ``block``; a
+    applies their visibility rule (``specframe.drafting.elements.visible``: the drafter's declared ``chain`` or ``block``; a
     builder lists the rules it applies in ``visibilities``). Selected with ``--mask-builder NAME``.
     """
 

@@ -1,7 +1,7 @@
 """The target's output head as the target model applies it: final hidden states in, the target's logits out.
 
 Every place that turns a target's final hidden state into its next-token distribution goes through
-``TargetHead.logits``: the dense KL teacher and its full-vocabulary top-1 (``specframe.eagle``, ``modeling``), the
+``TargetHead.logits``: the dense KL teacher and its full-vocabulary top-1 (``specframe.drafting.eagle``, ``modeling``), the
 feature cache's compact top-k teacher (``specframe.cache``) and ``features.target_logits``. A model may do more after
 its lm_head matmul than a Llama does, and a teacher that skips it teaches another distribution: an lm_head bias
 (Phi), Cohere's ``logit_scale`` (multiplied), Granite's ``logits_scaling`` (divided) and Gemma-2 / Gemma-3's

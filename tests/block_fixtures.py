@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from specframe import api, plugins
-from specframe.elements import check_partition, full_grid, position_docs
+from specframe.drafting.elements import check_partition, full_grid, position_docs
 from specframe.interfaces.drafter import charged_weight
 from tests.drafter_helpers import features, tiny_target
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from specframe import api, plugins
-from specframe.elements import cod_sample, full_grid, position_docs
+from specframe.drafting.elements import cod_sample, full_grid, position_docs
 from specframe.targets import load_target
 from specframe.testing import accumulate_loss, gradients, target_features
 from tests.train_fixtures import build

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from specframe import plugins
-from specframe.elements import position_docs
+from specframe.drafting.elements import position_docs
 from tests.block_fixtures import SDPA, make_block
 
 

@@ -14,7 +14,7 @@ largest anchor plus the deeper keys of its anchors), is short and gets the rule 
 parts are merged by log-sum-exp. Where the fused kernel is not available (another device, float64) the prefix runs
 through the same plain-torch path without a mask, with identical results.
 
-Both visibility rules (``specframe.elements``: ``chain`` and DFlash's ``block``) split this way: they share the
+Both visibility rules (``specframe.drafting.elements``: ``chain`` and DFlash's ``block``) split this way: they share the
 context clause that makes the prefix, and differ only among one anchor's own keys, all of which are in the band (its
 depth-0 key lies between the smallest and largest anchor, its deeper keys are the band's deep part); the band applies
 the set's rule exactly.

@@ -3,7 +3,7 @@
 The visibility mask of the complete (anchor, depth) grid is built once for ``max_len`` positions, in the
 position-major layout (element (a, d) at index a*K + d), and cached; it grows on demand when a longer sequence
 arrives. Within one document visibility depends only on the two elements' (anchor, depth) and the drafter's rule (chain or
-block, ``specframe.elements``; the cache is built for one rule and rebuilt if the rule changes), never on the sequence
+block, ``specframe.drafting.elements``; the cache is built for one rule and rebuilt if the rule changes), never on the sequence
 length, so the mask of a length-L sequence is the top-left (L*K) x (L*K) block of the cached one and the mask of any
 element subset (a COD sample, a segment) is a row/column gather of that block.
 

@@ -10,7 +10,7 @@ pass, and with every segment's loss divided by the whole sequence's count the ac
 Cuts balance the owned element count, not positions: with COD most deep elements sit at supervised positions, so
 equal position ranges could leave one segment with most of the chains.
 
-Under the ``block`` visibility rule (DFlash, ``specframe.elements``) an element sees every element of its anchor's
+Under the ``block`` visibility rule (DFlash, ``specframe.drafting.elements``) an element sees every element of its anchor's
 block, the root included, and the root sees its block. So a segment owns whole blocks (every element is owned at its
 anchor), and the context it recomputes must be complete too: an earlier root is only exact with its block, so a
 segment forwards every earlier element of its documents. That keeps the gradients exact; the saving is then on the

@@ -133,7 +133,7 @@ def gather_confidence(dist: Any, held_out: list[tuple[torch.Tensor, ...]]) -> He
 def confidence_metrics(drafter: api.Drafter, logits: torch.Tensor, accepted: torch.Tensor) -> dict[str, Any]:
     """The validation metrics of the drafter's calibrated confidence on held-out chains: the prefix acceptance's
     ECE (``calibration.prefix_ece``: its mean, one per prefix length, and the rows it was measured on)."""
-    from specframe.calibration import prefix_ece
+    from specframe.drafting.calibration import prefix_ece
 
     ece = prefix_ece(drafter.calibrated_confidence(logits), accepted)
     return {"val_confidence_ece": ece["mean"], "val_confidence_ece_by_position": ece["per_position"],

@@ -449,7 +449,7 @@ class Trainer:
     def run(self, progress: bool = True, log_lines: Callable[[str], None] | None = None) -> TrainResult:
         """Train to the end. ``progress``: a rich progress bar; ``log_lines``: where to send a plain progress line
         every ``--log-every`` steps (for logs and pipes; the CLI uses it when stdout is not a terminal)."""
-        from specframe import modeling
+        from specframe.drafting import modeling
 
         # the loss kernels report to the run's timer (the "loss" phase, subtracted from the drafter's forward)
         modeling.phase_timer = self.timer if self.timer.enabled else None

@@ -2,7 +2,7 @@
 
 Phases: ``data`` (a sequence's features, read from the cache or computed by the target, and its elements and
 segments), ``forward`` (the drafter's forward, its loss excluded), ``loss`` (the loss kernels, teacher included; their
-gradient is formed in the same pass, see ``specframe.modeling.chunked_forward_kl``), ``backward``, ``optimizer``
+gradient is formed in the same pass, see ``specframe.drafting.modeling.chunked_forward_kl``), ``backward``, ``optimizer``
 (unscale, clipping, AdamW and the schedule), ``eval`` and ``checkpoint``. A phase timed inside another (the loss
 inside the drafter's forward) is subtracted from it, so the phases add up to the time they cover. On CUDA every
 boundary synchronises the device, which costs a little throughput: the profile is for finding where time goes.

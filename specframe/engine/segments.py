@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from specframe import api
-from specframe.elements import full_grid, position_docs
+from specframe.drafting.elements import full_grid, position_docs
 from specframe.engine import validate
 from specframe.engine.sharding import DrafterLoss
 
@@ -27,7 +27,7 @@ def elements(drafter: api.Drafter, depth: int, training: api.Training, example: 
     doc = position_docs(example.doc, n)
     ratio = training.cod_ratio
     if ratio < 1.0 and generator is not None:
-        from specframe.elements import cod_sample
+        from specframe.drafting.elements import cod_sample
 
         elems = cod_sample(sup, depth, ratio, training.cod_min_ratio, generator=generator, doc=doc)
     else:
@@ -38,7 +38,7 @@ def elements(drafter: api.Drafter, depth: int, training: api.Training, example: 
 
 def segments(partitioner: Any, partitions: int, elems: Any) -> list[api.Segment]:
     """The partitioner's segments of ``elems`` (checked to cover each element once), the empty ones left out."""
-    from specframe.elements import check_partition
+    from specframe.drafting.elements import check_partition
 
     segs = partitioner.partition(elems, partitions)
     check_partition(elems, segs, partitioner.name)

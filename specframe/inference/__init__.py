@@ -2,7 +2,7 @@
 
 ``generate`` runs one prompt; ``Generation`` records what happened; ``specframe.metrics`` turns records into
 acceptance length, per-position acceptance, OTPS and speedup. Names load lazily, so importing the package (or
-``specframe.draft_tree``'s trees, re-exported here) does not load the engine and the API it imports.
+``specframe.drafting.draft_tree``'s trees, re-exported here) does not load the engine and the API it imports.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ _EXPORTS = {
     "Round": "specframe.inference.engine",
     "TreeShape": "specframe.inference.engine",
     "TargetSession": "specframe.inference.target",
-    "dynamic_tree": "specframe.draft_tree",
-    "DraftTree": "specframe.draft_tree",
+    "dynamic_tree": "specframe.drafting.draft_tree",
+    "DraftTree": "specframe.drafting.draft_tree",
 }
 
 __all__ = sorted(_EXPORTS)

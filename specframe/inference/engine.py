@@ -24,7 +24,7 @@ import torch
 from specframe import api
 from specframe.errors import PluginError, SpecframeError, UsageError
 from specframe.inference.target import TargetSession
-from specframe.draft_tree import node_depths
+from specframe.drafting.draft_tree import node_depths
 from specframe.inference.defaults import DEFAULT_MAX_NEW_TOKENS
 
 

@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicLayer
 
 from specframe.errors import SpecframeError
 from specframe.features import FeatureSpec
-from specframe.draft_tree import ancestor_mask, node_depths
+from specframe.drafting.draft_tree import ancestor_mask, node_depths
 
 
 @attrs.frozen

@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from specframe import modeling
+from specframe.drafting import modeling
 from specframe.declarations import Training, legacy_comparison_options, legacy_import_options, legacy_training
-from specframe.drafts import Draft
-from specframe.elements import ElementSet
+from specframe.drafting.drafts import Draft
+from specframe.drafting.elements import ElementSet
 from specframe.errors import PluginError, SpecframeError
 from specframe.features import FeatureSpec
 from specframe.interfaces import checkpoint
@@ -134,7 +134,7 @@ class Drafter(Component, ABC):
     #: how the drafter's elements see each other in training (``VISIBILITY_RULES``, API 2): ``chain``, causal along
     #: each anchor's chain, or ``block``, bidirectional inside each anchor's block (DFlash). Both see the context
     #: (depth-0 elements up to the anchor). The engine stamps it on the element sets, so every mask builder and
-    #: partitioner applies it (``specframe.elements`` states both rules).
+    #: partitioner applies it (``specframe.drafting.elements`` states both rules).
     visibility: ClassVar[str] = "chain"
     #: API 6: the tokens the drafter's head scores (set by a drafter with a draft vocabulary, once the target's
     #: vocabulary has clamped it); None: the full target vocabulary. The memory estimate charges its logits.

@@ -10,7 +10,7 @@ import attrs
 import torch
 
 from specframe.attention_memory import AttentionShape, full_mask_bytes, query_block_bytes
-from specframe.elements import ElementSet
+from specframe.drafting.elements import ElementSet
 from specframe.errors import UsageError
 from specframe.interfaces.component import Component
 
@@ -30,7 +30,7 @@ class Attention(Protocol):
 
 class MaskBuilder(Component, ABC):
     """Turns the element sets of a segment into an attention function that applies their visibility rule
-    (``ElementSet.visibility``: the drafter's declared ``chain`` or ``block``, see ``specframe.elements``)."""
+    (``ElementSet.visibility``: the drafter's declared ``chain`` or ``block``, see ``specframe.drafting.elements``)."""
 
     #: devices (``torch.device.type``) the builder supports for training (forward and backward)
     devices: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda"})

@@ -9,7 +9,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from specframe.elements import ElementSet
+from specframe.drafting.elements import ElementSet
 from specframe.interfaces.component import Component
 
 

@@ -11,7 +11,7 @@ import attrs
 import torch
 
 from specframe.declarations import legacy_greedy
-from specframe.drafts import Draft
+from specframe.drafting.drafts import Draft
 from specframe.errors import PluginError, UsageError
 from specframe.interfaces.component import Component
 

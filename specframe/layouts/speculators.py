@@ -94,7 +94,7 @@ def drafter_layer_fields(target_config: Any) -> dict[str, Any]:
     names."""
     from types import SimpleNamespace
 
-    from specframe.modeling import LayerShape
+    from specframe.drafting.modeling import LayerShape
 
     cfg = SimpleNamespace(**target_config) if isinstance(target_config, Mapping) else target_config
     return LayerShape.from_config(cfg).config_fields()

@@ -31,7 +31,7 @@ def sampled_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any)
     drafter's visibility rule; the rows are the drafter's ``forwarded_rows`` of the segment's elements and of the
     distinct anchors of its charged ones (a segment's other elements are context it recomputes)."""
     from specframe import api
-    from specframe.elements import cod_sample, full_grid
+    from specframe.drafting.elements import cod_sample, full_grid
 
     n = cfg.seq_len
     example = api.TrainingExample(
@@ -213,7 +213,7 @@ def segment_counts(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -
     beyond with the reason."""
     if cfg.seq_len <= SAMPLED_MAX_LEN:
         return sampled_segments(cfg, drafter, depth, training)
-    from specframe.elements import cod_sample, full_grid
+    from specframe.drafting.elements import cod_sample, full_grid
 
     # the checks running them on a tiny sequence makes: a bad COD ratio or partition count fails as it would there
     _partitioner(cfg).partition(full_grid(2, 1, visibility=drafter.visibility), cfg.partitions)

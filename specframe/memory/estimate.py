@@ -26,7 +26,7 @@ Estimator (an analytic model of what the code holds, checked against measured ch
 Element counts come from ``specframe.memory.counts`` (sampled, or in closed form for long sequences). "Elements
 forwarded" is the drafter's ``Drafter.forwarded_rows`` of a segment's elements and anchors: one row per element unless
 the drafter runs others (DFlash runs each anchor's whole block).
-Per-element byte counts were read off the saved-tensor sizes of ``specframe.modeling.DecoderLayer`` (about
+Per-element byte counts were read off the saved-tensor sizes of ``specframe.drafting.modeling.DecoderLayer`` (about
 10.8 H + 4 I floats per element and layer), the row-chunked regime's from the tensors live at the peak of a
 long-context step (a ``TorchDispatchMode`` census), and the constants below (the process baseline and a per-step
 overhead) were read off a few measured runs; the tests and the benchmark check configurations that were not used to
@@ -55,7 +55,7 @@ from specframe.memory.config import Estimate, MemoryConfig, resolved_plan
 from specframe.memory.counts import segment_counts
 
 # segments longer than ROW_CHUNK recompute a layer's position-wise parts in chunks
-from specframe.modeling import ROW_CHUNK, LayerShape
+from specframe.drafting.modeling import ROW_CHUNK, LayerShape
 
 #: resident bytes of a training process before any model tensor: Python, torch, transformers, specframe and its
 #: plugins (measured: RSS before the first step minus the model tensors, 550-563 MiB here; CPU only:

@@ -66,7 +66,7 @@ def training_example(target: Any, drafter: api.Drafter, length: int = 18, docs: 
 def element_set(drafter: api.Drafter, example: api.TrainingExample, depth: int, seed: int = 0):
     """(elements, supervision) as the engine builds them: the drafter's declared COD schedule, or the full grid,
     stamped with its visibility rule."""
-    from specframe.elements import cod_sample, full_grid, position_docs
+    from specframe.drafting.elements import cod_sample, full_grid, position_docs
 
     sup = drafter.supervision(example).to(torch.bool)
     doc = position_docs(example.doc, sup.shape[0])

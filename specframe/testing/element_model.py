@@ -5,7 +5,7 @@ partitioners to (exactness of partitioning, mask builders).
 token at their anchor, deeper ones a shared mask token (as P-EAGLE's drafter), and every element adds a learned
 embedding of its position a + d. Everything but attention is per element, so any cross-element effect goes through
 the ``api.Attention`` it is given, which is what the exactness tests probe. ``RuleAttention`` is that attention
-written from the visibility rule itself (``specframe.elements.visible``, one full mask, float64-exact), and
+written from the visibility rule itself (``specframe.drafting.elements.visible``, one full mask, float64-exact), and
 ``sample_element_sets`` the small element sets, one of each shape the engine makes, the contracts run on.
 """
 
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specframe import api
-from specframe.elements import VISIBILITY_RULES, ElementSet, cod_sample, full_grid, visible
+from specframe.drafting.elements import VISIBILITY_RULES, ElementSet, cod_sample, full_grid, visible
 
 
 class _Layer(nn.Module):
@@ -89,7 +89,7 @@ def accumulated_gradients(model, input_ids, targets, supervised, elements, segme
 
 
 class RuleAttention:
-    """softmax(q k^T / sqrt(D)) v over the keys ``specframe.elements.visible`` lets each query see, with the whole
+    """softmax(q k^T / sqrt(D)) v over the keys ``specframe.drafting.elements.visible`` lets each query see, with the whole
     (queries x keys) mask: the reference every mask builder's attention must equal. Grouped k / v (fewer heads than
     q) are repeated, as a builder declaring ``grouped_kv`` must read them."""
 

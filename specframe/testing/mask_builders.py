@@ -8,7 +8,7 @@ tests a builder's author subclasses (tests/contract/test_mask_builder_contract.p
         options = {"block": 4}          # small options, so the small sets below cross its internal boundaries
 
 The core hands a builder element sets and trains through the attention it returns, so a builder must attend exactly
-the keys the sets' visibility rule lets each query see (``specframe.elements.visible``, docs/design.md section 3),
+the keys the sets' visibility rule lets each query see (``specframe.drafting.elements.visible``, docs/design.md section 3),
 under every rule and window it declares, for queries and keys that are any subsets of a sequence in any order, and
 give the reference's outputs and gradients: a builder that drifts from the rule trains on other masks than the
 drafter declared, and nothing downstream notices.
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from specframe import api
-from specframe.elements import VISIBILITY_RULES, ElementSet, visible
+from specframe.drafting.elements import VISIBILITY_RULES, ElementSet, visible
 from specframe.testing.components import build_component, component_class
 from specframe.testing.element_model import (RuleAttention, RuleMaskBuilder, TinyElementModel, accumulated_gradients,
                                              sample_element_sets)

@@ -8,7 +8,7 @@ partitioner's author subclasses (tests/contract/test_partitioner_contract.py run
 
 The engine forwards and backpropagates one segment at a time and normalises by the whole sequence's count, so the
 partition must charge every element in exactly one segment and forward, with each segment, every key its elements
-may see (causal completeness, ``specframe.elements.check_partition``, docs/design.md section 3); then the accumulated
+may see (causal completeness, ``specframe.drafting.elements.check_partition``, docs/design.md section 3); then the accumulated
 gradients are the unpartitioned pass's. Both are checked on element sets of every shape the engine makes, under
 both visibility rules and a sliding window, for several segment counts.
 """
@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from specframe import api
-from specframe.elements import ElementSet, check_partition
+from specframe.drafting.elements import ElementSet, check_partition
 from specframe.testing.components import build_component, component_class
 from specframe.testing.element_model import (RuleMaskBuilder, TinyElementModel, accumulated_gradients,
                                              sample_element_sets)

@@ -78,7 +78,7 @@ def test_the_api_has_no_circle_even_type_only():
     # no cache: grimp's cache (.grimp_cache) was seen to answer with a type-only import a file no longer had
     graph = grimp.build_graph("specframe", include_external_packages=False, exclude_type_checking_imports=False,
                               cache_dir=None)
-    ours = ["specframe.api", "specframe.hookspecs", "specframe.sampling", "specframe.draft_tree",
+    ours = ["specframe.api", "specframe.hookspecs", "specframe.sampling", "specframe.drafting.draft_tree",
             *sorted(graph.find_descendants("specframe.interfaces"))]
     circles = [(module, chain) for module in ours
                for imported in sorted(graph.find_modules_directly_imported_by(module))

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from specframe import plugins
-from specframe.elements import VISIBILITY_RULES, cod_sample, full_grid, visible
+from specframe.drafting.elements import VISIBILITY_RULES, cod_sample, full_grid, visible
 from specframe.masks import default_mask_builder
 
 

@@ -16,8 +16,10 @@ import sys
 import pytest
 import torch
 
-from specframe import api, modeling, plugins
-from specframe.elements import full_grid
+from specframe import api, plugins
+
+from specframe.drafting import modeling
+from specframe.drafting.elements import full_grid
 from tests.drafter_helpers import DRAFTERS, depth_of, make, tiny_target
 
 #: drafters whose position i reads x_{i+1} with the target's feature g_i (docs/design.md section 8); PARD reads x_i

@@ -1,5 +1,5 @@
 """An independent oracle for the visibility rules (docs/design.md section 3), written from the design in a second, naive
-form, against ``specframe.elements.visible`` and every mask builder's attention.
+form, against ``specframe.drafting.elements.visible`` and every mask builder's attention.
 
 The chain rule (the default): q may see k iff same document and ((k.depth == 0 and k.anchor <= q.anchor) or
 (k.anchor == q.anchor and k.depth <= q.depth)). The block rule (a drafter's ``visibility = "block"``, DFlash): same
@@ -21,7 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from specframe import plugins
-from specframe.elements import VISIBILITY_RULES, ElementSet, cod_sample, full_grid, visible
+from specframe.drafting.elements import VISIBILITY_RULES, ElementSet, cod_sample, full_grid, visible
 
 BUILDERS = ("dense", "precomputed", "chunked")
 

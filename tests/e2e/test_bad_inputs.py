@@ -161,7 +161,7 @@ def dflash_folder(**values) -> Callable[[dict], None]:
         import torch
         from transformers import AutoConfig
 
-        from specframe.modeling import LayerShape
+        from specframe.drafting.modeling import LayerShape
         from specframe.layouts import export
 
         config = AutoConfig.from_pretrained(ctx["target"])

@@ -28,10 +28,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specframe import api, modeling, plugins
+from specframe import api, plugins
+
+from specframe.drafting import modeling
 from specframe.data.chat import encode_conversation
 from specframe.drafter_folders import load_drafter
-from specframe.elements import check_partition, full_grid, position_docs
+from specframe.drafting.elements import check_partition, full_grid, position_docs
 from specframe.engine.data import _Sequences
 from specframe.engine.loop import Trainer
 from tests.drafter_helpers import DRAFTERS, SMALL, features, tiny_target

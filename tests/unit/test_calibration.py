@@ -1,4 +1,4 @@
-"""Confidence calibration (``specframe.calibration``, API 8): the prefix ECE a scheduler's estimates are judged by,
+"""Confidence calibration (``specframe.drafting.calibration``, API 8): the prefix ECE a scheduler's estimates are judged by,
 and sequential temperature scaling, checked on synthetic chains whose true per-position temperatures are known."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specframe import api
-from specframe.calibration import (
+from specframe.drafting.calibration import (
     apply_temperatures,
     fit_temperatures,
     prefix_acceptance,

@@ -10,8 +10,8 @@ import torch
 from click.testing import CliRunner
 
 from specframe import api, cli, plugins
-from specframe.elements import full_grid
-from specframe.modeling import causal_attention
+from specframe.drafting.elements import full_grid
+from specframe.drafting.modeling import causal_attention
 from tests.drafter_helpers import features, make, overfit, tiny_target
 from tests.train_fixtures import build
 
@@ -205,7 +205,7 @@ def test_depth_by_depth_passes_equal_whole_segment_passes(target, builder, check
     """With a ``SegmentAttention`` the training-time test forwards only each pass's depth and reads shallower keys
     from earlier passes; the loss, hits and every gradient must equal forwarding the whole segment every pass (the
     plain-``Attention`` path), on COD elements of two packed documents, 2 layers, in every P-EAGLE segment."""
-    from specframe.elements import cod_sample
+    from specframe.drafting.elements import cod_sample
 
     drafter, ex = make("eagle3", target, length=28, docs=2, layers=2, activation_checkpointing=checkpointing)
     sup = drafter.supervision(ex)

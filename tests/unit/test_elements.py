@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specframe import api
-from specframe.elements import check_partition, cod_sample, full_grid, visible
+from specframe.drafting.elements import check_partition, cod_sample, full_grid, visible
 from specframe.errors import PluginError, UsageError
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from specframe import api, plugins
 from specframe.data.sources import load_chat_file, read_jsonl
-from specframe.elements import ElementSet, check_partition, cod_sample, full_grid
+from specframe.drafting.elements import ElementSet, check_partition, cod_sample, full_grid
 from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError
 from tests.contract.test_visibility_oracle import naive_visible
 

@@ -114,7 +114,7 @@ class _Weighted:
 
 
 def test_charged_weight_sums_the_charged_elements_and_checks_the_weights():
-    from specframe.elements import full_grid
+    from specframe.drafting.elements import full_grid
 
     elems = full_grid(5, 2)
     sup = torch.tensor([False, True, True, False, True])

@@ -13,7 +13,7 @@ from transformers import LlamaConfig
 
 from specframe import memory as mem
 from specframe import plugins
-from specframe.decoder import ROW_CHUNK
+from specframe.drafting.decoder import ROW_CHUNK
 from specframe.engine.checkpoint import step_name
 from specframe.errors import SpecframeError, UsageError
 from specframe.memory_probe import ProbeSpec, measure

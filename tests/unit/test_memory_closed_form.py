@@ -21,7 +21,7 @@ from transformers import LlamaConfig
 
 from specframe import memory as mem
 from specframe import plugins
-from specframe.elements import full_grid as FULL_GRID
+from specframe.drafting.elements import full_grid as FULL_GRID
 from specframe.errors import SpecframeError, UsageError
 from specframe.memory import counts as cnt
 from specframe.memory.estimate import _drafter
@@ -223,7 +223,7 @@ print(json.dumps({"runs": out, "grew": mem.status_bytes("VmHWM") - hwm}))
 
 def test_no_sequence_longer_than_the_sampled_bound_is_materialised(monkeypatch):
     """The fast half of the check below: at 10^8 tokens no path builds an element set (each would hold ~10^8 rows)."""
-    from specframe import elements
+    from specframe.drafting import elements
 
     def refuse(*args, **kwargs):
         raise AssertionError("an element set was built for a sequence past SAMPLED_MAX_LEN")

@@ -194,7 +194,7 @@ def test_the_process_baseline_and_step_overhead_are_the_cpu_processes():
 
 def _layered(layers: int, checkpointing: bool = False, builder: str = "chunked") -> tuple[mem.Estimate, int]:
     """The estimate of a P-EAGLE with ``layers`` decoder layers, and the layers counted in the built drafter."""
-    from specframe.modeling import DecoderLayer
+    from specframe.drafting.modeling import DecoderLayer
 
     options = {**OPTIONS["peagle"], "layers": layers, "activation_checkpointing": checkpointing}
     cls = plugins.get("drafter", "peagle")

@@ -104,7 +104,7 @@ def test_validation_chain_al_is_what_decoding_accepts_on_the_targets_own_continu
     engine's ``evaluate`` counts (consecutive depth-0.. hits) is exactly the number of draft tokens greedy decoding
     accepts there, so the validation AL over those anchors equals the measured AL."""
     from specframe import api
-    from specframe.elements import full_grid
+    from specframe.drafting.elements import full_grid
     from specframe.engine.segments import record_hits
     from specframe.metrics import chain_acceptance
     from tests.drafter_helpers import SMALL, features, overfit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specframe import modeling
+from specframe.drafting import modeling
 
 
 def plain_kl(hidden, head, target_hidden, target_head):

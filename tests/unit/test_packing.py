@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specframe import api, plugins
-from specframe.elements import full_grid, position_docs
+from specframe.drafting.elements import full_grid, position_docs
 from specframe.engine.data import OnlineSource, _Sequences, pack
 from tests.drafter_helpers import DRAFTERS, SMALL, features, tiny_target
 from tests.train_fixtures import build

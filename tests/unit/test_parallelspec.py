@@ -11,8 +11,8 @@ import torch
 from click.testing import CliRunner
 
 from specframe import api, cli, plugins
-from specframe.elements import full_grid
-from specframe.modeling import causal_attention
+from specframe.drafting.elements import full_grid
+from specframe.drafting.modeling import causal_attention
 from tests.drafter_helpers import features, make, overfit, tiny_target
 from tests.train_fixtures import build
 

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from transformers import LlamaForCausalLM
 
 from specframe import api, cli, plugins
-from specframe.elements import full_grid
+from specframe.drafting.elements import full_grid
 from specframe.engine import TrainConfig
 from specframe.engine.loop import Trainer
-from specframe.modeling import causal_attention
+from specframe.drafting.modeling import causal_attention
 from tests.drafter_helpers import make, overfit, tiny_target
 from tests.train_fixtures import build
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specframe import plugins
-from specframe.elements import check_partition, cod_sample, full_grid
+from specframe.drafting.elements import check_partition, cod_sample, full_grid
 from specframe.errors import UsageError
 from specframe.testing import TinyElementModel, accumulated_gradients
 

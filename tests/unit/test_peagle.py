@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specframe import api, plugins
-from specframe.elements import full_grid
-from specframe.modeling import causal_attention
+from specframe.drafting.elements import full_grid
+from specframe.drafting.modeling import causal_attention
 from specframe.targets import load_target
 from tests.train_fixtures import build, small_options
 
@@ -176,7 +176,7 @@ def test_default_aux_layers_follow_vllm_and_stay_distinct():
 def test_activation_checkpointing_gives_the_same_gradients(setup, monkeypatch, row_chunk, builder):
     """Checkpointed layers (and, with a small ``ROW_CHUNK``, their position-wise parts recomputed in row chunks)
     give the gradients of the plain forward."""
-    from specframe import decoder
+    from specframe.drafting import decoder
 
     if row_chunk is not None:  # the constant run_layers reads (api.modeling re-exports its value)
         monkeypatch.setattr(decoder, "ROW_CHUNK", row_chunk)

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from specframe import api, plugins
-from specframe.elements import cod_sample, full_grid, rule_matrix, visible
+from specframe.drafting.elements import cod_sample, full_grid, rule_matrix, visible
 from specframe.errors import UsageError
-from specframe.modeling import DecoderLayer, LayerShape, RMSNorm, causal_attention, rotary
+from specframe.drafting.modeling import DecoderLayer, LayerShape, RMSNorm, causal_attention, rotary
 from specframe.testing import DrafterContract, target_features, training_example
 
 SHAPE = LayerShape(hidden=32, heads=4, kv_heads=2, head_dim=8, intermediate=48, eps=1e-6)

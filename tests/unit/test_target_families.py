@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specframe import modeling, plugins
+from specframe import plugins
+
+from specframe.drafting import modeling
 from specframe.drafter_folders import load_drafter
 from specframe.engine import TrainConfig, train
 from specframe.inference.engine import generate

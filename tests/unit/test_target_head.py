@@ -11,7 +11,9 @@ import shutil
 import pytest
 import torch
 
-from specframe import api, modeling, plugins
+from specframe import api, plugins
+
+from specframe.drafting import modeling
 from specframe.cache import FeatureCache, prepare_cache
 from specframe.errors import SpecframeError
 from specframe.features import FeatureSpec, capture_features, target_logits

@@ -9,8 +9,10 @@ import sys
 import pytest
 import torch
 
-from specframe import api, modeling, plugins
-from specframe.elements import full_grid
+from specframe import api, plugins
+
+from specframe.drafting import modeling
+from specframe.drafting.elements import full_grid
 from specframe.target_head import as_target_head
 from tests.drafter_helpers import DRAFTERS, features, make, tiny_target
 

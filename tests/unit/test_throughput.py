@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specframe import api, plugins
-from specframe.elements import full_grid
+from specframe.drafting.elements import full_grid
 from specframe.engine.attention import SizedMaskBuilder
 from specframe.engine.profile import PhaseTimer
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specframe import modeling
+from specframe.drafting import modeling
 from specframe.api import eagle
 from specframe.cache import FeatureCache, prepare_cache
 from specframe.data.specs import load_data

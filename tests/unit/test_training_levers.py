@@ -7,8 +7,10 @@ import attrs
 import pytest
 import torch
 
-from specframe import api, memory, modeling, plugins
-from specframe.elements import cod_sample, full_grid, position_docs
+from specframe import api, memory, plugins
+
+from specframe.drafting import modeling
+from specframe.drafting.elements import cod_sample, full_grid, position_docs
 from specframe.targets import load_target
 from tests.train_fixtures import build, small_options
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specframe import api, plugins
-from specframe.draft_tree import ancestor_mask, node_depths
+from specframe.drafting.draft_tree import ancestor_mask, node_depths
 
 V = 6
 

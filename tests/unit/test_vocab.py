@@ -7,7 +7,7 @@ import torch
 
 from specframe.data.chat import encode_dataset
 from specframe.errors import SpecframeError
-from specframe.vocab import DraftVocab, build_draft_vocab, count_tokens, coverage, mask_token_ids
+from specframe.drafting.vocab import DraftVocab, build_draft_vocab, count_tokens, coverage, mask_token_ids
 from tests.target_fixtures import chat_records, tiny  # noqa: F401
 
 

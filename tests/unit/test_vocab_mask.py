@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specframe import api, modeling
-from specframe.eagle import in_draft_vocab
+from specframe import api
+
+from specframe.drafting import modeling
+from specframe.drafting.eagle import in_draft_vocab
 
 
 def test_masked_rows_add_nothing_and_are_counted():
@@ -36,7 +38,7 @@ def test_masked_rows_add_nothing_and_are_counted():
 @pytest.mark.parametrize("name", ["peagle", "eagle3", "parallelspec"])
 def test_drafters_mask_by_default_and_report_what_they_left_out(tmp_path_factory, name):
     from specframe import plugins
-    from specframe.elements import full_grid
+    from specframe.drafting.elements import full_grid
     from tests.drafter_helpers import SMALL, features, tiny_target
 
     torch.set_num_threads(1)

@@ -25,7 +25,7 @@ MAX_NEW = 24
 def _overfit(drafter, model, tok, prompts):
     """Train the drafter on the target's own greedy continuations of ``prompts`` until it predicts them."""
     from specframe import api, plugins
-    from specframe.elements import full_grid
+    from specframe.drafting.elements import full_grid
     from specframe.features import capture_features
     from specframe.inference import generate
 

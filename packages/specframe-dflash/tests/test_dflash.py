@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from specframe import api, plugins
 from specframe.drafter_folders import load_drafter
-from specframe.elements import position_docs
+from specframe.drafting.elements import position_docs
 
 try:
     DIST = importlib.metadata.distribution("specframe-dflash")

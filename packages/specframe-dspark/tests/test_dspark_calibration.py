@@ -38,7 +38,7 @@ def test_the_engine_calibrates_on_the_held_out_chains_and_the_checkpoint_keeps_i
     """API 8 end to end: every validation reports the prefix ECE, the final one's held-out chains (raw logits and
     verdicts, [anchors, block_size]) reach ``calibrate``, and the final checkpoint carries what it fitted, which a
     reloaded drafter drafts with."""
-    from specframe import calibration
+    from specframe.drafting import calibration
     from specframe.drafter_folders import load_drafter
     from specframe.targets import load_target
 
@@ -136,7 +136,7 @@ def test_the_confidence_is_calibrated_against_the_rule_that_will_verify(target, 
 def test_the_calibration_minimises_the_ece_of_the_product_not_the_cross_entropy():
     """The paper's fit (section 3.2.1): per position, the grid temperature of least ECE of the cumulative product.
     Two groups of anchors no single temperature fits: the ECE and cross-entropy optima differ."""
-    from specframe import calibration
+    from specframe.drafting import calibration
     from specframe_dspark import sts
 
     z = torch.cat([torch.full((100,), 4.0), torch.full((100,), -1.0)])

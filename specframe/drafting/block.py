@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specframe import modeling, vocab
-from specframe.elements import ElementSet
+from specframe.drafting import modeling, vocab
+from specframe.drafting.elements import ElementSet
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -155,7 +155,7 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 def share_target(model: BlockModel, target: Any, examples: Any) -> int:
     """Copy the target's embedding and lm_head into ``model`` (frozen: both methods share them with the target) and
-    return the mask token, picked by ``specframe.vocab``'s rule (a special or reserved token never seen in
+    return the mask token, picked by ``specframe.drafting.vocab``'s rule (a special or reserved token never seen in
     ``examples``, the training data): what DFlash's and DSpark's ``prepare`` do alike."""
     vocab_size = model.embed_tokens.num_embeddings
     emb = target.model.get_input_embeddings().weight.detach()

@@ -1,5 +1,5 @@
 """The drafters' building blocks as plugins reach them (``api.modeling``): the decoder layers over element sets
-(``specframe.decoder``, re-exported here) and the losses over a drafter's head that never hold a [rows x vocabulary]
+(``specframe.drafting.decoder``, re-exported here) and the losses over a drafter's head that never hold a [rows x vocabulary]
 logits matrix: the chunked forward KL against the target's distribution (dense, or a feature cache's top-k teacher)
 and the chunked cross-entropy, each forming its gradient chunk by chunk in the forward.
 """
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 # The decoder trunk, re-exported so ``api.modeling`` keeps every name it had (same objects).
-from specframe.decoder import (KV, MLP, ROW_CHUNK, Attention, DecoderLayer, LayerShape, RMSNorm,  # noqa: F401
+from specframe.drafting.decoder import (KV, MLP, ROW_CHUNK, Attention, DecoderLayer, LayerShape, RMSNorm,  # noqa: F401
                                SelfAttention, apply_rotary, causal_attention, expand_kv, rope_parameters, rope_theta,
                                rotary, run_layers)
 from specframe.target_head import TargetHead, as_target_head

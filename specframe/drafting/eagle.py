@@ -2,13 +2,13 @@
 
 Exposed to plugins as ``api.eagle``. EAGLE-3 (``eagle3``) and ParallelSpec (``parallelspec``) use all of it; P-EAGLE
 subclasses ``EagleBackbone`` (adding its ``mask_hidden``); P-EAGLE, ParallelSpec and DFlash (a separate package)
-draft from ``QueuedInference``'s queue of committed tokens (``specframe.queued_inference``, re-exported here). What
+draft from ``QueuedInference``'s queue of committed tokens (``specframe.drafting.queued_inference``, re-exported here). What
 their classes declare and record alike (``family_training``, the ``FamilyTraining`` / ``FamilyDrafter`` mixins) is
-``specframe.family``, re-exported here beside the options they share (``FamilyFields``).
+``specframe.drafting.family``, re-exported here beside the options they share (``FamilyFields``).
 
 ``EagleBackbone`` holds the vLLM ``llama_eagle3`` parameter names (``embed_tokens``, ``fc``, ``layers.N.*``,
 ``norm``, ``lm_head``, ``d2t`` offsets and ``t2d`` mask), so a checkpoint exports without renaming. Draft vocabulary
-and mask tokens follow ``specframe.vocab``'s documented rules (loss-masked token counts, ties to the lower id; mask
+and mask tokens follow ``specframe.drafting.vocab``'s documented rules (loss-masked token counts, ties to the lower id; mask
 ids are unused special / reserved tokens).
 """
 
@@ -21,16 +21,16 @@ import attrs
 import torch
 from torch import nn
 
-from specframe import modeling
+from specframe.drafting import modeling
 from specframe.declarations import positive_int, unit_interval
-from specframe.elements import position_docs
+from specframe.drafting.elements import position_docs
 from specframe.errors import UsageError
 # What a family drafter class declares and records (training, comparison options, the checkpoint record), held once.
-from specframe.family import FamilyDrafter, FamilyTraining, family_training
+from specframe.drafting.family import FamilyDrafter, FamilyTraining, family_training
 from specframe.features import default_aux_layers
-from specframe.queued_inference import PendingInputs, QueuedInference
+from specframe.drafting.queued_inference import PendingInputs, QueuedInference
 from specframe.target_head import TargetHead, as_target_head, target_head
-from specframe.vocab import (
+from specframe.drafting.vocab import (
     DEFAULT_DRAFT_VOCAB,
     build_draft_vocab,
     count_tokens,
@@ -432,7 +432,7 @@ def all_token_counts(examples: Iterable[Any], vocab_size: int) -> torch.Tensor:
 def draft_vocabulary(
     examples: Iterable[Any], size: int, vocab_size: int, exclude: Iterable[int] = ()
 ) -> torch.Tensor:
-    """Target ids (ascending) of the ``size`` most frequent loss-masked training tokens (``specframe.vocab`` rule);
+    """Target ids (ascending) of the ``size`` most frequent loss-masked training tokens (``specframe.drafting.vocab`` rule);
     ``exclude`` (mask tokens) never enters, even as filler."""
     counts = count_tokens(examples, vocab_size).clone()
     for tok in exclude:
@@ -529,7 +529,7 @@ def depth_weights(k: int, decay: float, explicit: list[float] | None = None) -> 
 
 
 # Re-exported so plugins reach the project's mask-token rule, vLLM's default aux layers, the target's head (the
-# teacher's logits as the target makes them) and the queued-inference protocol (``specframe.queued_inference``)
+# teacher's logits as the target makes them) and the queued-inference protocol (``specframe.drafting.queued_inference``)
 # through ``api.eagle``.
 mask_token_ids = mask_token_ids
 default_aux_layers = default_aux_layers
@@ -544,7 +544,7 @@ def shifted_supervision(loss_mask: torch.Tensor, doc: torch.Tensor, bit: str = "
 
     Position i reads x_{i+1} with feature g_i and is charged with x_{i+2}: its bit is x_{i+2}'s loss-mask bit, and
     x_i, x_{i+1} and x_{i+2} must lie in one document (a packed sequence's first position of a document reads the
-    previous document's last feature: it is never charged, see ``specframe.elements.position_docs``). The last
+    previous document's last feature: it is never charged, see ``specframe.drafting.elements.position_docs``). The last
     position has nothing to predict. ``bit`` 'input' takes x_{i+1}'s bit instead (the token the position reads, as
     speculators' ``shift_batch`` aligns l_{i+1} with it): one position earlier at every assistant-turn boundary.
     """

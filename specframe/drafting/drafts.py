@@ -1,6 +1,6 @@
 """``Draft``: what a drafter proposes and a verifier checks (exposed as ``specframe.api.Draft``).
 
-A leaf module (torch, attrs and the errors only), so ``specframe.draft_tree`` builds drafts without importing
+A leaf module (torch, attrs and the errors only), so ``specframe.drafting.draft_tree`` builds drafts without importing
 ``specframe.api``, which imports the tree in turn: no import circle through the API.
 """
 

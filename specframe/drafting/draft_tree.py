@@ -4,9 +4,9 @@ A draft tree is stored flat, in topological order (every parent before its child
 ``parents`` [N] (-1 = child of the root, i.e. of the last committed token). Siblings appear in the order a verifier
 should try them.
 
-It sits below the API, beside ``specframe.drafts``: ``specframe.api`` re-exports ``dynamic_tree`` and ``DraftTree``
+It sits below the API, beside ``specframe.drafting.drafts``: ``specframe.api`` re-exports ``dynamic_tree`` and ``DraftTree``
 (drafter plugins build trees with them) and the reference engine (``specframe.inference``) lays out tree attention
-with the rest, so it depends on torch, attrs and the leaf ``specframe.drafts`` (``api.Draft``) only, never on the API
+with the rest, so it depends on torch, attrs and the leaf ``specframe.drafting.drafts`` (``api.Draft``) only, never on the API
 or the engine.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from specframe.drafts import Draft
+from specframe.drafting.drafts import Draft
 
 
 def node_depths(parents: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@ queue of those tokens with the target's feature rows they pair with (``PendingIn
 ``accept`` / ``check_k`` a drafter mixes in to fill it (``QueuedInference``).
 
 P-EAGLE, ParallelSpec and DFlash (a separate package) draft this way. Plugins reach both classes as
-``api.eagle.QueuedInference`` / ``api.eagle.PendingInputs`` (``specframe.eagle`` re-exports them).
+``api.eagle.QueuedInference`` / ``api.eagle.PendingInputs`` (``specframe.drafting.eagle`` re-exports them).
 """
 
 from __future__ import annotations
