@@ -70,7 +70,8 @@ def commit(path: Path) -> str:
 
 
 def measure(root: Path, spec: dict) -> dict:
-    # the old checkout's plugins must shadow this checkout's editable install (specframe_plugins -> plugins)
+    # the old checkout's plugins must shadow this checkout's editable install; before 2026-12-06 the folder was named
+    # plugins/ (mapped to specframe_plugins by pyproject's package-dir), so an old checkout gets a link of that name
     link = root / "specframe_plugins"
     if root != ROOT and not link.exists():
         link.symlink_to("plugins")

@@ -160,7 +160,7 @@ def _cut_starts(before: Any, n: int, total: int, num_segments: int) -> list[int]
 def closed_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any,
                     shape: tuple[int, int]) -> Counts:
     """``sampled_segments`` without the sequence: the same (forwarded rows, charged, anchors) per segment, counted
-    from the grid's per-depth counts and the built-in partitioners' rules (``plugins/partition_none``,
+    from the grid's per-depth counts and the built-in partitioners' rules (``specframe_plugins/partition_none``,
     ``partition_peagle``: a segment [x, y) owns depth-0 elements at anchors x .. y-1 and, under the chain rule,
     deeper ones at anchors x-1 .. y-2, under the block rule at x .. y-1; it forwards what it owns plus every earlier
     depth-0 element (chain) or every earlier element (block)). Cost: the depth times the partitions times log L,
