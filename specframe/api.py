@@ -146,6 +146,10 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   (``specframe.interfaces.drafter.charged_weight``, known before the first backward) instead of their count, and
 #:   the drafter's ``loss`` weighs each element's loss by the same value; ``api.block.element_weights`` is DFlash's and
 #:   DSpark's (the trained elements by the depth decay). A drafter without the hook trains exactly as before.
+#:   Also ``Partitioner.counted_as`` (default None): the rule the memory estimate may count a partitioner's segments
+#:   by on a long sequence without running it (``"whole"``, ``"balanced_ranges"``), read from the class that defines
+#:   ``partition``; the estimate used to recognise the two built-in partitioners by class path. A partitioner
+#:   without it is run up to ``RUN_MAX_LEN`` tokens, as before.
 API_VERSION = "14"
 
 __all__ = [

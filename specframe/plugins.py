@@ -24,6 +24,7 @@ import pluggy
 
 from specframe import api, hookspecs
 from specframe.errors import PluginError, SpecframeError, did_you_mean, unknown_name
+from specframe.interfaces.partitioner import counting_rule
 
 ENTRY_POINT_GROUP = "specframe"
 BUILTIN_DISTRIBUTION = "specframe"
@@ -172,6 +173,11 @@ def _check_component(info: PluginInfo, kind: str, base: type, cls: Any) -> None:
         raise PluginError(
             f"plugin {info.label()} registered {kind} '{name}' whose Options is not an attrs class"
         )
+    if issubclass(cls, api.Partitioner):
+        try:
+            counting_rule(cls)
+        except ValueError as exc:  # a rule the memory estimate would not know how to follow
+            raise PluginError(f"plugin {info.label()} registered {kind} '{name}': {exc}") from None
 
 
 def _add(registry: Registry, info: PluginInfo, kind: str, cls: type) -> None:

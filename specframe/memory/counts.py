@@ -5,9 +5,9 @@ and the real partitioner, so every segment's forwarded and charged counts are th
 sequences are counted in closed form (``closed_segments``), in time and memory that do not grow with L: the full grid
 exactly; COD's per-depth counts exactly while a draw keeps fewer than its candidates (at its floor, without the rare
 drop-out at the sequence's end), and where the P-EAGLE partitioner cuts from each depth's expected share of a range
-(within the spread of draws: ``tests/unit/test_memory_closed_form.py``). A partitioner other than the built-in ones,
-or a drafter whose supervision is not "every position but the last few", is run up to ``RUN_MAX_LEN`` and refused
-beyond.
+(within the spread of draws: ``tests/unit/test_memory_closed_form.py``). A partitioner that declares no rule the
+closed form follows (``Partitioner.counted_as``), or a drafter whose supervision is not "every position but the last
+few", is run up to ``RUN_MAX_LEN`` and refused beyond.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import attrs
 import torch
 
 from specframe.errors import UsageError
+from specframe.interfaces.partitioner import counting_rule
 from specframe.memory.config import MemoryConfig, resolved_plan
 
 
@@ -64,9 +65,6 @@ SAMPLED_MAX_LEN = 8192
 #: a partitioner or a drafter's supervision the closed form does not describe is counted by running it, up to this
 #: length (its time and memory grow with the length: refused beyond, instead of growing without bound)
 RUN_MAX_LEN = 65536
-#: the partitioners the closed form describes (the built-in ones, by class: a subclass may partition otherwise)
-_CLOSED_PARTITIONERS = frozenset({"specframe_plugins.partition_none.NoPartitioner",
-                                   "specframe_plugins.partition_peagle.PeaglePartitioner"})
 _PROBE_LENGTHS = (64, 65, 200)
 
 
@@ -160,8 +158,8 @@ def _cut_starts(before: Any, n: int, total: int, num_segments: int) -> list[int]
 def closed_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any,
                     shape: tuple[int, int]) -> Counts:
     """``sampled_segments`` without the sequence: the same (forwarded rows, charged, anchors) per segment, counted
-    from the grid's per-depth counts and the built-in partitioners' rules (``specframe_plugins/partition_none``,
-    ``partition_peagle``: a segment [x, y) owns depth-0 elements at anchors x .. y-1 and, under the chain rule,
+    from the grid's per-depth counts and the partitioner's declared rule (``Partitioner.counted_as``: ``whole``, or
+    ``balanced_ranges`` as P-EAGLE's partitioner cuts: a segment [x, y) owns depth-0 elements at anchors x .. y-1 and, under the chain rule,
     deeper ones at anchors x-1 .. y-2, under the block rule at x .. y-1; it forwards what it owns plus every earlier
     depth-0 element (chain) or every earlier element (block)). Cost: the depth times the partitions times log L,
     whatever L is."""
@@ -176,8 +174,8 @@ def closed_segments(cfg: MemoryConfig, drafter: Any, depth: int, training: Any,
             return total
         return grid[0].upto(p - 1) + sum(g.upto(p - 1 if block else p - 2) for g in grid[1:])
 
-    splits = resolved_plan(cfg).partitioner_cls.splits_sequences  # of the two described: P-EAGLE's cuts
-    starts = _cut_starts(before, n, total, cfg.partitions) if splits else [0]
+    balanced = counting_rule(resolved_plan(cfg).partitioner_cls) == "balanced_ranges"
+    starts = _cut_starts(before, n, total, cfg.partitions) if balanced else [0]
     out = []
     for j, x in enumerate(starts):
         y = starts[j + 1] if j + 1 < len(starts) else n
@@ -202,11 +200,6 @@ def _partitioner(cfg: MemoryConfig) -> Any:
     return plan.partitioner_cls(plan.partitioner_options)
 
 
-def _partitioner_key(cfg: MemoryConfig) -> str:
-    cls = resolved_plan(cfg).partitioner_cls
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def segment_counts(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -> Counts:
     """Every segment's counts (``sampled_segments``): sampled up to ``SAMPLED_MAX_LEN``, in closed form beyond where the
     partitioner and the drafter's supervision are ones it describes, else run up to ``RUN_MAX_LEN`` and refused
@@ -221,12 +214,13 @@ def segment_counts(cfg: MemoryConfig, drafter: Any, depth: int, training: Any) -
         cod_sample(torch.ones(2, dtype=torch.bool), depth, training.cod_ratio, training.cod_min_ratio,
                    generator=torch.Generator())  # never the global generator: training seeds it
     shape = supervision_shape(drafter)
-    known = _partitioner_key(cfg) in _CLOSED_PARTITIONERS
+    known = counting_rule(resolved_plan(cfg).partitioner_cls) is not None
     if shape is not None and known and cfg.seq_len - shape[0] > shape[1]:
         return closed_segments(cfg, drafter, depth, training, shape)
     if cfg.seq_len <= RUN_MAX_LEN:
         return sampled_segments(cfg, drafter, depth, training)
-    why = (f"partitioner '{cfg.partitioner}' is not one it counts without running (none, peagle)" if not known else
+    why = (f"partitioner '{cfg.partitioner}' declares no rule it counts its segments by without running it "
+           f"(Partitioner.counted_as)" if not known else
            f"drafter '{cfg.drafter}' supervises an all-loss sequence otherwise than every position but the last few")
     raise UsageError(f"cannot estimate --seq-len {cfg.seq_len}: {why}, so its segments are counted by running it on "
                      f"the sequence, which the estimate does up to {RUN_MAX_LEN} tokens; use --seq-len {RUN_MAX_LEN} "

@@ -9,6 +9,7 @@ from specframe import api
 
 class NoPartitioner(api.Partitioner):
     name = "none"
+    counted_as = "whole"
 
     def partition(self, elements: api.ElementSet, num_segments: int) -> list[api.Segment]:
         n = len(elements)

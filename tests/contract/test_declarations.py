@@ -91,6 +91,17 @@ def test_no_core_module_compares_a_component_name_or_reads_an_option_by_name():
     assert not bad, "the core names components; read a declaration instead (specframe.api, API 6):\n" + "\n".join(bad)
 
 
+def test_no_core_module_names_a_built_in_plugins_module():
+    """The core never recognises a built-in by where it lives: the memory estimate once counted the two built-in
+    partitioners in closed form by class path ("specframe_plugins.partition_peagle.PeaglePartitioner"), which no third
+    party's partitioner could match; it now reads ``Partitioner.counted_as``. Strings and imports alike."""
+    bad = [f"{path.relative_to(ROOT).as_posix()}:{n}: {line.strip()}"
+           for path in sorted((ROOT / "specframe").rglob("*.py"))
+           for n, line in enumerate(path.read_text().splitlines(), 1)
+           if "specframe_plugins" in line and not line.lstrip().startswith("#")]
+    assert not bad, "core modules naming a built-in plugin's module:\n" + "\n".join(bad)
+
+
 # ------------------------------------------------------------------------------------------ fixture plugins
 HORIZON = '''
     import attrs

@@ -170,11 +170,52 @@ def test_a_third_party_partitioner_is_run_up_to_the_bound_and_refused_past_it_in
     with pytest.raises(UsageError) as err:
         mem.estimate(_config("peagle", mem.RUN_MAX_LEN + 1, "whole"))
     message = str(err.value)
-    assert message == (f"cannot estimate --seq-len {mem.RUN_MAX_LEN + 1}: partitioner 'whole' is not one it counts "
-                       "without running (none, peagle), so its segments are counted by running it on the sequence, "
-                       f"which the estimate does up to {mem.RUN_MAX_LEN} tokens; use --seq-len {mem.RUN_MAX_LEN} "
-                       "or less")
+    assert message == (f"cannot estimate --seq-len {mem.RUN_MAX_LEN + 1}: partitioner 'whole' declares no rule it "
+                       "counts its segments by without running it (Partitioner.counted_as), so its segments are "
+                       "counted by running it on the sequence, which the estimate does up to "
+                       f"{mem.RUN_MAX_LEN} tokens; use --seq-len {mem.RUN_MAX_LEN} or less")
     assert "\n" not in message
+
+
+def test_a_partitioner_that_declares_its_rule_is_counted_in_closed_form(site):
+    """The closed form follows what a partitioner declares (``counted_as``), never its class path: a third party's
+    one-segment partitioner that says so is counted past the run bound, as ``none`` is."""
+    site.add("specframe-whole", "whole", WHOLE.replace('name = "whole"', 'name = "whole"\n        counted_as = "whole"'))
+    declared = mem.estimate(_config("peagle", mem.RUN_MAX_LEN + 1, "whole"))
+    assert declared.to_dict() == mem.estimate(_config("peagle", mem.RUN_MAX_LEN + 1, "none")).to_dict()
+
+
+def test_a_subclass_that_cuts_otherwise_does_not_inherit_the_rule(site):
+    """A rule is read from the class that defines ``partition``: a subclass of P-EAGLE's partitioner with its own cuts
+    is run (and refused past the bound), not counted as P-EAGLE's cuts."""
+    site.add("specframe-halves", "halves", """
+    import torch
+    from specframe import api
+    from specframe_plugins.partition_peagle import PeaglePartitioner
+
+    class Halves(PeaglePartitioner):
+        name = "halves"
+
+        def partition(self, elements, num_segments):
+            n = len(elements)
+            return [api.Segment(torch.arange(n), torch.ones(n, dtype=torch.bool))]
+
+    @api.hookimpl
+    def register_partitioners(register):
+        register(Halves)
+""")
+    with pytest.raises(UsageError, match="partitioner 'halves' declares no rule"):
+        mem.estimate(_config("peagle", mem.RUN_MAX_LEN + 1, "halves", 2))
+
+
+def test_an_unknown_counting_rule_is_refused_at_load_naming_the_plugin(site):
+    from specframe import plugins
+
+    site.add("specframe-whole", "whole", WHOLE.replace('name = "whole"', 'name = "whole"\n        counted_as = "cubic"'))
+    registry = plugins.load()
+    assert "whole" not in registry.names("partitioner")
+    assert any("specframe-whole" in e and "counted_as must be one of whole, balanced_ranges" in e
+               for e in registry.errors)
 
 
 def test_an_undescribed_drafter_is_refused_past_the_run_bound(monkeypatch):
