@@ -7,7 +7,8 @@ and the chunked cross-entropy, each forming its gradient chunk by chunk in the f
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -21,12 +22,26 @@ from specframe.drafting.decoder import (KV, MLP, ROW_CHUNK, Attention, DecoderLa
 from specframe.target_head import TargetHead, as_target_head
 
 #: the engine's phase timer while ``specframe train --profile`` runs (``specframe.engine.profile``), else None: the
-#: loss kernels below time themselves as the "loss" phase
-phase_timer: Callable[[str], Any] | None = None
+#: loss kernels below time themselves as the "loss" phase. A context variable set only by ``timing``, so no module
+#: assigns this one's globals and an exception cannot leave a run's timer installed
+_phase_timer: contextvars.ContextVar[Callable[[str], Any] | None] = contextvars.ContextVar("phase_timer",
+                                                                                         default=None)
+
+
+@contextlib.contextmanager
+def timing(timer: Callable[[str], Any] | None) -> Iterator[None]:
+    """Inside the block, the loss kernels report their "loss" phase to ``timer`` (None: they are not timed); the
+    previous timer is back when the block exits, however it exits."""
+    token = _phase_timer.set(timer)
+    try:
+        yield
+    finally:
+        _phase_timer.reset(token)
 
 
 def _phase(name: str) -> Any:
-    return phase_timer(name) if phase_timer is not None else contextlib.nullcontext()
+    timer = _phase_timer.get()
+    return timer(name) if timer is not None else contextlib.nullcontext()
 
 
 @attrs.frozen

@@ -452,11 +452,10 @@ class Trainer:
         from specframe.drafting import modeling
 
         # the loss kernels report to the run's timer (the "loss" phase, subtracted from the drafter's forward)
-        modeling.phase_timer = self.timer if self.timer.enabled else None
         try:
-            return self._run(progress, log_lines)
+            with modeling.timing(self.timer if self.timer.enabled else None):
+                return self._run(progress, log_lines)
         finally:
-            modeling.phase_timer = None
             self.source.close()
 
     def summary(self) -> RunSummary:
