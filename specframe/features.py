@@ -18,7 +18,7 @@ from specframe.errors import SpecframeError
 from specframe.target_head import TargetHead, _base_model
 
 
-def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+def low_mid_high_layers(num_layers: int) -> tuple[int, ...]:
     """vLLM's default low/mid/high picks ``(2, L//2, L-3)`` for a target with ``L`` decoder layers.
 
     Where that gives ids outside ``0..L-1`` or duplicates (L < 7, tiny test targets), the top three layer inputs
@@ -33,12 +33,17 @@ def default_aux_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(min(max(i, 0), L - 1) for i in (L - 3, L - 2, L - 1))
 
 
+# the old name, a homonym of the block drafters' api.block.default_aux_layers (a different choice of layers); kept
+# while tests/unit/test_features_cache.py and benchmarks/feature_engines.py still import it
+default_aux_layers = low_mid_high_layers
+
+
 @attrs.define(frozen=True)
 class FeatureSpec:
     """What a drafter needs from the target per token.
 
     ``aux_layers``: aux hidden-state layer ids (None = no aux states; ``"default"`` is resolved by
-    ``resolve(num_layers)`` to ``default_aux_layers``); ``final_hidden``: the post-norm last hidden state.
+    ``resolve(num_layers)`` to ``low_mid_high_layers``); ``final_hidden``: the post-norm last hidden state.
     """
 
     aux_layers: tuple[int, ...] | None = None
@@ -47,7 +52,7 @@ class FeatureSpec:
     @classmethod
     def eagle(cls, num_layers: int) -> FeatureSpec:
         """The EAGLE-3 / P-EAGLE needs: default aux layers and the final hidden state."""
-        return cls(aux_layers=default_aux_layers(num_layers), final_hidden=True)
+        return cls(aux_layers=low_mid_high_layers(num_layers), final_hidden=True)
 
     def validate(self, num_layers: int) -> None:
         for i in self.aux_layers or ():

@@ -7,10 +7,10 @@ from __future__ import annotations
 def feature_spec(aux_layers: str, num_layers: int, *, final_hidden: bool = True):
     """The ``FeatureSpec`` of an ``--aux-layers`` value ('default', 'none' or comma-separated ids)."""
     from specframe.errors import UsageError
-    from specframe.features import FeatureSpec, default_aux_layers
+    from specframe.features import FeatureSpec, low_mid_high_layers
 
     if aux_layers == "default":
-        aux = default_aux_layers(num_layers)
+        aux = low_mid_high_layers(num_layers)
     elif aux_layers == "none":
         aux = None
     else:

@@ -27,7 +27,7 @@ from specframe.drafting.elements import position_docs
 from specframe.errors import UsageError
 # What a family drafter class declares and records (training, comparison options, the checkpoint record), held once.
 from specframe.drafting.family import FamilyDrafter, FamilyTraining, family_training
-from specframe.features import default_aux_layers
+from specframe.features import low_mid_high_layers
 from specframe.drafting.queued_inference import PendingInputs, QueuedInference
 from specframe.target_head import TargetHead, as_target_head, target_head
 from specframe.drafting.vocab import (
@@ -60,6 +60,7 @@ __all__ = [
     "in_draft_vocab",
     "loss_kind",
     "kl_teacher",
+    "low_mid_high_layers",
     "mask_token_ids",
     "per_depth",
     "sequence_weights",
@@ -528,11 +529,13 @@ def depth_weights(k: int, decay: float, explicit: list[float] | None = None) -> 
     return torch.tensor([decay**d for d in range(k)], dtype=torch.float32)
 
 
-# Re-exported so plugins reach the project's mask-token rule, vLLM's default aux layers, the target's head (the
-# teacher's logits as the target makes them) and the queued-inference protocol (``specframe.drafting.queued_inference``)
-# through ``api.eagle``.
+# Re-exported so plugins reach the project's mask-token rule, vLLM's default aux layers (its low / mid / high picks),
+# the target's head (the teacher's logits as the target makes them) and the queued-inference protocol
+# (``specframe.drafting.queued_inference``) through ``api.eagle``.
 mask_token_ids = mask_token_ids
-default_aux_layers = default_aux_layers
+low_mid_high_layers = low_mid_high_layers
+# kept for plugins written against API <= 14 (the old name, a homonym of api.block's choice of layers)
+default_aux_layers = low_mid_high_layers
 TargetHead = TargetHead
 target_head = target_head
 PendingInputs = PendingInputs

@@ -112,7 +112,7 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
         super().__init__(target_config, options)
         opts = self.options
         n_layers = int(target_config.num_hidden_layers)
-        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(eagle.default_aux_layers(n_layers))
+        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(eagle.low_mid_high_layers(n_layers))
         if len(ids) != 3 or any(not 0 <= int(i) < n_layers for i in ids):
             raise api.UsageError(
                 f"eagle3 needs 3 aux layer ids in 0..{n_layers - 1} (low, mid, high), got {ids}; "

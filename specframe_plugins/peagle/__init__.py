@@ -100,7 +100,7 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
         super().__init__(target_config, options)
         opts = self.options
         n_layers = int(target_config.num_hidden_layers)
-        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(api.eagle.default_aux_layers(n_layers))
+        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(api.eagle.low_mid_high_layers(n_layers))
         self.aux_layer_ids = check_aux_layers(ids, n_layers)
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)

@@ -31,7 +31,7 @@ def _reader(fmt: str, peagle: bool):
 
 
 def _read_flat_eagle3(directory: Path, target_config: Any, fmt: str, peagle: bool) -> Imported:
-    from specframe.features import default_aux_layers
+    from specframe.features import low_mid_high_layers
 
     cfg = read_json(directory)
     if peagle and cfg.get("mask_token_id") is None:
@@ -51,7 +51,7 @@ def _read_flat_eagle3(directory: Path, target_config: Any, fmt: str, peagle: boo
             raise SpecframeError(
                 "eagle_aux_hidden_state_layer_ids is not recorded; the default (2, L//2, L-3) needs the target"
             )
-        aux = list(default_aux_layers(int(target_config.num_hidden_layers)))
+        aux = list(low_mid_high_layers(int(target_config.num_hidden_layers)))
     kept = (*LLAMA_KEYS, "num_hidden_layers", "torch_dtype", "dtype")
     flat = {k: v for k, v in cfg.items() if k in kept}
     if cfg.get("target_hidden_size") is not None:  # null: the drafter's own width, as vLLM reads it
