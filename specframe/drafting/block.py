@@ -23,29 +23,44 @@ What both methods' training does alike before and around the hidden states is he
 target's embedding and lm_head, and the mask token), ``charged_blocks`` (a segment's charged elements and the blocks
 they lie in), ``trained_elements`` (which of them the references train) and ``element_weights`` (their weights in the
 loss and its normaliser: the trained ones by the depth decay, the others 0).
+
+And what the two drafter classes declare and record alike (API 15): ``BlockDrafter``, a mixin holding their
+target-layer choice, declarations, supervision, checkpoint record, import checks and export preamble once, as
+``api.eagle.FamilyDrafter`` does for the EAGLE family; ``resolve_k_infer`` and ``check_decay_gamma``, the option checks
+both ``Options`` classes run; ``reference_init``, the references' initialisation of the modules a drafter owns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specframe.declarations import Training
 from specframe.drafting import modeling, vocab
 from specframe.drafting.elements import ElementSet
+from specframe.drafting.eagle import shifted_supervision
+from specframe.errors import SpecframeError, UsageError
+from specframe.features import FeatureSpec
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-__all__ = ["BlockAttention", "BlockContext", "BlockLayer", "BlockModel", "ChargedBlocks", "RMSNorm", "block_hidden",
-           "charged_blocks", "default_aux_layers", "element_weights", "full_attention", "position_docs",
-           "share_target", "trained_elements"]
+__all__ = ["INIT_STD", "BlockAttention", "BlockContext", "BlockDrafter", "BlockLayer", "BlockModel", "ChargedBlocks",
+           "RMSNorm", "block_hidden", "charged_blocks", "check_decay_gamma", "default_aux_layers", "element_docs",
+           "element_weights", "full_attention", "position_docs", "reference_init", "resolve_k_infer", "share_target",
+           "spaced_aux_layers", "trained_elements"]
+
+#: the std of every Linear / Embedding a block drafter owns at the start (transformers' initializer_range, 0.02 in
+#: z-lab's, SpecForge's, speculators' and DeepSpec's configs)
+INIT_STD = 0.02
 
 
-def default_aux_layers(num_layers: int, draft_layers: int) -> list[int]:
+def spaced_aux_layers(num_layers: int, draft_layers: int) -> list[int]:
     """The block drafters' target layers: one per draft layer, evenly spaced over decoder outputs 1 .. L-3 (the
     middle one for a single draft layer), as z-lab's ``build_target_layer_ids`` (DeepSpec's DSpark configs use the
     same: [1, 9, 17, 25, 33] for 5 draft layers on a 36-layer Qwen3-4B); returned as specframe aux ids (the hidden
@@ -56,6 +71,44 @@ def default_aux_layers(num_layers: int, draft_layers: int) -> list[int]:
         start, end = 1, max(1, num_layers - 3)
         outputs = [int(round(start + i * (end - start) / (draft_layers - 1))) for i in range(draft_layers)]
     return [min(o + 1, num_layers - 1) for o in outputs]
+
+
+# kept for plugins written against API 13/14: the name EAGLE-3's ``specframe.features.default_aux_layers(num_layers)``
+# also has, for another rule
+default_aux_layers = spaced_aux_layers
+
+
+@torch.no_grad()
+def reference_init(model: nn.Module, keep: tuple[nn.Module, ...] = ()) -> None:
+    """The references' start: their block drafters are transformers ``PreTrainedModel`` s whose ``post_init`` draws
+    every Linear and Embedding N(0, ``INIT_STD``), biases 0, norms 1 (PyTorch's own Linear default is kaiming-uniform,
+    std about 1 / sqrt(3 fan_in); its Embedding N(0, 1)). The modules in ``keep`` are left alone and draw nothing
+    (DFlash keeps its embedding and lm_head, which ``prepare`` copies the target's over; DSpark draws them too, so
+    each draws what it always drew and starts from the same weights)."""
+    for module in model.modules():
+        if any(module is k for k in keep):
+            continue
+        if isinstance(module, nn.Linear | nn.Embedding):
+            module.weight.normal_(0.0, INIT_STD)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            module.bias.zero_()
+
+
+def resolve_k_infer(drafter: str, options: Any, most: int, most_text: str) -> None:
+    """Resolve ``options.k_infer`` (None: ``most``, the draft tokens of a full block) and check it lies in 1..``most``
+    (``most_text`` names that bound in the message: DFlash's ``block_size - 1``, DSpark's ``block_size``). Resolved
+    in the options so that ``specframe generate`` and the export read one number."""
+    if options.k_infer is None:
+        options.k_infer = most
+    k = options.k_infer
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= most:
+        raise UsageError(f"{drafter} option 'k_infer' must be in 1..{most_text} ({most}), got {k!r}")
+
+
+def check_decay_gamma(drafter: str, gamma: Any) -> None:
+    """``loss_decay_gamma`` is a positive number (the depth decay exp(-d / gamma)) or None (uniform)."""
+    if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int | float) or not gamma > 0):
+        raise UsageError(f"{drafter} option 'loss_decay_gamma' must be a positive number or null, got {gamma!r}")
 
 
 # One RMSNorm for every drafter's layers (at least fp32, float64 kept); re-exported here as ``api.block.RMSNorm``,
@@ -227,12 +280,17 @@ def element_weights(loss_mask: torch.Tensor, supervised: torch.Tensor, anchor: t
     return weight
 
 
-def position_docs(elements: ElementSet) -> torch.Tensor:
-    """Document of each drafter position, from the depth-0 elements (every position has one, COD or not)."""
+def element_docs(elements: ElementSet) -> torch.Tensor:
+    """Document of each drafter position, read off the depth-0 elements of ``elements`` (every position has one, COD
+    or not). Not ``specframe.drafting.elements.position_docs(doc, n)``, which derives them from the data's documents."""
     doc = torch.full((elements.seq_len,), -1, dtype=torch.long)
     roots = elements.depth == 0
     doc[elements.anchor[roots]] = elements.doc[roots]
     return doc
+
+
+# kept for plugins written against API 13/14: the name ``specframe.drafting.elements.position_docs(doc, n)`` also has
+position_docs = element_docs
 
 
 def block_hidden(model: BlockModel, aux: torch.Tensor, input_ids: torch.Tensor, elements: ElementSet,
@@ -245,7 +303,7 @@ def block_hidden(model: BlockModel, aux: torch.Tensor, input_ids: torch.Tensor, 
     memory behaviour carries over; a block sees the context of its own document at positions <= its anchor, and
     itself. ``aux`` [L, n_aux * H_target]: the target's aux hidden states of the sequence, in the model's dtype."""
     device = model.fc.weight.device
-    doc_of = position_docs(elements)
+    doc_of = element_docs(elements)
     last = int(blocks.max())
     ctx_pos = torch.arange(last + 1)
     width = slots + 1
@@ -298,3 +356,187 @@ class BlockContext:
         block[0] = anchor
         position = torch.arange(self.cached, self.cached + slots, device=device)
         return self.model(block, position, self.kv, full_attention)
+
+
+class BlockDrafter:
+    """What DFlash's and DSpark's drafter classes declare and record alike: a mixin that goes first in the bases,
+    before ``api.eagle.QueuedInference`` and ``api.Drafter``. The class sets ``anchor_predicts`` (whether the anchor
+    slot is a prediction, so a block of ``block_size`` slots drafts ``block_size`` tokens, or only its mask slots
+    are) and the words its messages name the bound with; its ``__init__`` calls ``init_block`` before it builds its
+    ``model`` (a ``BlockModel``) and its options carry ``layers``, ``block_size``, ``k_infer``, ``aux_layer_ids``,
+    ``loss_chunk`` and ``loss_decay_gamma``."""
+
+    #: DSpark: the anchor slot is the first prediction position; DFlash: only the block_size - 1 mask slots predict
+    anchor_predicts: ClassVar[bool] = False
+    #: the depth bound and the slots it counts, as the messages name them ("block_size - 1", "mask slots")
+    depth_text: ClassVar[str] = "block_size - 1"
+    depth_slots: ClassVar[str] = "mask slots"
+    #: whether the loss reads the target's final hidden states (DSpark's l1 term and confidence)
+    final_hidden: ClassVar[bool] = False
+
+    @classmethod
+    def block_depth(cls, block_size: int) -> int:
+        """Draft tokens (and training depths) of a block of ``block_size`` slots."""
+        return block_size if cls.anchor_predicts else block_size - 1
+
+    @classmethod
+    def training(cls, options: Any) -> Training:
+        # every predicting slot of a block is a depth; the whole block trains (no COD), and the layers keep activations
+        return Training(depth=cls.block_depth(options.block_size), k=options.k_infer, loss_chunk=options.loss_chunk)
+
+    @classmethod
+    def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
+        # a block holds one predicting slot per depth; both draft over the full target vocabulary
+        return {"block_size": depth + (0 if cls.anchor_predicts else 1), "k_infer": min(k, depth)}
+
+    @classmethod
+    def import_options(cls, imported: Any) -> dict[str, Any]:
+        values = super().import_options(imported)
+        if isinstance(imported.config.get("block_size"), int):  # the block it was trained on
+            values["block_size"] = int(imported.config["block_size"])
+        return values
+
+    def init_block(self, target_config: Any) -> None:
+        """The target layers the context reads (``aux_layer_ids``, else ``spaced_aux_layers``), checked against the
+        target, its layer ``shape`` and ``vocab_size``, and no mask token until ``prepare`` or a checkpoint sets it."""
+        opts = self.options
+        n_layers = int(target_config.num_hidden_layers)
+        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else spaced_aux_layers(n_layers, opts.layers)
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < n_layers]
+        if not ids or bad:
+            raise UsageError(
+                f"{self.name} aux layer ids {ids} are invalid for a target with {n_layers} layers (valid: "
+                f"0..{n_layers - 1})"
+            )
+        self.aux_layer_ids = ids
+        self.shape = modeling.LayerShape.from_config(target_config)
+        self.vocab_size = int(target_config.vocab_size)
+        self.mask_token_id: int | None = None
+
+    # ------------------------------------------------------------------------------------------------ description
+    def feature_spec(self) -> FeatureSpec:
+        return FeatureSpec(aux_layers=tuple(self.aux_layer_ids), final_hidden=self.final_hidden)
+
+    def module(self) -> nn.Module:
+        return self.model
+
+    @property
+    def depth(self) -> int:
+        return self.block_depth(self.options.block_size)
+
+    @property
+    def vllm_speculative_tokens(self) -> range:
+        """The draft tokens per step vLLM can serve this drafter at: a full block's only. vLLM's proposers run a block
+        of as many slots as the tokens asked (DFlash's K + 1, ``num_query_per_req = 1 + num_speculative_tokens``;
+        DSpark's ``sample_from_anchor`` K) and cannot be told to run the full block and keep K, as ``propose`` does;
+        the block is bidirectional, so a shorter one is a network this drafter was never trained as (GPU-path review
+        item 3). The export records the bound, and vLLM serving refuses fewer."""
+        return range(self.depth, self.depth + 1)
+
+    # ---------------------------------------------------------------------------------------------------- training
+    def check_training(self, depth: int, mask_builder: str, partitioner: str) -> None:
+        # element (a, d) is predicting slot d of a block: a deeper grid has no slot to train
+        if depth > self.depth:
+            raise UsageError(f"{self.name} trains at most {self.depth_text} = {self.depth} depths (its "
+                             f"{self.depth_slots}), got --depth {depth}")
+
+    def forwarded_rows(self, elements: int, anchors: int) -> int:
+        # every slot of each anchor's block runs through the layers (the anchor token and all block_size - 1 masks:
+        # the block attends to itself bidirectionally), however few of its depths the grid trains
+        return anchors * self.options.block_size
+
+    def prepare(self, target: Any, examples: Any) -> None:
+        """Take the target's embedding and lm_head (frozen, shared) and pick the mask token (``share_target``)."""
+        self.mask_token_id = share_target(self.model, target, examples)
+
+    def supervision(self, example: Any) -> torch.Tensor:
+        # position i reads x_{i+1} with g_i and is charged with x_{i+2}: the EAGLE indexing, so the EAGLE rule
+        return shifted_supervision(example.loss_mask, example.doc)
+
+    @staticmethod
+    def trained_elements(example: Any, sup: torch.Tensor, anchor: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """Which charged elements (a, d) the loss trains, as the reference samplers choose them (``trained_elements``:
+        a block anchored on a supervised token whose first target is supervised, up to its first unsupervised slot);
+        the others stay charged with weight 0."""
+        return trained_elements(example.loss_mask, sup, anchor, depth)
+
+    def element_weights(self, example: Any, elements: ElementSet) -> torch.Tensor:
+        """Each element's weight in the loss and the engine's normaliser (API 14): the depth decay on the trained
+        elements, 0 on the others (``element_weights``), so a step's loss is SpecForge's and DeepSpec's
+        ``sum(w * terms) / sum(w)`` over the trained slots."""
+        return element_weights(example.loss_mask, self.supervision(example), elements.anchor, elements.depth,
+                               self.options.loss_decay_gamma)
+
+    def charged(self, example: Any, elements: ElementSet, segment: Any) -> tuple[int, torch.Tensor, ChargedBlocks]:
+        """(the grid's depth k, the supervision, the segment's ``charged_blocks``) at the start of ``loss``, the depth
+        checked against the block's."""
+        k = elements.max_depth
+        if k > self.depth:
+            raise UsageError(f"{self.name}: element depth {k} exceeds {self.depth_text} = {self.depth}")
+        sup = self.supervision(example)
+        return k, sup, charged_blocks(elements, segment, sup)
+
+    # --------------------------------------------------------------------------------------------------- inference
+    def _reset_inference(self) -> None:
+        super()._reset_inference()
+        self._context = BlockContext(self.model)
+
+    # -------------------------------------------------------------------------------------------------- checkpoints
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "mask_token_id": self.mask_token_id,
+            "aux_layer_ids": list(self.aux_layer_ids),
+            "vocab_size": self.vocab_size,
+            **self.shape.config_fields(),
+            "num_hidden_layers": self.options.layers,
+        }
+
+    def check_checkpoint(self, directory: Path, info: dict[str, Any]) -> None:
+        if list(info.get("aux_layer_ids", [])) != list(self.aux_layer_ids):
+            raise SpecframeError(
+                f"{directory} was trained with aux layers {info.get('aux_layer_ids')}, this drafter has "
+                f"{self.aux_layer_ids}"
+            )
+
+    def restore_checkpoint(self, info: dict[str, Any]) -> None:
+        self.mask_token_id = info["mask_token_id"]
+
+    def check_import(self, imported: Any, ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+        """Refuse a folder (``import_weights``'s) of another layout, or whose layers, aux layers, block size or the
+        further fields ``ours`` / ``theirs`` name differ from this drafter's."""
+        where = f"cannot import {imported.directory}"
+        if imported.layout != self.name:
+            raise SpecframeError(f"{where}: it holds a {imported.layout} drafter, not {self.name}")
+        ours = {"layers": self.options.layers, "aux_layer_ids": list(self.aux_layer_ids),
+                "block_size": self.options.block_size, **ours}
+        theirs = {"layers": imported.num_layers, "aux_layer_ids": list(imported.aux_layer_ids),
+                  "block_size": imported.config.get("block_size"), **theirs}
+        for key, value in ours.items():
+            if theirs[key] != value:
+                raise SpecframeError(f"{where}: its {key} is {theirs[key]!r}, this {self.name} drafter's is {value!r} "
+                                     f"(set drafter.{key} to match)")
+
+    def load_import(self, imported: Any) -> None:
+        """Load a checked folder's block state dict and its mask token. A folder without ``embed_tokens`` /
+        ``lm_head`` shares the target's: the reader fills them from the target's files, else (``--init-from``, a
+        prepared drafter) they are this drafter's own, which are the target's."""
+        state = imported.block_state(self.model.state_dict(), own_shared_are_target=self.mask_token_id is not None)
+        self.model.load_state_dict(state)
+        self.mask_token_id = imported.mask_token_id
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The state dict ``export_vllm`` writes (it already carries vLLM's names), after refusing a drafter with no
+        mask token or with aux layers vLLM cannot serve."""
+        if self.mask_token_id is None:
+            raise SpecframeError(f"{self.name}: no mask token chosen (train the drafter or load a checkpoint first)")
+        ids = self.aux_layer_ids
+        if len(set(ids)) != len(ids):
+            # vLLM collects each target layer's hidden state once, so a repeated id leaves the drafter short of inputs
+            raise SpecframeError(
+                f"{self.name}: aux layers {ids} repeat a target layer, which vLLM cannot serve (it collects each layer "
+                f"once); a {self.target_config.num_hidden_layers}-layer target is too shallow for the default spacing "
+                f"of {self.options.layers} draft layers: train with distinct drafter.aux_layer_ids"
+            )
+        return {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}

@@ -113,6 +113,14 @@ def test_declares_the_block_rule_and_its_depth(target):
         options(block_size=4, k_infer=4)
 
 
+def test_the_block_names_renamed_in_api_15_keep_their_old_names():
+    # position_docs and default_aux_layers were also the names of other functions (specframe.drafting.elements',
+    # EAGLE-3's): the block ones are element_docs and spaced_aux_layers now, the old names kept for older plugins
+    assert api.block.position_docs is api.block.element_docs
+    assert api.block.default_aux_layers is api.block.spaced_aux_layers
+    assert api.block.spaced_aux_layers(36, 5) == [2, 10, 18, 26, 34]  # outputs 1, 9, .. 33 as aux ids
+
+
 def test_starts_as_the_reference_does(target):
     """The references' post_init (z-lab, SpecForge, speculators): every Linear the drafter owns N(0, 0.02), biases 0,
     norms 1, not PyTorch's kaiming-uniform; the embedding and lm_head are the target's, untouched, after prepare."""
