@@ -49,6 +49,7 @@ __all__ = [
     "PendingInputs",
     "QueuedInference",
     "all_token_counts",
+    "cat_kv",
     "ce_share",
     "copy_target_layers",
     "default_aux_layers",
@@ -59,12 +60,14 @@ __all__ = [
     "full_vocab_top1",
     "in_draft_vocab",
     "loss_kind",
+    "keep_committed",
     "kl_teacher",
     "low_mid_high_layers",
     "mask_token_ids",
     "per_depth",
     "sequence_weights",
     "shifted_supervision",
+    "start_from_target",
     "supervised_per_document",
     "target_head",
     "windowed",
@@ -376,6 +379,20 @@ def freeze_head(model: nn.Module, train: bool) -> None:
     model.lm_head.weight.requires_grad_(bool(train))
 
 
+def start_from_target(model: EagleBackbone, target: Any, draft: torch.Tensor, copy_layers: bool) -> TargetHead:
+    """What a family drafter's ``prepare`` takes from the target: its token embedding, the draft vocabulary ``draft``
+    (target ids) with the target's ``lm_head`` rows of it as the draft head, and, with ``copy_layers`` (the
+    ``init_from_target_layers`` option), its last layers (``copy_target_layers``). Returns the target's head as its
+    forward applies it (bias, logit scale, soft-capping): the loss's teacher."""
+    head = target_head(target)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(target.model.get_input_embeddings().weight.detach())
+        model.set_draft_vocab(draft)
+        model.lm_head.weight.copy_(head.weight[draft])
+    if copy_layers:
+        copy_target_layers(model.layers, target.model)
+    return head
+
 def copy_target_layers(layers: nn.ModuleList, target_model: Any) -> list[str]:
     """Copy the target's last ``len(layers)`` decoder layers into ``layers`` (draft layer i from target layer
     L - n + i), every tensor whose name and shape match the target's ``model.layers.J.*``; returns the names (in the
@@ -528,6 +545,18 @@ def depth_weights(k: int, decay: float, explicit: list[float] | None = None) -> 
         return torch.tensor([float(w) for w in explicit[:k]])
     return torch.tensor([decay**d for d in range(k)], dtype=torch.float32)
 
+
+
+def cat_kv(a: list[modeling.KV], b: list[modeling.KV]) -> list[modeling.KV]:
+    """Each layer's (k, v) of ``a`` followed by ``b``'s along the sequence (a KV cache and what a forward added)."""
+    return [(torch.cat([ak, bk], dim=2), torch.cat([av, bv], dim=2)) for (ak, av), (bk, bv) in zip(a, b, strict=True)]
+
+
+def keep_committed(cache: list[modeling.KV] | None, kvs: list[modeling.KV], committed: int) -> list[modeling.KV]:
+    """The KV cache after a parallel drafter's forward over [committed tokens | mask slots]: ``cache`` (None: empty)
+    extended with the first ``committed`` positions of ``kvs``; the mask slots' are dropped, rewritten next round."""
+    kept = [(k[:, :, :committed], v[:, :, :committed]) for k, v in kvs]
+    return kept if cache is None else cat_kv(cache, kept)
 
 # Re-exported so plugins reach the project's mask-token rule, vLLM's default aux layers (its low / mid / high picks),
 # the target's head (the teacher's logits as the target makes them) and the queued-inference protocol

@@ -141,19 +141,9 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
         """Copy the target's embedding, choose the draft vocabulary and initialise ``lm_head`` from the target's
         rows of it; keep the target's lm_head for the loss."""
         examples = list(examples)
-        emb = target.model.get_input_embeddings().weight.detach()
-        # the teacher: the target's head as its forward applies it (bias, logit scale, soft-capping)
-        target_head = eagle.target_head(target)
-        head = target_head.weight
         draft = eagle.draft_vocabulary(examples, self.draft_vocab_size, self.vocab_size)
-        with torch.no_grad():
-            self.model.embed_tokens.weight.copy_(emb)
-            self.model.set_draft_vocab(draft)
-            self.model.lm_head.weight.copy_(head[draft])
-        if self.options.init_from_target_layers:
-            eagle.copy_target_layers(self.model.layers, target.model)
+        self._target_head = eagle.start_from_target(self.model, target, draft, self.options.init_from_target_layers)
         self._sequence_scale = eagle.supervised_per_document(examples, self.supervision)
-        self._target_head = target_head
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
         return api.eagle.shifted_supervision(example.loss_mask, example.doc, self.options.loss_mask_bit)
@@ -227,7 +217,7 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
                 att = subset(sub.subset(sel.cpu()), sub.subset(keys.cpu()))
                 out, kvs = model.run(embeds[sel], hidden[sel], pos[sel], att, past=past,
                                      checkpointing=self.options.activation_checkpointing)
-                past = kvs if past is None else _cat_kv(past, kvs)
+                past = kvs if past is None else eagle.cat_kv(past, kvs)
                 done.append(sel)
                 mine = charged[sel]
                 charge(d, out[mine], sel[mine])
@@ -277,7 +267,7 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
             model.embed_tokens(tokens), model.fuse(aux), position,
             modeling.causal_attention(self._cached, self.options.sliding_window), past=self._cache,
         )
-        self._cache = kvs if self._cache is None else _cat_kv(self._cache, kvs)
+        self._cache = kvs if self._cache is None else eagle.cat_kv(self._cache, kvs)
         self._cached += tokens.shape[0]
         return out[-1:]
 
@@ -285,13 +275,13 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
         """One draft step past the committed cache: ``chain`` holds the KV of this path's earlier draft steps;
         ``hidden`` is the previous step's pre-norm output (fed as ``model.feed`` makes it)."""
         model = self.model
-        past = self._cache if chain is None else _cat_kv(self._cache, chain)
+        past = self._cache if chain is None else eagle.cat_kv(self._cache, chain)
         position = torch.tensor([self._cached + offset], device=hidden.device)
         out, kvs = model.run(
             model.embed_tokens(token.view(1)), model.feed(hidden), position,
             modeling.causal_attention(self._cached + offset, self.options.sliding_window), past=past,
         )
-        return out, (kvs if chain is None else _cat_kv(chain, kvs))
+        return out, (kvs if chain is None else eagle.cat_kv(chain, kvs))
 
     @torch.no_grad()
     def propose(self, k: int, generator: torch.Generator | None = None) -> api.Draft:
@@ -367,10 +357,6 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
         state = imported.eagle_state(self.model.state_dict(), self.target_config,
                                      own_embedding_is_target=self._target_head is not None)
         self.model.load_state_dict(state)
-
-
-def _cat_kv(a: list[modeling.KV], b: list[modeling.KV]) -> list[modeling.KV]:
-    return [(torch.cat([ak, bk], dim=2), torch.cat([av, bv], dim=2)) for (ak, av), (bk, bv) in zip(a, b, strict=True)]
 
 
 @api.hookimpl

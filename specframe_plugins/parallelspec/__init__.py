@@ -138,23 +138,14 @@ class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, a
         self.mask_token_ids = eagle.mask_token_ids(
             target.tokenizer, self.options.masks, data_counts=counts, embedding_rows=self.vocab_size
         )
-        emb = target.model.get_input_embeddings().weight.detach()
-        # the teacher: the target's head as its forward applies it (bias, logit scale, soft-capping)
-        target_head = eagle.target_head(target)
-        head = target_head.weight
         draft = eagle.draft_vocabulary(examples, self.draft_vocab_size, self.vocab_size, exclude=self.mask_token_ids)
         model = self.model
         with torch.no_grad():
-            model.embed_tokens.weight.copy_(emb)
-            model.mask_embeddings.copy_(emb[self.mask_token_ids])
-            model.set_draft_vocab(draft)
-            model.lm_head.weight.copy_(head[draft])
+            model.mask_embeddings.copy_(target.model.get_input_embeddings().weight.detach()[self.mask_token_ids])
             if not self.reads_features:
                 self._copy_layers(target.model)
-        if self.options.init_from_target_layers:
-            eagle.copy_target_layers(model.layers, target.model)
+        self._target_head = eagle.start_from_target(model, target, draft, self.options.init_from_target_layers)
         self._sequence_scale = eagle.supervised_per_document(examples, self.supervision)
-        self._target_head = target_head
 
     def _copy_layers(self, target_model: Any) -> None:
         source = target_model.state_dict()
@@ -287,10 +278,7 @@ class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, a
         position = torch.arange(self._cached, self._cached + p + k - 1, device=device)
         out, kvs = model.run(embeds, hidden, position, modeling.causal_attention(self._cached), past=self._cache)
         draft = model.to_target(model.logits(out[p - 1 :]).argmax(-1))
-        kept = [(kk[:, :, :p], vv[:, :, :p]) for kk, vv in kvs]
-        self._cache = kept if self._cache is None else [
-            (torch.cat([ck, nk], 2), torch.cat([cv, nv], 2)) for (ck, cv), (nk, nv) in zip(self._cache, kept, strict=True)
-        ]
+        self._cache = eagle.keep_committed(self._cache, kvs, p)  # the mask slots' KV is rewritten next round
         self._cached += p
         return api.Draft(tokens=draft.cpu())
 

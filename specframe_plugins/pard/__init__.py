@@ -222,11 +222,7 @@ class PardDrafter(api.Drafter):
         position = torch.arange(self._cached, self._cached + p + k - 1, device=device)
         hidden, kvs = model(block, position, modeling.causal_attention(self._cached), past=self._cache)
         draft = model.lm_head(hidden[p - 1 :]).argmax(-1)
-        # keep the committed tokens' KV only; the mask slots' are rewritten next round
-        kept = [(kk[:, :, :p], vv[:, :, :p]) for kk, vv in kvs]
-        self._cache = kept if self._cache is None else [
-            (torch.cat([ck, nk], 2), torch.cat([cv, nv], 2)) for (ck, cv), (nk, nv) in zip(self._cache, kept, strict=True)
-        ]
+        self._cache = api.eagle.keep_committed(self._cache, kvs, p)  # the mask slots' KV is rewritten next round
         self._cached += p
         self._pending = []
         return api.Draft(tokens=draft.cpu())

@@ -127,26 +127,15 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
         """Initialise the embedding from the target's, pick the draft vocabulary (``api.vocab``: most frequent
         assistant tokens) and the mask token (``api.vocab.mask_token_ids``' rule: a special or reserved token never
         seen in the training data), and keep the target's lm_head for the loss."""
-        emb = target.model.get_input_embeddings().weight.detach()
-        # the teacher: the target's head as its forward applies it (bias, logit scale, soft-capping)
-        target_head = api.eagle.target_head(target)
-        head = target_head.weight
         examples = list(examples)
-        all_counts = api.vocab.count_tokens(examples, self.vocab_size, masked_only=False)
-        self.mask_token_id = api.vocab.mask_token_ids(
-            target.tokenizer, 1, data_counts=all_counts, embedding_rows=self.vocab_size
+        counts = api.eagle.all_token_counts(examples, self.vocab_size)
+        self.mask_token_id = api.eagle.mask_token_ids(
+            target.tokenizer, 1, data_counts=counts, embedding_rows=self.vocab_size
         )[0]
-        counts = api.vocab.count_tokens(examples, self.vocab_size, masked_only=True)
-        counts[self.mask_token_id] = -1  # never a draft token
-        draft = api.vocab.build_draft_vocab(counts, self.draft_vocab_size).ids
-        with torch.no_grad():
-            self.model.embed_tokens.weight.copy_(emb.to(self.model.embed_tokens.weight.dtype))
-            self.model.set_draft_vocab(draft)
-            self.model.lm_head.weight.copy_(head[draft].to(self.model.lm_head.weight.dtype))
-        if self.options.init_from_target_layers:
-            api.eagle.copy_target_layers(self.model.layers, target.model)
+        # the mask token is never a draft token
+        draft = api.eagle.draft_vocabulary(examples, self.draft_vocab_size, self.vocab_size, exclude=[self.mask_token_id])
+        self._target_head = api.eagle.start_from_target(self.model, target, draft, self.options.init_from_target_layers)
         self._sequence_scale = api.eagle.supervised_per_document(examples, self.supervision)
-        self._target_head = target_head
 
     def supervision(self, example: api.TrainingExample) -> torch.Tensor:
         return api.eagle.shifted_supervision(example.loss_mask, example.doc, self.options.loss_mask_bit)
@@ -224,15 +213,7 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
         )
         draft = model.lm_head(hidden[p - 1 :]).argmax(-1)
         target_ids = draft + model.d2t[draft]
-        # only the committed tokens' keys/values are kept; the mask slots' are rewritten next round
-        kept = [(kk[:, :, :p], vv[:, :, :p]) for kk, vv in kvs]
-        if self._cache is None:
-            self._cache = kept
-        else:
-            self._cache = [
-                (torch.cat([ck, nk], dim=2), torch.cat([cv, nv], dim=2))
-                for (ck, cv), (nk, nv) in zip(self._cache, kept, strict=True)
-            ]
+        self._cache = api.eagle.keep_committed(self._cache, kvs, p)  # the mask slots' KV is rewritten next round
         self._cached += p
         return api.Draft(tokens=target_ids.cpu())
 
