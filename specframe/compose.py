@@ -37,10 +37,13 @@ EXAMPLES = {
 }
 
 
-def options(kind: str, name: str, table: dict[str, Any], where: str | None = None) -> tuple[type, Any]:
+def options(kind: str, name: str | type, table: dict[str, Any], where: str | None = None) -> tuple[type, Any]:
     """The ``kind`` class registered as ``name`` and its typed options (every default filled in) from ``table`` (a
-    file's table, a checkpoint's record, inline options: ``structuring.Text`` values are typed by the field)."""
-    cls = plugins.get(kind, name)
+    file's table, a checkpoint's record, inline options: ``structuring.Text`` values are typed by the field).
+    ``name`` may be the class itself (the test kit checks a class before it is installed): the same structuring and
+    messages, under the class's own name."""
+    cls = plugins.get(kind, name) if isinstance(name, str) else name
+    name = name if isinstance(name, str) else cls.name
     if not attrs.has(cls.Options):  # a component without options (greedy) takes none
         if table:
             raise UsageError(f"{_prefix(where)}{kind} '{name}' has no options, got {', '.join(table)}")
@@ -48,7 +51,7 @@ def options(kind: str, name: str, table: dict[str, Any], where: str | None = Non
     return cls, structure_options(table, cls.Options, f"{_prefix(where)}{kind} '{name}'")
 
 
-def component(kind: str, name: str, table: dict[str, Any], *args: Any, where: str | None = None) -> Any:
+def component(kind: str, name: str | type, table: dict[str, Any], *args: Any, where: str | None = None) -> Any:
     """The one constructor of a component from a name and options: the ``kind`` registered as ``name``, built with
     ``args`` (a drafter's target config) and its options structured from ``table``."""
     cls, typed = options(kind, name, table, where)

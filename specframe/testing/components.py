@@ -13,9 +13,9 @@ def component_class(kind: str, component: Any) -> type:
     return plugins.get(kind, component) if isinstance(component, str) else component
 
 
-def build_component(kind: str, component: Any, options: dict[str, Any]) -> Any:
-    """An instance of ``component`` (a name or a class) with ``options`` structured into its ``Options``."""
-    from specframe.structuring import structure_options
+def build_component(kind: str, component: Any, options: dict[str, Any], *args: Any) -> Any:
+    """An instance of ``component`` (a name or a class) with ``options`` structured into its ``Options``, built by
+    the project's one constructor (``compose.component``) so a contract checks what a run would build."""
+    from specframe import compose
 
-    cls = component_class(kind, component)
-    return cls(structure_options(dict(options), cls.Options, f"{kind} '{cls.name}'"))
+    return compose.component(kind, component, dict(options), *args)

@@ -84,11 +84,11 @@ def accumulate_loss(drafter: api.Drafter, example: api.TrainingExample, elems: A
     """Back-propagate one sequence as the engine does (segments in turn, normalised by the sequence's charged count,
     or the charged elements' summed weights for a drafter that weighs them, attention through
     ``api.SegmentAttention``); returns the normalised loss."""
-    from specframe import plugins
     from specframe.interfaces.drafter import charged_weight
+    from specframe.testing.components import build_component
 
-    b = plugins.get("mask builder", builder)()
-    p = plugins.get("partitioner", partitioner)()
+    b = build_component("mask builder", builder, {})
+    p = build_component("partitioner", partitioner, {})
     count = charged_weight(drafter, example, elems, sup)
     total = 0.0
     for seg in p.partition(elems, parts):
@@ -124,9 +124,9 @@ class DrafterContract:
     # -- helpers
     @classmethod
     def drafter_class(cls) -> type:
-        from specframe import plugins
+        from specframe.testing.components import component_class
 
-        return plugins.get("drafter", cls.drafter) if isinstance(cls.drafter, str) else cls.drafter
+        return component_class("drafter", cls.drafter)
 
     def option_values(self) -> dict[str, Any]:
         drafter_cls = self.drafter_class()
@@ -134,22 +134,21 @@ class DrafterContract:
         return {**equal, **self.options}
 
     def build(self, target: Any, seed: int = 0) -> api.Drafter:
-        from specframe.structuring import structure_options
+        from specframe.testing.components import build_component
 
         torch.manual_seed(seed)
-        drafter_cls = self.drafter_class()
-        options = structure_options(self.option_values(), drafter_cls.Options, f"drafter '{drafter_cls.name}'")
-        return drafter_cls(target.config, options)
+        return build_component("drafter", self.drafter_class(), self.option_values(), target.config)
 
     # -- the contract
     def test_declares_the_comparisons_depth_and_k(self):
         """``comparison_options`` must make ``training`` declare the depth and K it was handed: else the equal-budget
         comparison trains this drafter at another depth than the rest."""
-        from specframe.structuring import structure_options
+        from specframe import compose
 
         drafter_cls = self.drafter_class()
-        options = structure_options(drafter_cls.comparison_options(self.depth, self.draft_vocab, self.k),
-                                    drafter_cls.Options, "comparison options")
+        _, options = compose.options("drafter", drafter_cls,
+                                     drafter_cls.comparison_options(self.depth, self.draft_vocab, self.k),
+                                     "comparison options")
         declared = drafter_cls.training(options)
         assert isinstance(declared, api.Training)
         assert declared.depth == self.depth, f"comparison_options(depth={self.depth}) trains at {declared.depth}"
@@ -210,15 +209,15 @@ class DrafterContract:
     def test_greedy_speculative_decoding_equals_plain_decoding(self, specframe_tiny_target):
         """Lossless: chains of K drafts (and trees, for a drafter that builds them) emit exactly plain greedy
         decoding's tokens through the reference engine."""
-        from specframe import plugins
         from specframe.inference.engine import TreeShape, generate
+        from specframe.testing.components import build_component
 
         drafter = self.build(specframe_tiny_target)
         training_example(specframe_tiny_target, drafter)  # prepare it (draft vocabulary, mask token) as training does
         drafter.module().eval()
         model = specframe_tiny_target.model
         prompt = torch.randint(7, int(model.config.vocab_size), (12,), generator=torch.Generator().manual_seed(1))
-        greedy, tree_verifier = plugins.get("verifier", "greedy")(), plugins.get("verifier", "tree")()
+        greedy, tree_verifier = build_component("verifier", "greedy", {}), build_component("verifier", "tree", {})
         plain = generate(model, prompt, greedy, max_new_tokens=16, eos_token_id=())
         chain = generate(model, prompt, greedy, drafter, k=self.k, max_new_tokens=16, eos_token_id=())
         assert chain.tokens == plain.tokens

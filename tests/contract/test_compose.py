@@ -152,17 +152,15 @@ def _calls(tree: ast.AST, name: str) -> bool:
 
 def test_names_become_components_only_in_the_composition_root():
     """Structuring a plugin's options is what makes a name a component: only ``compose`` does it in the core
-    (``structuring`` defines it; ``testing`` and ``Drafter.from_checkpoint`` build a class they are handed), and only ``structuring``
-    makes a cattrs converter or calls cattrs' global one."""
+    (``structuring`` defines it; ``Drafter.from_checkpoint`` builds a class it is handed; the test kit goes through
+    ``compose``), and only ``structuring`` makes a cattrs converter or calls cattrs' global one."""
     offenders, converters = [], []
     for path in [*sorted((ROOT / "specframe").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]:
         rel = path.relative_to(ROOT).as_posix()
         tree = ast.parse(path.read_text())
-        # Drafter.from_checkpoint (interfaces/checkpoint, once api) and the test kit build a class they were handed,
-        # never a name
+        # Drafter.from_checkpoint (interfaces/checkpoint, once api) builds a class it was handed, never a name
         if _calls(tree, "structure_options") and rel not in (
-                "specframe/compose.py", "specframe/structuring.py", "specframe/interfaces/checkpoint.py",
-                "specframe/testing/drafters.py", "specframe/testing/components.py"):
+                "specframe/compose.py", "specframe/structuring.py", "specframe/interfaces/checkpoint.py"):
             offenders.append(rel)
         cattrs_calls = any(isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "cattrs"
                            and n.attr in ("structure", "unstructure", "Converter") for n in ast.walk(tree))
@@ -196,8 +194,8 @@ def _builds_components(tree: ast.AST) -> list[int]:
 
 def test_components_are_built_only_by_compose_component():
     """One constructor (issue 55, item 2): the core and the benchmark scripts build a registered component from a
-    name and options only through ``compose.component``. The test kit (``specframe.testing``) builds the classes and
-    names a test hands it."""
+    name and options only through ``compose.component``, the test kit (``specframe.testing``) included: a contract
+    checks a component built as a run builds it (``compose.component`` takes the class a test hands it too)."""
     allowed = {
         "specframe/compose.py",
         # Imported.drafter_options: no caller since drafter_folders builds imported drafters through compose
@@ -206,7 +204,7 @@ def test_components_are_built_only_by_compose_component():
     offenders = {}
     for path in [*sorted((ROOT / "specframe").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]:
         rel = path.relative_to(ROOT).as_posix()
-        if rel in allowed or rel.startswith("specframe/testing/"):
+        if rel in allowed:
             continue
         lines = _builds_components(ast.parse(path.read_text()))
         if lines:
@@ -222,3 +220,18 @@ builder = registry.get("mask builder", "dense")()
 options = cls.Options(**table)
 """
     assert _builds_components(ast.parse(planted)) == [3, 4, 5]
+
+
+def test_a_class_is_built_as_its_registered_name_is():
+    """The test kit hands ``compose.component`` a class (a plugin checked before it is installed): the same typed
+    options and the same message as its registered name."""
+    cls = plugins.get("mask builder", "chunked")
+    by_name = compose.component("mask builder", "chunked", {"chunk_size": 64})
+    by_class = compose.component("mask builder", cls, {"chunk_size": 64})
+    assert type(by_class) is type(by_name) and by_class.options == by_name.options
+    messages = []
+    for spelled in ("chunked", cls):
+        with pytest.raises(Exception) as caught:
+            compose.component("mask builder", spelled, {"chunk_size": 64, "nope": 1})
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
