@@ -22,7 +22,7 @@ Runner V1 does not support: dspark speculative decoding"), after a couple of min
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,27 +59,31 @@ def prestart(target: str | os.PathLike | None, export_dir: str | os.PathLike | N
     verifier the export names); ``export_dir``: the exported drafter served beside it (``check``);
     ``extract_states``: the target hands out its hidden states (vLLM's ``extract_hidden_states`` method)."""
     if export_dir is not None:
-        from specframe.layouts.export import read_manifest
+        from specframe.layouts.export import manifest_of, read_config
 
-        check(export_dir, read_manifest(export_dir).layout, target)
+        # the folder is read once: its manifest is what its config.json says, and check reads that same config
+        config = read_config(Path(export_dir))
+        check(export_dir, manifest_of(config, export_dir).layout, target, config=config)
     if extract_states:
         problem = extraction_problem(str(target))
         if problem:
             raise SpecframeError(f"--engine vllm cannot prepare features for {target}: {problem}")
 
 
-def check(export_dir: str | os.PathLike, layout: str, target: str | os.PathLike | None) -> None:
+def check(export_dir: str | os.PathLike, layout: str, target: str | os.PathLike | None, *,
+          config: Mapping[str, Any] | None = None) -> None:
     """Refuse (``SpecframeError``, every reason named) an export the installed vLLM cannot serve for ``target`` (its
     folder or hub id; None: the export's recorded verifier). A target whose config cannot be read is left to vLLM.
-    The activation and RoPE are read from the drafter's layer config as written: what vLLM builds the drafter from."""
+    The activation and RoPE are read from the drafter's layer config as written: what vLLM builds the drafter from.
+    ``config``: the export's ``config.json`` already read (``prestart``); None reads it here, once."""
     import json
 
-    from specframe.layouts.export import read_manifest, split_rope
+    from specframe.layouts.export import manifest_of, split_rope
 
-    cfg = json.loads((Path(export_dir) / "config.json").read_text())
+    cfg = config if config is not None else json.loads((Path(export_dir) / "config.json").read_text())
     layer = cfg.get("transformer_layer_config")
     layer = layer if isinstance(layer, dict) else cfg
-    verifier = target or read_manifest(export_dir).verifier
+    verifier = target or manifest_of(cfg, export_dir).verifier
     target_config = _target_config(verifier) if verifier else None
     found = [reason] if (reason := split_rope(layer)) else []
     act = layer.get("hidden_act")
