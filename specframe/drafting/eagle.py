@@ -49,6 +49,7 @@ __all__ = [
     "PendingInputs",
     "QueuedInference",
     "all_token_counts",
+    "aux_layer_ids",
     "cat_kv",
     "ce_share",
     "copy_target_layers",
@@ -378,6 +379,17 @@ def freeze_head(model: nn.Module, train: bool) -> None:
     (both take ``requires_grad`` parameters), and the memory estimate charges it as frozen weights."""
     model.lm_head.weight.requires_grad_(bool(train))
 
+
+def aux_layer_ids(drafter: str, requested: list[int] | None, num_layers: int) -> list[int]:
+    """The three target layers (low, mid, high) whose inputs a drafter on the EAGLE-3 input reads: ``requested`` (its
+    ``aux_layer_ids`` option) checked against the target's ``num_layers``, or, when None, ``low_mid_high_layers``."""
+    ids = requested if requested is not None else list(low_mid_high_layers(num_layers))
+    if len(ids) != 3 or any(not 0 <= int(i) < num_layers for i in ids):
+        raise UsageError(
+            f"{drafter} needs 3 aux layer ids in 0..{num_layers - 1} (low, mid, high), got {ids}; "
+            "set drafter.aux_layer_ids in --config"
+        )
+    return [int(i) for i in ids]
 
 def start_from_target(model: EagleBackbone, target: Any, draft: torch.Tensor, copy_layers: bool) -> TargetHead:
     """What a family drafter's ``prepare`` takes from the target: its token embedding, the draft vocabulary ``draft``

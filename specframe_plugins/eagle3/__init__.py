@@ -111,14 +111,7 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
     def __init__(self, target_config: Any, options: Eagle3Options | None = None) -> None:
         super().__init__(target_config, options)
         opts = self.options
-        n_layers = int(target_config.num_hidden_layers)
-        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(eagle.low_mid_high_layers(n_layers))
-        if len(ids) != 3 or any(not 0 <= int(i) < n_layers for i in ids):
-            raise api.UsageError(
-                f"eagle3 needs 3 aux layer ids in 0..{n_layers - 1} (low, mid, high), got {ids}; "
-                "set drafter.aux_layer_ids in --config"
-            )
-        self.aux_layer_ids = [int(i) for i in ids]
+        self.aux_layer_ids = eagle.aux_layer_ids(self.name, opts.aux_layer_ids, int(target_config.num_hidden_layers))
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
         self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)

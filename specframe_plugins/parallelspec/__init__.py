@@ -103,12 +103,9 @@ class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, a
     def __init__(self, target_config: Any, options: ParallelSpecOptions | None = None) -> None:
         super().__init__(target_config, options)
         opts = self.options
-        n_layers = int(target_config.num_hidden_layers)
         self.reads_features = opts.backbone == "eagle"
-        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(eagle.low_mid_high_layers(n_layers))
-        if self.reads_features and (len(ids) != 3 or any(not 0 <= int(i) < n_layers for i in ids)):
-            raise api.UsageError(f"parallelspec needs 3 aux layer ids in 0..{n_layers - 1}, got {ids}")
-        self.aux_layer_ids = [int(i) for i in ids] if self.reads_features else []
+        n_layers = int(target_config.num_hidden_layers)
+        self.aux_layer_ids = eagle.aux_layer_ids(self.name, opts.aux_layer_ids, n_layers) if self.reads_features else []
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
         self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)

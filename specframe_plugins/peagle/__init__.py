@@ -77,19 +77,6 @@ class PEagleOptions:
     sliding_window: int | None = _fields.sliding_window()
 
 
-def check_aux_layers(ids: list[int], num_layers: int) -> list[int]:
-    ids = [int(i) for i in ids]
-    if len(ids) != 3:
-        raise api.UsageError(f"peagle needs exactly 3 aux layer ids (low, mid, high), got {ids}")
-    bad = [i for i in ids if not 0 <= i < num_layers]
-    if bad:
-        raise api.UsageError(
-            f"aux layer ids {bad} are invalid for a target with {num_layers} layers (valid: 0..{num_layers - 1}; "
-            "set drafter.aux_layer_ids in --config)"
-        )
-    return ids
-
-
 class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Drafter):
     name = "peagle"
     Options = PEagleOptions
@@ -99,9 +86,8 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
     def __init__(self, target_config: Any, options: PEagleOptions | None = None) -> None:
         super().__init__(target_config, options)
         opts = self.options
-        n_layers = int(target_config.num_hidden_layers)
-        ids = opts.aux_layer_ids if opts.aux_layer_ids is not None else list(api.eagle.low_mid_high_layers(n_layers))
-        self.aux_layer_ids = check_aux_layers(ids, n_layers)
+        self.aux_layer_ids = api.eagle.aux_layer_ids(self.name, opts.aux_layer_ids,
+                                                     int(target_config.num_hidden_layers))
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
         self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
@@ -132,8 +118,8 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
         self.mask_token_id = api.eagle.mask_token_ids(
             target.tokenizer, 1, data_counts=counts, embedding_rows=self.vocab_size
         )[0]
-        # the mask token is never a draft token
-        draft = api.eagle.draft_vocabulary(examples, self.draft_vocab_size, self.vocab_size, exclude=[self.mask_token_id])
+        draft = api.eagle.draft_vocabulary(examples, self.draft_vocab_size, self.vocab_size,
+                                           exclude=[self.mask_token_id])  # never a draft token
         self._target_head = api.eagle.start_from_target(self.model, target, draft, self.options.init_from_target_layers)
         self._sequence_scale = api.eagle.supervised_per_document(examples, self.supervision)
 
