@@ -31,7 +31,18 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on
     pytest.skip("the specframe-dflash distribution is not installed (pip install --no-deps -e "
                 "packages/specframe-dflash)", allow_module_level=True)
 
-from tests.block_fixtures import grid, make_block, reference_weight, run, target  # noqa: E402, F401 (target: fixture)
+from tests.block_fixtures import (  # noqa: E402, F401 (target: the module fixture)
+    grid,
+    imports_only_the_public_api,
+    make_block,
+    overfit_on_greedy,
+    reference_weight,
+    run,
+    target,
+    train_on_engine,
+    two_turns,
+    vllm_pretrained_config,
+)
 
 SMALL = {"layers": 2, "block_size": 4, "aux_layer_ids": [1, 3]}
 
@@ -90,12 +101,7 @@ def test_listed_by_specframe_plugins_from_its_own_distribution():
 def test_the_package_imports_only_the_public_api():
     import specframe_dflash
 
-    root = os.path.dirname(specframe_dflash.__file__)
-    for name in os.listdir(root):
-        if name.endswith(".py"):
-            text = open(os.path.join(root, name)).read()
-            imports = [line for line in text.splitlines() if line.startswith(("import specframe", "from specframe"))]
-            assert all(line == "from specframe import api" for line in imports), (name, imports)
+    imports_only_the_public_api(specframe_dflash)
 
 
 def test_declares_the_block_rule_and_its_depth(target):
@@ -151,14 +157,6 @@ def test_starts_as_the_reference_does(target):
 
 
 # ------------------------------------------------------------------------------------------------------- training
-
-
-def two_turns(length=20):
-    """A loss mask of two assistant turns after their prompts: x_4..x_9 and x_12..x_19 supervised (the second
-    prompt shorter than a block, so a block anchored in the first answer reaches into the second)."""
-    mask = torch.zeros(length, dtype=torch.bool)
-    mask[4:10] = mask[12:] = True
-    return mask
 
 
 @pytest.mark.parametrize("docs,turns,gamma", [(1, False, None), (2, False, None), (1, True, None), (2, True, None),
@@ -316,40 +314,13 @@ def test_overfits_one_example(target):
 # ------------------------------------------------------------------------------------------------------ inference
 
 
-def _overfit_on_greedy(target, steps: int, block_size: int = 4):
-    """A float32 drafter overfit through ``loss`` on the target's own greedy continuation of a prompt."""
-    from specframe.features import capture_features
-    from specframe.inference.engine import generate
-
-    torch.manual_seed(0)
-    prompt = torch.tensor([1, 50, 60, 70, 80])
-    verifier = plugins.get("verifier", "greedy")()
-    plain = generate(target.model, prompt, verifier, max_new_tokens=40, eos_token_id=())
-    seq = torch.cat([prompt, torch.tensor(plain.tokens)])
-    mask = torch.arange(len(seq)) >= len(prompt)
-    cls = plugins.get("drafter", "dflash")
-    drafter = cls(target.config, cls.Options(**{**SMALL, "block_size": block_size}))
-    ex = api.TrainingExample(seq, mask, torch.zeros_like(seq))
-    drafter.prepare(target, [ex])
-    f = capture_features(target, seq[None], drafter.feature_spec(), dtype=torch.float32)
-    ex = api.TrainingExample(seq, mask, ex.doc, {"aux_hidden": f.aux[0]})
-    elems, sup = grid(drafter, ex)
-    opt = torch.optim.AdamW([p for p in drafter.module().parameters() if p.requires_grad], lr=3e-3)
-    for _ in range(steps):
-        opt.zero_grad()
-        run(drafter, ex, elems, sup)
-        opt.step()
-    drafter.module().eval()
-    return drafter, ex, prompt, plain, verifier
-
-
 def test_propose_drafts_what_the_training_forward_predicts(target):
     """The inference protocol (start / accept / propose, context cached across rounds) against the training forward:
     after committing tokens up to x_{t+1}, the draft is the training argmax of block t's mask slots. An off-by-one
     between the two indexings (context up to t vs t + 1, the anchor token, rotary positions) breaks the equality.
     At K < block_size - 1 the draft is the first K of those slots: the block is bidirectional, so a block of K + 1
     slots (what propose ran before GPU-path review item 3) is another network than the one trained."""
-    drafter, ex, prompt, _, _ = _overfit_on_greedy(target, steps=0)
+    drafter, ex, prompt, _, _ = overfit_on_greedy(target, "dflash", SMALL, steps=0)
     seq, aux = ex.input_ids, ex.features["aux_hidden"]
     elems, sup = grid(drafter, ex)
     seg = api.Segment(torch.arange(len(elems)), torch.ones(len(elems), dtype=torch.bool))
@@ -390,12 +361,12 @@ def test_overfit_drafter_decodes_losslessly_and_is_accepted(target):
     and inference sends acceptance to about zero)."""
     from specframe.inference.engine import generate
 
-    drafter, _, prompt, plain, verifier = _overfit_on_greedy(target, steps=150)
+    drafter, _, prompt, plain, verifier = overfit_on_greedy(target, "dflash", SMALL, steps=150)
     spec = generate(target.model, prompt, verifier, drafter, k=3, max_new_tokens=40, eos_token_id=())
     assert spec.tokens == plain.tokens
     assert spec.decode_tokens / len(spec.rounds) > 3.0  # at most 4 (3 drafts + bonus)
     # an untrained drafter is still lossless, and accepted far less often
-    untrained, *_ = _overfit_on_greedy(target, steps=0)
+    untrained, *_ = overfit_on_greedy(target, "dflash", SMALL, steps=0)
     cold = generate(target.model, prompt, verifier, untrained, k=3, max_new_tokens=40, eos_token_id=())
     assert cold.tokens == plain.tokens
     assert cold.decode_tokens / len(cold.rounds) < 2.0
@@ -410,20 +381,8 @@ def test_trains_on_the_shared_engine(tmp_path, builder, partitioner, parts):
     """``specframe train``'s engine with the drafter from the plugin: the block rule reaches the builder and the
     partitioner (the engine's completeness check would refuse a chain partition of block elements), every step's
     loss is finite, and the run's checkpoint reloads as a block drafter with its mask token."""
-    from specframe.engine import TrainConfig, train
-    from tests.train_fixtures import build
-
-    target_dir, chat = build(tmp_path / "assets")
-    out = tmp_path / "run"
-    train(TrainConfig(drafter="dflash", target=str(target_dir), data=str(chat), output=str(out), seq_len=32,
-                      max_steps=6, batch_size=1, val_examples=1, lr=3e-3, mask_builder=builder,
-                      partitioner=partitioner, partitions=parts, drafter_options=dict(SMALL)), progress=False)
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    losses = [m["train_loss"] for m in metrics if m.get("train_loss") is not None]
+    losses, reloaded = train_on_engine(tmp_path, "dflash", SMALL, 6, builder, partitioner, parts)
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
-    from specframe.targets import load_target
-
-    reloaded = load_drafter(out, load_target(target_dir).config)
     assert reloaded.mask_token_id is not None and reloaded.visibility == "block"
 
 
@@ -446,11 +405,7 @@ def test_export_writes_the_speculators_dflash_layout(target, tmp_path):
     with pytest.raises(api.SpecframeError, match=r"at most 3 tokens per step \(its block size - 1\)"):
         export.speculative_config(tmp_path / "out", 4)
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
-    try:
-        from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
-    except ImportError:  # pragma: no cover - vLLM absent
-        pytest.skip("vLLM is not installed: the config is checked by vLLM's own speculators reader")
-    hf = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(cfg)))
+    hf = vllm_pretrained_config(cfg)
     assert hf["architectures"] == ["DFlashDraftModel"] and hf["model_type"] == "qwen3"
     assert hf["dflash_config"]["target_layer_ids"] == [i - 1 for i in drafter.aux_layer_ids]
     assert hf["dflash_config"]["mask_token_id"] == drafter.mask_token_id

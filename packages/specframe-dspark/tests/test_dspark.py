@@ -14,8 +14,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +27,16 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on
     pytest.skip("the specframe-dspark distribution is not installed (pip install --no-deps -e "
                 "packages/specframe-dspark)", allow_module_level=True)
 
-from tests.block_fixtures import grid, reference_weight, run, target  # noqa: E402, F401 (target: the module fixture)
+from tests.block_fixtures import (  # noqa: E402, F401 (target: the module fixture)
+    grid,
+    imports_only_the_public_api,
+    reference_weight,
+    run,
+    target,
+    train_on_engine,
+    two_turns,
+    vllm_pretrained_config,
+)
 from tests.dspark_fixtures import SMALL, block_forward, make, markov_biases, sampling_drafter  # noqa: E402
 
 
@@ -76,12 +83,7 @@ def test_listed_by_specframe_plugins_from_its_own_distribution():
 def test_the_package_imports_only_the_public_api():
     import specframe_dspark
 
-    root = os.path.dirname(specframe_dspark.__file__)
-    for name in os.listdir(root):
-        if name.endswith(".py"):
-            text = Path(root, name).read_text()
-            imports = [line for line in text.splitlines() if line.startswith(("import specframe", "from specframe"))]
-            assert all(line == "from specframe import api" for line in imports), (name, imports)
+    imports_only_the_public_api(specframe_dspark)
 
 
 def test_declares_the_block_rule_its_depth_and_defaults(target):
@@ -124,14 +126,6 @@ def test_starts_as_the_reference_does(target, head):
 
 
 # ------------------------------------------------------------------------------------------------------- training
-
-
-def two_turns(length=20):
-    """A loss mask of two assistant turns after their prompts: x_4..x_9 and x_12..x_19 supervised (the second
-    prompt shorter than a block, so a block anchored in the first answer reaches into the second)."""
-    mask = torch.zeros(length, dtype=torch.bool)
-    mask[4:10] = mask[12:] = True
-    return mask
 
 
 @pytest.mark.parametrize("head,docs,confidence,turns", [("vanilla", 1, True, False), ("vanilla", 2, True, False),
@@ -334,20 +328,8 @@ def test_sampled_drafts_carry_their_distribution_and_follow_the_generator(target
 @pytest.mark.slow
 @pytest.mark.parametrize("builder,partitioner,parts", [("dense", "none", 1), ("chunked", "peagle", 2)])
 def test_trains_on_the_shared_engine(tmp_path, builder, partitioner, parts):
-    from specframe.drafter_folders import load_drafter
-    from specframe.engine import TrainConfig, train
-    from specframe.targets import load_target
-    from tests.train_fixtures import build
-
-    target_dir, chat = build(tmp_path / "assets")
-    out = tmp_path / "run"
-    train(TrainConfig(drafter="dspark", target=str(target_dir), data=str(chat), output=str(out), seq_len=32,
-                      max_steps=4, batch_size=1, val_examples=1, lr=3e-3, mask_builder=builder,
-                      partitioner=partitioner, partitions=parts, drafter_options=dict(SMALL)), progress=False)
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    losses = [m["train_loss"] for m in metrics if m.get("train_loss") is not None]
+    losses, reloaded = train_on_engine(tmp_path, "dspark", SMALL, 4, builder, partitioner, parts)
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
-    reloaded = load_drafter(out, load_target(target_dir).config)
     assert reloaded.mask_token_id is not None and reloaded.visibility == "block"
     assert set(reloaded.module().state_dict()) >= {"markov_head.markov_w1.weight", "confidence_head.proj.bias"}
 
@@ -412,11 +394,7 @@ def test_export_writes_the_speculators_dspark_layout(target, tmp_path):
             "confidence_head.proj.bias", "fc.weight", "hidden_norm.weight", "layers.1.self_attn.q_norm.weight"} <= set(
         weights)
     assert weights["confidence_head.proj.weight"].shape == (1, drafter.shape.hidden + 8)
-    try:
-        from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
-    except ImportError:  # pragma: no cover - vLLM absent
-        pytest.skip("vLLM is not installed: the config is checked by vLLM's own speculators reader")
-    hf = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(cfg)))
+    hf = vllm_pretrained_config(cfg)
     assert hf["architectures"] == ["Qwen3DSparkModel"] and hf["model_type"] == "qwen3"
     assert hf["sample_from_anchor"] is True and hf["dspark_bonus_anchor"] is False
     assert hf["target_layer_ids"] == [i - 1 for i in drafter.aux_layer_ids]

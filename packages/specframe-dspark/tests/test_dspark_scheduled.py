@@ -17,7 +17,7 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on
     pytest.skip("the specframe-dspark distribution is not installed (pip install --no-deps -e "
                 "packages/specframe-dspark)", allow_module_level=True)
 
-from tests.block_fixtures import grid, run, target  # noqa: E402, F401 (target: the module fixture)
+from tests.block_fixtures import overfit_on_greedy, target  # noqa: E402, F401 (target: the module fixture)
 from tests.dspark_fixtures import SMALL, make, sampling_drafter, scheduled  # noqa: E402
 
 
@@ -269,28 +269,9 @@ def test_an_overfit_drafter_is_accepted_block_after_block(target):
     inference, e.g. the target position the l1 term's teacher is read at, or the context a block reads, sends
     acceptance to about one token a round; measured: 39 tokens in 34 rounds with the teacher one position late). At
     the paper's weights the l1 term dominates, so a slip in the CE labels alone is the oracle test's to catch."""
-    from specframe.features import capture_features
     from specframe.inference.engine import generate
 
-    torch.manual_seed(0)
-    prompt = torch.tensor([1, 50, 60, 70, 80])
-    verifier = plugins.get("verifier", "greedy")()
-    plain = generate(target.model, prompt, verifier, max_new_tokens=40, eos_token_id=())
-    seq = torch.cat([prompt, torch.tensor(plain.tokens)])
-    mask = torch.arange(len(seq)) >= len(prompt)
-    cls = plugins.get("drafter", "dspark")
-    drafter = cls(target.config, cls.Options(**SMALL))
-    ex = api.TrainingExample(seq, mask, torch.zeros_like(seq))
-    drafter.prepare(target, [ex])
-    f = capture_features(target, seq[None], drafter.feature_spec(), dtype=torch.float32)
-    ex = api.TrainingExample(seq, mask, ex.doc, {"aux_hidden": f.aux[0], "final_hidden": f.final[0]})
-    elems, sup = grid(drafter, ex)
-    opt = torch.optim.AdamW([p for p in drafter.module().parameters() if p.requires_grad], lr=3e-3)
-    for _ in range(150):
-        opt.zero_grad()
-        run(drafter, ex, elems, sup)
-        opt.step()
-    drafter.module().eval()
+    drafter, _, prompt, plain, verifier = overfit_on_greedy(target, "dspark", SMALL, steps=150)
     spec = generate(target.model, prompt, verifier, drafter, k=4, max_new_tokens=40, eos_token_id=())
     assert spec.tokens == plain.tokens
     assert spec.decode_tokens / len(spec.rounds) > 3.5  # at most 5 (4 drafts + the bonus)
