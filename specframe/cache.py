@@ -38,6 +38,7 @@ from specframe.errors import SpecframeError, read_json
 from specframe.feature_engines import check_engine, engine_features, gate_engine
 from specframe.features import FeatureSpec, capture_features
 from specframe.drafting.vocab import DraftVocab, build_draft_vocab, count_tokens, vocab_metadata
+from specframe.values import is_int
 
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -198,7 +199,7 @@ def prepare_cache(
     spec = spec or FeatureSpec.eagle(n_layers)
     spec.validate(n_layers)
     tdtype = _torch_dtype(dtype)
-    if isinstance(teacher_top_k, bool) or not isinstance(teacher_top_k, int) or not 0 <= teacher_top_k:
+    if not is_int(teacher_top_k, 0):
         raise SpecframeError(f"--teacher-top-k must be 0 (none) or a positive number of tokens, got {teacher_top_k!r}")
     if teacher_top_k > target.vocab_size:
         raise SpecframeError(f"--teacher-top-k {teacher_top_k} exceeds the target's vocabulary of {target.vocab_size}")

@@ -10,13 +10,14 @@ from typing import Any
 import attrs
 
 from specframe.errors import UsageError
+from specframe.values import is_int, is_number
 
 
 def positive_int(owner: str) -> Any:
     """An attrs validator for options that must be a positive integer; errors name ``owner``'s option."""
 
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value, 1):
             raise UsageError(f"{owner} option '{attribute.name}' must be a positive integer, got {value!r}")
 
     return check
@@ -26,7 +27,7 @@ def unit_interval(owner: str) -> Any:
     """An attrs validator for options that must be a number in [0, 1] (ratios); errors name ``owner``'s option."""
 
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        if not is_number(value) or not 0.0 <= value <= 1.0:
             raise UsageError(f"{owner} option '{attribute.name}' must be in [0, 1], got {value!r}")
 
     return check

@@ -14,6 +14,7 @@ import attrs
 
 from specframe.errors import SpecframeError
 from specframe.features import FeatureSpec, capture_features
+from specframe.values import is_int
 
 
 def engine_layer_ids(spec: FeatureSpec, num_layers: int) -> tuple[int, ...]:
@@ -91,7 +92,7 @@ def check_engine(engine: Any, spec: FeatureSpec, num_layers: int, gate_sequences
     want = engine_layer_ids(spec, num_layers)
     if tuple(engine.layer_ids) != want:
         raise SpecframeError(f"the feature engine extracts layers {list(engine.layer_ids)}, {use} needs {list(want)}")
-    if isinstance(gate_sequences, bool) or not isinstance(gate_sequences, int) or gate_sequences < 1:
+    if not is_int(gate_sequences, 1):
         raise SpecframeError(f"the parity gate needs at least one sequence, got {gate_sequences!r}: states from "
                              "another engine are never accepted unchecked")
 

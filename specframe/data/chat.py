@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from specframe.errors import SpecframeError
+from specframe.values import is_int
 
 
 @attrs.define
@@ -107,7 +108,7 @@ def encode_workers(requested: int | None, records: int) -> int:
     """Processes that encode ``records`` conversations: ``requested`` when given, else one for a small set and up
     to 8 (the CPUs there are) for a large one."""
     if requested is not None:
-        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+        if not is_int(requested, 1):
             raise SpecframeError(f"--data-workers must be a positive number of processes, got {requested!r}")
         return requested
     return 1 if records < PARALLEL_MIN_RECORDS else max(1, min(8, os.cpu_count() or 1))

@@ -26,6 +26,7 @@ import attrs
 import torch
 
 from specframe.errors import PluginError, UsageError
+from specframe.values import is_int
 
 #: the visibility rules a drafter may declare (module docstring); ``chain`` is the default
 VISIBILITY_RULES = ("chain", "block")
@@ -203,7 +204,7 @@ def cod_sample(
     seq_len = int(supervised.shape[0])
     if seq_len < 1:
         raise ValueError("supervised is empty: a sequence needs at least one position")
-    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+    if not is_int(max_depth, 1):
         raise UsageError(f"COD max_depth must be a positive integer, got {max_depth!r}")
     if not 0.0 < ratio <= 1.0:
         raise UsageError(f"COD ratio must be in (0, 1], got {ratio!r}")

@@ -9,17 +9,18 @@ import attrs
 from specframe.devices import TARGET_ENGINES
 from specframe.errors import UsageError
 from specframe.structuring import unstructure
+from specframe.values import is_int, is_number
 
 
 def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if not is_number(value) or value <= 0:
         raise UsageError(f"--{attribute.name.replace('_', '-')} must be positive, got {value!r}")
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if not is_number(value) or value < 0:
         raise UsageError(f"--{attribute.name.replace('_', '-')} must be zero or positive, got {value!r}")
 
 
@@ -136,7 +137,7 @@ FEATURE_ENGINES = TARGET_ENGINES  # the engines a target runs on (specframe.devi
 
 
 def _check_keep(steps: tuple[int, ...]) -> None:
-    bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or s < 1]
+    bad = [s for s in steps if not is_int(s, 1)]
     if bad:
         raise UsageError(f"--keep-drafter-at takes positive step numbers, got {', '.join(map(repr, bad))}")
 
@@ -144,7 +145,7 @@ def _check_keep(steps: tuple[int, ...]) -> None:
 def _check_warmup_ratio(value: Any) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+    if not is_number(value) or not 0.0 <= value < 1.0:
         raise UsageError(f"--warmup-ratio must be in [0, 1) (a share of the run's steps), got {value!r}")
 
 

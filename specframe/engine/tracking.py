@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from specframe.errors import UsageError, did_you_mean
+from specframe.values import is_number
 
 #: tracker name -> (module that must import, pip extra that installs it)
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
@@ -76,7 +77,7 @@ def scalars(entry: dict[str, Any]) -> dict[str, float]:
             continue
         if isinstance(value, list | tuple):
             for d, v in enumerate(value):
-                if isinstance(v, int | float) and not isinstance(v, bool):
+                if is_number(v):
                     out[f"{key}/depth{d}"] = float(v)
         elif isinstance(value, int | float):
             out[key] = float(value)

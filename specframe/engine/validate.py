@@ -13,6 +13,7 @@ import torch
 
 from specframe import api
 from specframe.errors import PluginError, SpecframeError
+from specframe.values import is_int
 
 
 def check_loss_terms(
@@ -34,7 +35,7 @@ def check_loss_terms(
     sub = elements.subset(segment.elements)
     charged = segment.loss_mask.to(torch.bool).cpu() & supervision.to(torch.bool).cpu()[sub.position.cpu()]
     expected = int(charged.sum())
-    if isinstance(terms.count, bool) or not isinstance(terms.count, int):
+    if not is_int(terms.count):
         raise PluginError(f"{who}: loss() returned count of type {type(terms.count).__name__}, not an int")
     if terms.count != expected:
         raise PluginError(

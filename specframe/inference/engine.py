@@ -26,6 +26,7 @@ from specframe.errors import PluginError, SpecframeError, UsageError
 from specframe.inference.target import TargetSession
 from specframe.drafting.draft_tree import node_depths
 from specframe.inference.defaults import DEFAULT_MAX_NEW_TOKENS
+from specframe.values import is_int
 
 
 @attrs.frozen
@@ -120,7 +121,7 @@ def _schedule(verifier: api.Verifier, draft: api.Draft) -> api.Draft:
     n = verifier.schedule(draft)
     if n is None:
         return draft
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(draft):
+    if not is_int(n, 0, len(draft)):
         raise PluginError(f"verifier '{getattr(verifier, 'name', type(verifier).__name__)}' scheduled {n!r} tokens "
                           f"of a {len(draft)}-token draft (an integer in 0..{len(draft)} or None)")
     return draft if n == len(draft) else draft.prefix(n)
@@ -129,7 +130,7 @@ def _schedule(verifier: api.Verifier, draft: api.Draft) -> api.Draft:
 def _draft_budget(verifier: api.Verifier, k: int) -> int:
     """How many tokens the drafter is asked for this chain round (``Verifier.draft_budget``, API 11), checked."""
     n = verifier.draft_budget(k)
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= k:
+    if not is_int(n, 0, k):
         raise PluginError(f"verifier '{getattr(verifier, 'name', type(verifier).__name__)}' budgeted {n!r} draft "
                           f"tokens for a round of at most {k} (an integer in 0..{k})")
     return n

@@ -14,13 +14,8 @@ from typing import Any
 import torch
 
 from specframe.errors import SpecframeError
-
-
-def is_int(value: Any, lo: int | None = None, hi: int | None = None) -> bool:
-    """Whether ``value`` is an integer (a bool is not: JSON's ``true`` would else pass as 1) within ``lo``..``hi``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        return False
-    return (lo is None or value >= lo) and (hi is None or value <= hi)
+# the strict predicates live in the core's leaf ``values``; re-exported for the layouts that import them from here
+from specframe.values import is_int, is_number  # noqa: F401
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None, *,

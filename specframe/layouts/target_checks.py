@@ -15,6 +15,7 @@ import torch
 
 from specframe.errors import SpecframeError
 from specframe.layouts import table
+from specframe.values import is_number
 
 if TYPE_CHECKING:
     from specframe.layouts.imported import Imported
@@ -51,7 +52,7 @@ def rope(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def rope_value(value: Any) -> Any:
     """A RoPE field's value as ``rope`` compares it: numbers (and lists of them) as floats, anything else as is."""
-    if isinstance(value, bool) or not isinstance(value, int | float | list | tuple):
+    if not (is_number(value) or isinstance(value, list | tuple)):
         return value
     return [float(v) for v in value] if isinstance(value, list | tuple) else float(value)
 

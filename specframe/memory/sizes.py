@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from specframe.errors import UsageError
+from specframe.values import is_int
 
 _UNITS = {
     "": 1, "b": 1,
@@ -17,7 +18,7 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 def parse_size(text: str | int) -> int:
     """Bytes in a size string: ``8GiB``, ``8G`` / ``8GB`` (powers of 1000), ``512MiB``, ``1.5GB``, ``1048576``."""
-    if isinstance(text, int) and not isinstance(text, bool):
+    if is_int(text):
         if text <= 0:
             raise UsageError(f"memory budget must be positive, got {text!r}")
         return text

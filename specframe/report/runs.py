@@ -10,6 +10,7 @@ from typing import Any
 
 from specframe.errors import SpecframeError, read_json
 from specframe.results import SCHEMA, check_results
+from specframe.values import is_number
 
 
 LABEL_KEYS = ("drafter", "mask_builder", "partitioner", "engine", "verifier", "dataset", "k")
@@ -63,7 +64,7 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     """The finite numbers among a run's metrics (booleans, NaN and infinities left out)."""
     out = {}
     for key, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if not is_number(value):
             continue
         if isinstance(value, float) and not math.isfinite(value):
             continue
@@ -127,7 +128,7 @@ def token_budgets(documents: list[dict[str, Any]]) -> dict[str, Any]:
 
 def is_number(value: Any) -> bool:
     """A finite int or float (not a bool)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 def all_runs(documents: list[tuple[str, dict[str, Any]]]):

@@ -26,6 +26,7 @@ from specframe.drafting.elements import VISIBILITY_RULES, ElementSet, visible
 from specframe.testing.components import build_component, component_class
 from specframe.testing.element_model import (RuleAttention, RuleMaskBuilder, TinyElementModel, accumulated_gradients,
                                              sample_element_sets)
+from specframe.values import is_int
 
 # float64 everywhere: a builder's kernel may sum in another order than the reference, never lose precision
 TOLERANCE = {"atol": 1e-10, "rtol": 1e-9}
@@ -84,7 +85,7 @@ class MaskBuilderContract:
         assert cls.devices and all(isinstance(d, str) for d in cls.devices), "devices: torch device types"
         for flag in ("windows", "small_calls", "query_blocks", "grouped_kv"):
             assert isinstance(getattr(cls, flag), bool), f"{flag} must be a bool"
-        assert isinstance(cls.preference, int) and not isinstance(cls.preference, bool), "preference: an int"
+        assert is_int(cls.preference), "preference: an int"
 
     def test_attends_exactly_the_visible_keys(self):
         """With q = 0 every score is equal, so a query's output is the mean of v over the keys it attends; with v
@@ -155,7 +156,7 @@ class MaskBuilderContract:
         """``attention_bytes`` (what the memory estimate charges) is a positive number of bytes."""
         shape = api.AttentionShape(rows=96, depth=4, seq_len=32, heads=self.heads, saved_copies=2)
         cost = self.build().attention_bytes(shape)
-        assert isinstance(cost, int) and not isinstance(cost, bool) and cost > 0, f"attention_bytes gave {cost!r}"
+        assert is_int(cost, 1), f"attention_bytes gave {cost!r}"
 
 
 def _on(elements: ElementSet, device: str) -> ElementSet:

@@ -26,6 +26,7 @@ from specframe.layouts.block import dspark_parts
 from specframe.layouts.checks import is_int, require_ints
 from specframe.layouts.formats.base import Format, load_weights, read_json, recurrence
 from specframe.layouts.imported import Imported
+from specframe.values import is_number
 
 #: SpecForge's DSpark drafter (``specforge/modeling/draft/dspark.py``), saved by ``specforge.export.to_hf``
 SPECFORGE_DSPARK_ARCHITECTURE = "DSparkDraftModel"
@@ -92,7 +93,7 @@ def _read(directory: Path, target_config: Any) -> Imported:
         raise SpecframeError(f"markov_head_type is {head!r}: specframe's dspark computes SpecForge's vanilla and RNN "
                              "Markov heads only (the gated head's markov_head.gate_proj has no counterpart)")
     alpha = head_field("confidence_head_alpha", 0.0) or 0.0
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+    if not is_number(alpha):
         raise SpecframeError(f"confidence_head_alpha is {alpha!r}, not a number")
     enable = head_field("enable_confidence_head", None)
     enable = bool(alpha > 0.0 if enable is None else enable)  # SpecForge's default: the head exists when weighted
