@@ -32,16 +32,8 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on
                 "packages/specframe-dflash)", allow_module_level=True)
 
 from tests.block_fixtures import (  # noqa: E402, F401 (target: the module fixture)
-    grid,
-    imports_only_the_public_api,
-    make_block,
-    overfit_on_greedy,
-    reference_weight,
-    run,
-    target,
-    train_on_engine,
-    two_turns,
-    vllm_pretrained_config,
+    grid, imports_only_the_public_api, make_block, overfit_on_greedy, reference_weight, run, target, train_on_engine,
+    two_turns, vllm_pretrained_config
 )
 
 SMALL = {"layers": 2, "block_size": 4, "aux_layer_ids": [1, 3]}

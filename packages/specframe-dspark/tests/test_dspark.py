@@ -28,14 +28,8 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover - depends on
                 "packages/specframe-dspark)", allow_module_level=True)
 
 from tests.block_fixtures import (  # noqa: E402, F401 (target: the module fixture)
-    grid,
-    imports_only_the_public_api,
-    reference_weight,
-    run,
-    target,
-    train_on_engine,
-    two_turns,
-    vllm_pretrained_config,
+    grid, imports_only_the_public_api, reference_weight, run, target, train_on_engine, two_turns,
+    vllm_pretrained_config
 )
 from tests.dspark_fixtures import SMALL, block_forward, make, markov_biases, sampling_drafter  # noqa: E402
 
