@@ -47,6 +47,7 @@ from specframe.drafting.elements import ElementSet
 from specframe.drafting.eagle import shifted_supervision
 from specframe.errors import SpecframeError, UsageError
 from specframe.features import FeatureSpec
+from specframe.values import is_int, is_number
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -101,13 +102,13 @@ def resolve_k_infer(drafter: str, options: Any, most: int, most_text: str) -> No
     if options.k_infer is None:
         options.k_infer = most
     k = options.k_infer
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= most:
+    if not is_int(k, 1, most):
         raise UsageError(f"{drafter} option 'k_infer' must be in 1..{most_text} ({most}), got {k!r}")
 
 
 def check_decay_gamma(drafter: str, gamma: Any) -> None:
     """``loss_decay_gamma`` is a positive number (the depth decay exp(-d / gamma)) or None (uniform)."""
-    if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int | float) or not gamma > 0):
+    if gamma is not None and not (is_number(gamma) and gamma > 0):
         raise UsageError(f"{drafter} option 'loss_decay_gamma' must be a positive number or null, got {gamma!r}")
 
 
