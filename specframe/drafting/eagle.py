@@ -52,6 +52,7 @@ __all__ = [
     "aux_layer_ids",
     "cat_kv",
     "ce_share",
+    "charged_forward_kl",
     "copy_target_layers",
     "default_aux_layers",
     "depth_weights",
@@ -391,6 +392,7 @@ def aux_layer_ids(drafter: str, requested: list[int] | None, num_layers: int) ->
         )
     return [int(i) for i in ids]
 
+
 def start_from_target(model: EagleBackbone, target: Any, draft: torch.Tensor, copy_layers: bool) -> TargetHead:
     """What a family drafter's ``prepare`` takes from the target: its token embedding, the draft vocabulary ``draft``
     (target ids) with the target's ``lm_head`` rows of it as the draft head, and, with ``copy_layers`` (the
@@ -404,6 +406,7 @@ def start_from_target(model: EagleBackbone, target: Any, draft: torch.Tensor, co
     if copy_layers:
         copy_target_layers(model.layers, target.model)
     return head
+
 
 def copy_target_layers(layers: nn.ModuleList, target_model: Any) -> list[str]:
     """Copy the target's last ``len(layers)`` decoder layers into ``layers`` (draft layer i from target layer
@@ -452,6 +455,31 @@ def sequence_weights(elements: Any, supervised: torch.Tensor, rows: torch.Tensor
     doc = elements.doc.cpu()
     n_doc = torch.bincount(doc[charged], minlength=int(doc.max()) + 1 if doc.numel() else 1).float()
     return (scale / n_doc[doc[rows.cpu()]]).to(rows.device)
+
+
+def charged_forward_kl(
+    options: Any, outputs: torch.Tensor, head: torch.Tensor, teacher: dict[str, Any], *, depth: torch.Tensor,
+    pos: torch.Tensor, charged: torch.Tensor, elements: Any, segment: Any, supervised: torch.Tensor,
+    sequence_scale: float,
+) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """The loss of a family drafter that drafts every depth in one forward (P-EAGLE, ParallelSpec): forward KL from
+    the target's distribution at ``pos + 1`` (``teacher``, ``kl_teacher``'s) over the draft vocabulary, for the
+    charged elements' final states ``outputs`` read by the draft ``head``, each weighted per document under
+    ``loss_normalisation = 'sequence'`` (``supervised``: the drafter's supervision). ``depth``, ``pos``, ``charged``:
+    the ``segment``'s elements (a subset of ``elements``). Returns the kernel's result and the top-1 hits per depth
+    (correct, total)."""
+    row_weight = None
+    if options.loss_normalisation == "sequence":
+        rows = segment.elements[charged.cpu()]
+        row_weight = sequence_weights(elements, supervised, rows, sequence_scale).to(outputs.device)
+    result = modeling.chunked_forward_kl(
+        outputs, head, **teacher, chunk=options.loss_chunk,
+        # element (a, d) is taught by the target's distribution at reference position a + d + 1, computed once per
+        # position for all the depths that predict it
+        target_index=pos[charged] + 1, row_weight=row_weight, **loss_kind(options),
+    )
+    correct, total = per_depth(depth[charged], result.correct, elements.max_depth)
+    return result, correct, total
 
 
 def all_token_counts(examples: Iterable[Any], vocab_size: int) -> torch.Tensor:
@@ -569,6 +597,7 @@ def keep_committed(cache: list[modeling.KV] | None, kvs: list[modeling.KV], comm
     extended with the first ``committed`` positions of ``kvs``; the mask slots' are dropped, rewritten next round."""
     kept = [(k[:, :, :committed], v[:, :, :committed]) for k, v in kvs]
     return kept if cache is None else cat_kv(cache, kept)
+
 
 # Re-exported so plugins reach the project's mask-token rule, vLLM's default aux layers (its low / mid / high picks),
 # the target's head (the teacher's logits as the target makes them) and the queued-inference protocol

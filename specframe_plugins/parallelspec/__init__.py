@@ -230,19 +230,14 @@ class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, a
         embeds = self._inputs(ids[anchor + 1], depth)
         hidden = model.fuse(example.features[AUX].to(device)[anchor]) if self.reads_features else None
         out = model.run(embeds, hidden, pos, attention, checkpointing=self.options.activation_checkpointing)[0]
-        charged = segment.loss_mask.to(device) & self.supervision(example).to(device)[pos]
+        sup = self.supervision(example)
+        charged = segment.loss_mask.to(device) & sup.to(device)[pos]
         teacher = eagle.kl_teacher(example.features, model.t2d, self._target_head, device=device, dtype=dtype,
                                    mask=self.options.vocab_position_mask, evaluating=not model.training)
-        row_weight = None
-        if self.options.loss_normalisation == "sequence":
-            row_weight = eagle.sequence_weights(elements, self.supervision(example), segment.elements[charged.cpu()],
-                                                self._sequence_scale).to(device)
-        result = modeling.chunked_forward_kl(
-            model.norm(out[charged]), model.lm_head.weight, **teacher, chunk=self.options.loss_chunk,
-            # the target's distribution at a + d + 1, once per position for every depth that predicts it
-            target_index=pos[charged] + 1, row_weight=row_weight, **eagle.loss_kind(self.options),
+        result, correct, total = eagle.charged_forward_kl(
+            self.options, model.norm(out[charged]), model.lm_head.weight, teacher, depth=depth, pos=pos,
+            charged=charged, elements=elements, segment=segment, supervised=sup, sequence_scale=self._sequence_scale,
         )
-        correct, total = eagle.per_depth(sub.depth[charged.cpu()], result.correct, elements.max_depth)
         return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu(),
                              masked=result.dropped)
 

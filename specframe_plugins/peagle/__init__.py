@@ -155,22 +155,10 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
         teacher = api.eagle.kl_teacher(example.features, model.t2d, self._target_head, device=device,
                                        dtype=hidden.dtype, mask=self.options.vocab_position_mask,
                                        evaluating=not model.training)
-        row_weight = None
-        if self.options.loss_normalisation == "sequence":
-            row_weight = api.eagle.sequence_weights(elements, sup, segment.elements[charged.cpu()],
-                                                    self._sequence_scale).to(device)
-        result = modeling.chunked_forward_kl(
-            hidden[charged],
-            model.lm_head.weight,
-            **teacher,
-            chunk=self.options.loss_chunk,
-            # element (a, d) is taught by the target's distribution at reference position a + d + 1, computed
-            # once per position for all the depths that predict it
-            target_index=pos[charged] + 1,
-            row_weight=row_weight,
-            **api.eagle.loss_kind(self.options),
+        result, correct, total = api.eagle.charged_forward_kl(
+            self.options, hidden[charged], model.lm_head.weight, teacher, depth=depth, pos=pos, charged=charged,
+            elements=elements, segment=segment, supervised=sup, sequence_scale=self._sequence_scale,
         )
-        correct, total = api.eagle.per_depth(depth[charged], result.correct, elements.max_depth)
         return api.LossTerms(result.loss_sum, int(charged.sum()), correct, total, hit=result.correct.cpu(),
                              masked=result.dropped)
 
