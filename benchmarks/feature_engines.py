@@ -71,11 +71,11 @@ def neighbours(conversations: int, max_length: int) -> dict:
     from specframe.data.chat import encode_dataset
     from specframe.data.specs import load_data
     from specframe.feature_gate import compare_features
-    from specframe.features import FeatureSpec, capture_features, default_aux_layers
+    from specframe.features import FeatureSpec, capture_features, low_mid_high_layers
     from specframe.targets import load_target
 
     target = load_target("default", dtype="fp32", device=torch.device("cpu"))
-    aux = default_aux_layers(target.num_layers)
+    aux = low_mid_high_layers(target.num_layers)
     examples = list(encode_dataset(target.tokenizer, load_data("default", limit=min(conversations, 8)),
                                    max_length=max_length))
     spec = FeatureSpec(aux_layers=aux + tuple(a + 1 for a in aux), final_hidden=False)

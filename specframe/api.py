@@ -150,6 +150,17 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   by on a long sequence without running it (``"whole"``, ``"balanced_ranges"``), read from the class that defines
 #:   ``partition``; the estimate used to recognise the two built-in partitioners by class path. A partitioner
 #:   without it is run up to ``RUN_MAX_LEN`` tokens, as before.
+#:   Also, more of what the EAGLE-family built-ins wrote alike, in ``api.eagle``: ``low_mid_high_layers`` (EAGLE-3's
+#:   choice of target layers, named ``default_aux_layers`` up to now: the old name stays an alias, since it meant
+#:   something else in ``api.block``), ``aux_layer_ids`` (resolve and check a drafter's three aux layers),
+#:   ``start_from_target`` (a drafter's embedding, draft vocabulary and head rows from the target),
+#:   ``cat_kv`` / ``keep_committed`` (the committed tokens' KV after a parallel draft forward) and
+#:   ``charged_forward_kl`` (the forward KL, per-document weights and top-1 hits over the charged elements).
+#:   And in ``api.block``, what DFlash and DSpark declared and recorded alike: ``BlockDrafter`` (a mixin: declarations,
+#:   supervision, trained elements and weights, checkpoint record and checks, import checks, export preamble),
+#:   ``resolve_k_infer`` / ``check_decay_gamma`` (their option checks), ``reference_init`` / ``INIT_STD``;
+#:   ``element_docs`` and ``spaced_aux_layers`` are ``api.block``'s ``position_docs`` and ``default_aux_layers``
+#:   renamed (other functions had those names); the old names stay aliases.
 API_VERSION = "14"
 
 __all__ = [

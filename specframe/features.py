@@ -33,11 +33,6 @@ def low_mid_high_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(min(max(i, 0), L - 1) for i in (L - 3, L - 2, L - 1))
 
 
-# the old name, a homonym of the block drafters' api.block.default_aux_layers (a different choice of layers); kept
-# while tests/unit/test_features_cache.py and benchmarks/feature_engines.py still import it
-default_aux_layers = low_mid_high_layers
-
-
 @attrs.define(frozen=True)
 class FeatureSpec:
     """What a drafter needs from the target per token.

@@ -24,7 +24,7 @@ target's embedding and lm_head, and the mask token), ``charged_blocks`` (a segme
 they lie in), ``trained_elements`` (which of them the references train) and ``element_weights`` (their weights in the
 loss and its normaliser: the trained ones by the depth decay, the others 0).
 
-And what the two drafter classes declare and record alike (API 15): ``BlockDrafter``, a mixin holding their
+And what the two drafter classes declare and record alike (API 14): ``BlockDrafter``, a mixin holding their
 target-layer choice, declarations, supervision, checkpoint record, import checks and export preamble once, as
 ``api.eagle.FamilyDrafter`` does for the EAGLE family; ``resolve_k_infer`` and ``check_decay_gamma``, the option checks
 both ``Options`` classes run; ``reference_init``, the references' initialisation of the modules a drafter owns.
@@ -74,8 +74,8 @@ def spaced_aux_layers(num_layers: int, draft_layers: int) -> list[int]:
     return [min(o + 1, num_layers - 1) for o in outputs]
 
 
-# kept for plugins written against API 13/14: the name EAGLE-3's ``specframe.features.default_aux_layers(num_layers)``
-# also has, for another rule
+# the old name, kept as an alias for plugins written against it: EAGLE-3's choice of layers had the same name
+# (``api.eagle.low_mid_high_layers`` now), for another rule
 default_aux_layers = spaced_aux_layers
 
 
@@ -290,7 +290,8 @@ def element_docs(elements: ElementSet) -> torch.Tensor:
     return doc
 
 
-# kept for plugins written against API 13/14: the name ``specframe.drafting.elements.position_docs(doc, n)`` also has
+# the old name, kept as an alias for plugins written against it: ``specframe.drafting.elements.position_docs(doc, n)``
+# has the same name for another function
 position_docs = element_docs
 
 

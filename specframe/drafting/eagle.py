@@ -21,21 +21,22 @@ import attrs
 import torch
 from torch import nn
 
-from specframe.drafting import modeling
 from specframe.declarations import positive_int, unit_interval
+from specframe.drafting import modeling
 from specframe.drafting.elements import position_docs
-from specframe.errors import UsageError
 # What a family drafter class declares and records (training, comparison options, the checkpoint record), held once.
 from specframe.drafting.family import FamilyDrafter, FamilyTraining, family_training
-from specframe.features import low_mid_high_layers
 from specframe.drafting.queued_inference import PendingInputs, QueuedInference
-from specframe.target_head import TargetHead, as_target_head, target_head
 from specframe.drafting.vocab import (
     DEFAULT_DRAFT_VOCAB,
     build_draft_vocab,
     count_tokens,
     mask_token_ids,
 )
+from specframe.errors import UsageError
+from specframe.features import low_mid_high_layers
+from specframe.target_head import TargetHead, as_target_head, target_head
+from specframe.values import is_int
 
 __all__ = [
     "TEACHER_IDS",
@@ -302,7 +303,7 @@ class FamilyFields:
         owner = self.owner
 
         def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and not is_int(value, 1):
                 raise UsageError(f"{owner} option 'sliding_window' must be a positive integer or null, got {value!r}")
 
         return attrs.field(default=None, validator=check, metadata=self._help(
@@ -604,7 +605,7 @@ def keep_committed(cache: list[modeling.KV] | None, kvs: list[modeling.KV], comm
 # (``specframe.drafting.queued_inference``) through ``api.eagle``.
 mask_token_ids = mask_token_ids
 low_mid_high_layers = low_mid_high_layers
-# kept for plugins written against API <= 14 (the old name, a homonym of api.block's choice of layers)
+# kept for plugins written against earlier names (API <= 14; the old name, a homonym of api.block's choice of layers)
 default_aux_layers = low_mid_high_layers
 TargetHead = TargetHead
 target_head = target_head

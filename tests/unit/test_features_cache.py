@@ -13,18 +13,18 @@ import torch
 
 from specframe.cache import FeatureCache, OnlineFeatures, prepare_cache
 from specframe.errors import SpecframeError
-from specframe.features import FeatureSpec, capture_features, default_aux_layers, target_logits
+from specframe.features import FeatureSpec, capture_features, low_mid_high_layers, target_logits
 from specframe.targets import load_target, tiny_target
 from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_default_aux_layers():
-    assert default_aux_layers(30) == (2, 15, 27)  # SmolLM2, as vLLM picks
-    assert default_aux_layers(32) == (2, 16, 29)
-    assert default_aux_layers(4) == (1, 2, 3)  # tiny: made valid and distinct
-    assert default_aux_layers(1) == (0, 0, 0)
+def test_low_mid_high_layers():
+    assert low_mid_high_layers(30) == (2, 15, 27)  # SmolLM2, as vLLM picks
+    assert low_mid_high_layers(32) == (2, 16, 29)
+    assert low_mid_high_layers(4) == (1, 2, 3)  # tiny: made valid and distinct
+    assert low_mid_high_layers(1) == (0, 0, 0)
     with pytest.raises(SpecframeError, match=r"aux layer id 4 out of range for a target with 4 layers \(0..3\)"):
         FeatureSpec(aux_layers=(0, 4)).validate(4)
 

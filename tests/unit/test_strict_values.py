@@ -16,8 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the idiom spelled out: "a bool, or not an int / number", or "an int / number and not a bool"
 IDIOM = re.compile(r"isinstance\((\w[\w.]*), bool\) or not isinstance\(\1, int\b"
                    r"|isinstance\((\w[\w.]*), int[^)]*\) and not isinstance\(\2, bool\)")
-#: modules that still spell it, owned by other changes of issue 55 (drop a line when its module is done)
-NOT_YET = {"specframe/drafting/block.py", "specframe/drafting/eagle.py"}
 
 
 @pytest.mark.parametrize("value", [True, False, "3", 3.0, None, [1]])
@@ -43,7 +41,7 @@ def test_the_core_spells_the_idiom_only_in_values():
     offenders = []
     for path in sorted((ROOT / "specframe").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "specframe/values.py" or rel in NOT_YET:
+        if rel == "specframe/values.py":
             continue
         offenders += [f"{rel}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1) if IDIOM.search(line)]
     assert offenders == []

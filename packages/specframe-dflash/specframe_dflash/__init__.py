@@ -20,7 +20,7 @@ It imports only ``specframe.api``. What it declares, and why (README.md has the 
 - Initialisation: every module the drafter owns starts as the reference's ``post_init`` (``reference_init``).
 
 What it does as DSpark does (the target layers, declarations, supervision, checkpoint record, import checks, export
-preamble) is ``api.block.BlockDrafter``'s (API 15), and its option checks are ``api.block``'s.
+preamble) is ``api.block.BlockDrafter``'s (API 14), and its option checks are ``api.block``'s.
 """
 
 from __future__ import annotations

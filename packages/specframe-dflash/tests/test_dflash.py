@@ -111,7 +111,7 @@ def test_declares_the_block_rule_and_its_depth(target):
         options(block_size=4, k_infer=4)
 
 
-def test_the_block_names_renamed_in_api_15_keep_their_old_names():
+def test_the_block_names_renamed_in_api_14_keep_their_old_names():
     # position_docs and default_aux_layers were also the names of other functions (specframe.drafting.elements',
     # EAGLE-3's): the block ones are element_docs and spaced_aux_layers now, the old names kept for older plugins
     assert api.block.position_docs is api.block.element_docs
