@@ -1,5 +1,5 @@
 """What the EAGLE family's drafter classes declare and record alike (exposed as ``api.eagle``, beside the options they
-share, ``api.eagle.FamilyFields``).
+share, ``api.eagle.FamilyFields`` from ``specframe.drafting.family_options``).
 
 ``family_training`` is their ``Drafter.training`` (API 6), read from the shared option fields. ``FamilyTraining`` is a
 mixin holding that and ``comparison_options`` once, for EAGLE-3, P-EAGLE and ParallelSpec; ``FamilyDrafter`` adds the

@@ -58,7 +58,7 @@ from specframe.layouts.writing import write
 
 #: the speculators fields specframe's EAGLE-3 layers cannot compute otherwise than as written (value they must have)
 FIXED_FLAGS = {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
-# the EAGLE layer architecture a flat config carries besides the Llama fields (``specframe.drafting.eagle.Architecture``):
+# the EAGLE layer architecture a flat config carries besides the Llama fields (``specframe.drafting.family_options.Architecture``):
 # qk_norm is the layer config's model_type (qwen3), sliding_window its layer_types, the rest top-level flags
 _ARCHITECTURE = ("qk_norm", "sliding_window")
 # the layer fields a speculators config may leave out as its config class's default (it writes to_diff_dict)
@@ -99,7 +99,7 @@ def write_eagle3(
     ``verifier`` names the target vLLM starts for ``LLM(model=EXPORT)`` (``verifier_name`` of its folder or hub id),
     ``verifier_architectures`` its own architectures (``verifier_architectures_of``; recorded, vLLM does not read
     them); ``speculative_tokens`` is the default number of draft tokens per step. ``architecture``: the drafter's
-    layer architecture (``specframe.drafting.eagle.Architecture.export_fields``: ``qk_norm`` -> a qwen3 layer config,
+    layer architecture (``specframe.drafting.family_options.Architecture.export_fields``: ``qk_norm`` -> a qwen3 layer config,
     ``sliding_window`` -> ``layer_types``, the EAGLE 3.1 flags at the top); none: specframe's default one.
     ``serving`` (API 14): the verifier and draft tokens the user chose (``Drafter.export_vllm`` is handed them),
     which replace ``verifier`` / ``speculative_tokens`` where given (a number of draft tokens the export cannot be
