@@ -19,7 +19,7 @@ from specframe.report.questions import (
     speedup_by_k,
     tokens_to_beat_plain,
 )
-from specframe.report.runs import all_runs, drafter_of, false_tree, is_number, token_budgets
+from specframe.report.runs import all_runs, drafter_of, false_tree, is_finite_number, token_budgets
 from specframe.stats import mean_text, t975
 
 
@@ -88,7 +88,7 @@ def _first_vs_second(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     for document, key, m in all_runs(documents):
         match = re.fullmatch(r"vllm/k(\d+)", key) if document.get("kind") == "bench.vllm" else None
         reps = (m.get("speedup_interval") or {}).get("values")
-        if match and isinstance(reps, list) and reps and all(is_number(r) and r > 0 for r in reps):
+        if match and isinstance(reps, list) and reps and all(is_finite_number(r) and r > 0 for r in reps):
             values[str(document.get("config", {}).get("drafter"))][int(match.group(1))] = [float(r) for r in reps]
     out = []
     for k in sorted({k for runs in values.values() for k in runs}):
@@ -153,7 +153,7 @@ def _training(d: dict[str, Any]) -> list[str]:
     # results written before the chain measurement hold the per-depth product estimate; say which one a row is
     header = ["drafter", "expected AL (validation)", "measured as", "train tokens/s", "peak RSS MiB", "train tokens"]
     # the cores other processes kept busy during each run (results from before this was measured have none)
-    loaded = any(is_number(m.get("beside_cores")) for m in methods.values())
+    loaded = any(is_finite_number(m.get("beside_cores")) for m in methods.values())
     rows = []
     for name, m in methods.items():
         if "refused" in m:
@@ -163,11 +163,11 @@ def _training(d: dict[str, Any]) -> list[str]:
                format_cell(m.get("tokens_per_second")), format_cell((m.get("peak_rss_bytes") or 0) / 2**20),
                format_cell(m.get("train_tokens"))]
         if loaded:
-            row.append(format_cell(m.get("beside_cores")) if is_number(m.get("beside_cores")) else "not measured")
+            row.append(format_cell(m.get("beside_cores")) if is_finite_number(m.get("beside_cores")) else "not measured")
         rows.append(row)
     out = [f"Training under one budget ({d['metrics'].get('memory_budget')}):", ""]
     out += table(header + (["other load (cores)"] if loaded else []), rows) + [""]
-    busy = [name for name, m in methods.items() if is_number(m.get("beside_cores")) and m["beside_cores"] > BUSY_CORES]
+    busy = [name for name, m in methods.items() if is_finite_number(m.get("beside_cores")) and m["beside_cores"] > BUSY_CORES]
     if busy:
         out += [f"Throughput shared the machine for {', '.join(busy)} (other processes kept more than "
                 f"{BUSY_CORES} of a core busy on average): compare their tokens/s with care.", ""]

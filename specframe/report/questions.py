@@ -13,7 +13,7 @@ from specframe.report.runs import (
     dataset_of,
     drafter_name,
     false_tree,
-    is_number,
+    is_finite_number,
     is_tree,
     on_reference_engine,
 )
@@ -62,7 +62,7 @@ def al_at_equal_time(documents: list[tuple[str, dict[str, Any]]]) -> tuple[float
     for _, document in documents:
         if document.get("kind") == "bench.training":
             for name, m in document["metrics"].get("methods", {}).items():
-                if is_number(m.get("tokens_per_second")) and m["tokens_per_second"] > 0:
+                if is_finite_number(m.get("tokens_per_second")) and m["tokens_per_second"] > 0:
                     throughput[name] = float(m["tokens_per_second"])
     curves = {name: [(tokens / throughput[name], al) for tokens, al in curve]
               for name, curve in learning_curves(documents).items() if name in throughput and curve}
@@ -102,7 +102,7 @@ def _prompt_interval(document: dict[str, Any], method: str) -> tuple[float | Non
     import statistics
 
     values = [r["acceptance_length"] for r in document.get("per_prompt") or []
-              if isinstance(r, dict) and r.get("method") == method and is_number(r.get("acceptance_length"))]
+              if isinstance(r, dict) and r.get("method") == method and is_finite_number(r.get("acceptance_length"))]
     if len(values) < 2:
         return None, None
     half = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
@@ -116,7 +116,7 @@ def acceptance_by_dataset(documents: list[tuple[str, dict[str, Any]]]) -> dict[s
     best: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for document, key, m in all_runs(documents):
         al, dataset = m.get("acceptance_length", m.get("al")), dataset_of(document)
-        if not dataset or not is_number(al) or not on_reference_engine(document) or key == "plain":
+        if not dataset or not is_finite_number(al) or not on_reference_engine(document) or key == "plain":
             continue
         if false_tree(key, m):
             continue
@@ -133,7 +133,7 @@ def speed_dataset(documents: list[tuple[str, dict[str, Any]]]) -> str | None:
     """The evaluation set of the speed measurement with the most repeats (speedups of different sets differ)."""
     best, repeats = None, 0
     for document, _, m in all_runs(documents):
-        n = int((m.get("speedup_interval") or {}).get("repeats") or (1 if is_number(m.get("speedup")) else 0))
+        n = int((m.get("speedup_interval") or {}).get("repeats") or (1 if is_finite_number(m.get("speedup")) else 0))
         if on_reference_engine(document) and n > repeats:
             best, repeats = dataset_of(document), n
     return best
@@ -171,26 +171,26 @@ def speedup_by_k(documents: list[tuple[str, dict[str, Any]]],
             k, name = int(match.group(1)), str(drafter)
         else:
             k = m.get("k")
-            if not on_reference_engine(document) or key == "plain" or not is_number(k) or k < 1 or is_tree(key, m):
+            if not on_reference_engine(document) or key == "plain" or not is_finite_number(k) or k < 1 or is_tree(key, m):
                 continue
             if dataset_of(document) != dataset:
                 continue
             name = drafter_name(key, m)
         iv = m.get("speedup_interval") or {}
-        mean = iv.get("mean") if is_number(iv.get("mean")) else m.get("speedup")
+        mean = iv.get("mean") if is_finite_number(iv.get("mean")) else m.get("speedup")
         al = m.get("acceptance_length", m.get("al"))
-        if not is_number(mean) or not plausible(mean, al):
+        if not is_finite_number(mean) or not plausible(mean, al):
             continue
         repeats = int(iv.get("repeats") or 1)
         if repeats > out[name].get(int(k), {}).get("repeats", 0):
             low, high = iv.get("low"), iv.get("high")
             both = m.get("speedup_interval_prompts") or {}
-            if is_number(both.get("low")) and is_number(both.get("high")):  # prompt turns and repeats together
+            if is_finite_number(both.get("low")) and is_finite_number(both.get("high")):  # prompt turns and repeats together
                 mean, low, high = both["estimate"], both["low"], both["high"]
             r = m.get("round_cost_ratio")
-            out[name][int(k)] = {"mean": float(mean), "low": low if is_number(low) else None,
-                                 "high": high if is_number(high) else None, "repeats": repeats,
-                                 "al": al if is_number(al) else None, "round_cost_ratio": r if is_number(r) else None}
+            out[name][int(k)] = {"mean": float(mean), "low": low if is_finite_number(low) else None,
+                                 "high": high if is_finite_number(high) else None, "repeats": repeats,
+                                 "al": al if is_finite_number(al) else None, "round_cost_ratio": r if is_finite_number(r) else None}
     return {name: points for name, points in out.items() if points}
 
 
@@ -238,7 +238,7 @@ def learning_curves(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, li
     out: dict[str, list[tuple[float, float]]] = {}
     for _, key, m in all_runs(documents):
         curve = [(p["train_tokens"], p["val_expected_al"]) for p in m.get("learning_curve") or []
-                 if isinstance(p, dict) and is_number(p.get("train_tokens")) and is_number(p.get("val_expected_al"))]
+                 if isinstance(p, dict) and is_finite_number(p.get("train_tokens")) and is_finite_number(p.get("val_expected_al"))]
         if curve:
             out[drafter_name(key, m)] = sorted(curve)
     return out
@@ -252,7 +252,7 @@ def memory_by_context(documents: list[tuple[str, dict[str, Any]]]) -> tuple[dict
     budget = None
     for document, key, m in all_runs(documents):
         points = [(p["seq_len"], p["peak_bytes"] / 2**30) for p in m.get("points") or []
-                  if isinstance(p, dict) and is_number(p.get("seq_len")) and is_number(p.get("peak_bytes"))]
+                  if isinstance(p, dict) and is_finite_number(p.get("seq_len")) and is_finite_number(p.get("peak_bytes"))]
         if not points:
             continue
         series = f"{m['mask_builder']} + {m['partitioner']}" if m.get("mask_builder") and m.get("partitioner") \

@@ -126,8 +126,9 @@ def token_budgets(documents: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool)."""
+def is_finite_number(value: Any) -> bool:
+    """A finite int or float (not a bool): what a report computes with (``specframe.values.is_number`` without the
+    finiteness, which a results file's NaN would pass)."""
     return is_number(value) and math.isfinite(value)
 
 
