@@ -81,7 +81,6 @@ def exponent(points: list[tuple[int, float]]) -> float | None:
 def main() -> None:
     from specframe import memory as mem
     from specframe.memory_probe import measure
-    from specframe.results import provenance, write_results
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096])

@@ -42,7 +42,7 @@ import attrs
 import pytest
 
 from harness import (beside_cores, busy_cpu_seconds, command, fingerprint, kept_document, saved_metrics,
-                     target_provenance, too_few_tokens)
+                     too_few_tokens)
 from presets import exportable, resolve
 from specframe import bench
 

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 
 from harness import ROOT, Workspace, command, fingerprint, run_cli, target_provenance, training_metrics
-from presets import PRESETS, Preset
+from presets import PRESETS
 
 #: the peer presets, and the preset whose committed baselines hold their prompt contexts
 PEERS = {"peer": "cpu-large", "peer-ci": None}

@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import attrs
 import pytest
 from click.testing import CliRunner
 

@@ -3,7 +3,6 @@ the ones waiting or missing, ranks whole-set acceptance with intervals and repor
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -611,7 +611,6 @@ def test_an_exported_drafter_imported_back_drafts_the_same_tokens(unusual, tmp_p
     """The trained drafter and the one `specframe generate --checkpoint EXPORT` builds from its export propose the
     same drafts in every round of a greedy decode, and so emit the same tokens."""
     from specframe.inference.engine import generate
-    from specframe.layouts import imports
 
     drafter, options = trained_run(unusual, name)
     target = unusual.target

@@ -17,7 +17,7 @@ from specframe.engine import checkpoint as ckpt
 from specframe.errors import SpecframeError
 from specframe.features import FeatureSpec
 from specframe.targets import load_target
-from tests.train_fixtures import build, small_options
+from tests.train_fixtures import build
 
 V, H, P, N = 40, 8, 12, 30
 
