@@ -161,6 +161,10 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   ``resolve_k_infer`` / ``check_decay_gamma`` (their option checks), ``reference_init`` / ``INIT_STD``;
 #:   ``element_docs`` and ``spaced_aux_layers`` are ``api.block``'s ``position_docs`` and ``default_aux_layers``
 #:   renamed (other functions had those names); the old names stay aliases.
+#:   Also ``Training.max_anchors`` (default None: every anchor): a drafter may cap the anchors a training step charges
+#:   per sequence; the engine draws the sample with the step's generator (``engine.segments.anchor_sample``), leaves
+#:   out the other anchors' deeper elements and charges their depth-0 elements nothing, and draws nothing where the cap
+#:   does not bind. ``api.block.max_anchors_field`` / ``MAX_ANCHORS`` (512, the references') are DFlash's and DSpark's.
 API_VERSION = "14"
 
 __all__ = [

@@ -53,6 +53,11 @@ class Training:
     checkpointing_option: str | None = None
     #: rows per chunk of the chunked KL loss (``api.modeling.chunked_forward_kl``)
     loss_chunk: int = 256
+    #: API 14: at most this many anchors of a sequence are charged in a training step, a uniform sample drawn with the
+    #: step's generator among the anchors whose depth-0 element is charged (the block drafters' references sample 512);
+    #: the others' deeper elements are left out and their depth-0 elements stay as context, charged nothing. None:
+    #: every anchor (validation always charges every anchor; the memory estimate charges every anchor, the safe side)
+    max_anchors: int | None = None
 
 
 # The option names the built-in drafters used for these settings up to API 5: what ``Drafter.training`` and

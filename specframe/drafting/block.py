@@ -51,9 +51,9 @@ from specframe.values import is_int, is_number
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-__all__ = ["INIT_STD", "BlockAttention", "BlockContext", "BlockDrafter", "BlockLayer", "BlockModel", "ChargedBlocks",
+__all__ = ["INIT_STD", "MAX_ANCHORS", "BlockAttention", "BlockContext", "BlockDrafter", "BlockLayer", "BlockModel", "ChargedBlocks",
            "RMSNorm", "block_hidden", "charged_blocks", "check_decay_gamma", "default_aux_layers", "element_docs",
-           "element_weights", "full_attention", "position_docs", "reference_init", "resolve_k_infer", "share_target",
+           "element_weights", "full_attention", "max_anchors_field", "position_docs", "reference_init", "resolve_k_infer", "share_target",
            "spaced_aux_layers", "trained_elements"]
 
 #: the std of every Linear / Embedding a block drafter owns at the start (transformers' initializer_range, 0.02 in
@@ -110,6 +110,23 @@ def check_decay_gamma(drafter: str, gamma: Any) -> None:
     """``loss_decay_gamma`` is a positive number (the depth decay exp(-d / gamma)) or None (uniform)."""
     if gamma is not None and not (is_number(gamma) and gamma > 0):
         raise UsageError(f"{drafter} option 'loss_decay_gamma' must be a positive number or null, got {gamma!r}")
+
+
+#: anchors a block drafter trains per sequence in a step (a uniform sample when a sequence has more): SpecForge
+#: (``dflash_family_model.py`` L147, L179-210), DeepSpec (``dflash_qwen3_4b.py`` L15) and speculators
+#: (``models/dflash/core.py`` L248) all sample 512
+MAX_ANCHORS = 512
+
+
+def max_anchors_field(drafter: str) -> Any:
+    """The ``max_anchors`` option DFlash and DSpark share (``Training.max_anchors``): a positive integer or null."""
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        if value is not None and not is_int(value, 1):
+            raise UsageError(f"{drafter} option 'max_anchors' must be a positive integer or null, got {value!r}")
+
+    return attrs.field(default=MAX_ANCHORS, validator=check, metadata={
+        "help": "anchors (blocks) a training step charges per sequence, a uniform sample when there are more, as "
+                "SpecForge, DeepSpec and speculators sample 512; the others stay context (null: every anchor)"})
 
 
 # One RMSNorm for every drafter's layers (at least fp32, float64 kept); re-exported here as ``api.block.RMSNorm``,
@@ -384,7 +401,8 @@ class BlockDrafter:
     @classmethod
     def training(cls, options: Any) -> Training:
         # every predicting slot of a block is a depth; the whole block trains (no COD), and the layers keep activations
-        return Training(depth=cls.block_depth(options.block_size), k=options.k_infer, loss_chunk=options.loss_chunk)
+        return Training(depth=cls.block_depth(options.block_size), k=options.k_infer, loss_chunk=options.loss_chunk,
+                        max_anchors=getattr(options, "max_anchors", None))
 
     @classmethod
     def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:

@@ -293,9 +293,16 @@ class Trainer:
             with self.timer("data"):
                 example = self.source.example(idx)
                 elems, sup = self.elements(example, gen)
+                # a drafter that caps the anchors a step charges (Training.max_anchors) trains a sample of them
+                kept = segments.anchor_sample(elems, sup, self.training.max_anchors, gen)
+                if kept is not None:
+                    elems = segments.sampled_elements(elems, kept)
                 segs = self.segments(elems)
-            local_count += int(sup[elems.position].sum())
-            local_weight += charged_weight(self.drafter, example, elems, sup)
+                if kept is not None:
+                    segs = segments.uncharge(segs, elems, kept)
+            charged = segments.charged(elems, segs, sup)
+            local_count += int(charged.sum())
+            local_weight += charged_weight(self.drafter, example, elems, sup, charged)
             local_tokens += int(example.input_ids.numel())
             work.append((example, elems, segs, sup))
         if self.prefetch and step + 1 < self.total_steps:

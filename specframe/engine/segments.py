@@ -36,6 +36,52 @@ def elements(drafter: api.Drafter, depth: int, training: api.Training, example: 
     return elems.with_visibility(drafter.visibility), sup
 
 
+def anchor_sample(elems: Any, sup: torch.Tensor, max_anchors: int | None,
+                  generator: torch.Generator | None) -> torch.Tensor | None:
+    """The anchors a training step charges when the drafter caps them (``Training.max_anchors``): a bool per position,
+    true at a uniform sample of ``max_anchors`` of the anchors whose depth-0 element is charged (drawn with the step's
+    ``generator``, as the block drafters' references draw 512: SpecForge, DeepSpec, speculators). None when every
+    anchor is charged: no cap, validation (no generator), or no more such anchors than the cap; then nothing is
+    drawn, so such a step is bit for bit the step without a cap."""
+    if max_anchors is None or generator is None:
+        return None
+    eligible = elems.anchor[(elems.depth == 0) & sup.to(torch.bool)[elems.position]]  # one depth-0 per anchor
+    if eligible.numel() <= max_anchors:
+        return None
+    kept = torch.zeros(int(sup.shape[0]), dtype=torch.bool)
+    kept[eligible[torch.randperm(eligible.numel(), generator=generator)[:max_anchors]]] = True
+    return kept
+
+
+def sampled_elements(elems: Any, kept: torch.Tensor) -> Any:
+    """``elems`` without the deeper elements of the anchors ``kept`` leaves out: under either visibility rule a deeper
+    element is a key only to its own anchor's elements, so no kept element loses one. Every depth-0 element stays:
+    each is the context of every later anchor (``rule_matrix``'s context clause)."""
+    keep = (elems.depth == 0) | kept[elems.anchor]
+    return elems.subset(torch.nonzero(keep).squeeze(1))
+
+
+def uncharge(segs: list[api.Segment], elems: Any, kept: torch.Tensor) -> list[api.Segment]:
+    """``segs`` with the depth-0 elements of the anchors ``kept`` leaves out charged nothing (they stay as context);
+    the partitioner placed them, so its partition is checked before (``segments``)."""
+    out = []
+    for seg in segs:
+        idx = seg.elements
+        dropped = (elems.depth[idx] == 0) & ~kept[elems.anchor[idx]]
+        out.append(api.Segment(seg.elements, seg.loss_mask & ~dropped.to(seg.loss_mask.device)))
+    return out
+
+
+def charged(elems: Any, segs: list[api.Segment], sup: torch.Tensor) -> torch.Tensor:
+    """Which of ``elems`` a step charges: supervised at its position and charged by its segment's loss mask (every
+    element is placed in exactly one segment; without an anchor sample this is the supervision at each position)."""
+    mask = torch.zeros(len(elems), dtype=torch.bool)
+    for seg in segs:  # an element is context (uncharged) in later segments than its own: or, never overwrite
+        idx = seg.elements.cpu()
+        mask[idx] |= seg.loss_mask.to(torch.bool).cpu()
+    return mask & sup.to(torch.bool).cpu()[elems.position.cpu()]
+
+
 def segments(partitioner: Any, partitions: int, elems: Any) -> list[api.Segment]:
     """The partitioner's segments of ``elems`` (checked to cover each element once), the empty ones left out."""
     from specframe.drafting.elements import check_partition

@@ -98,12 +98,14 @@ class LossTerms:
 
 
 def charged_weight(drafter: Drafter, example: TrainingExample, elements: ElementSet,
-                   supervision: torch.Tensor) -> float:
+                   supervision: torch.Tensor, charged: torch.Tensor | None = None) -> float:
     """The loss normaliser of one sequence: the sum of ``drafter.element_weights`` over the elements it is charged
-    with (``supervision`` set at the element's position), or their count when the drafter gives no weights. Each
-    element is charged in exactly one segment, so summed over a step's sequences (and ranks) this is the denominator
-    every segment's backward divides by (checked here: a weight that is not finite and >= 0 is a PluginError)."""
-    charged = supervision.to(torch.bool)[elements.position]
+    with (``supervision`` set at the element's position, or ``charged``, one bool per element, when a step charges
+    fewer: an anchor sample), or their count when the drafter gives no weights. Each element is charged in exactly
+    one segment, so summed over a step's sequences (and ranks) this is the denominator every segment's backward
+    divides by (checked here: a weight that is not finite and >= 0 is a PluginError)."""
+    if charged is None:
+        charged = supervision.to(torch.bool)[elements.position]
     weights = drafter.element_weights(example, elements)
     if weights is None:
         return float(int(charged.sum()))

@@ -73,6 +73,7 @@ class DFlashOptions:
                 "7, DeepSpec and speculators 4 at blocks 7-8); null: uniform"})
     loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
         "help": "rows per chunk of the cross-entropy over the target's vocabulary (memory: one [chunk, vocab] block)"})
+    max_anchors: int | None = api.block.max_anchors_field("dflash")
 
     def __attrs_post_init__(self) -> None:
         if self.block_size < 2:

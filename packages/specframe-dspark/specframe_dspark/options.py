@@ -65,6 +65,7 @@ class DSparkOptions:
                 "softmax(logits / T) left to right and hands the verifier that q (Draft.probs)"})
     loss_chunk: int = attrs.field(default=256, validator=_positive, metadata={
         "help": "rows per chunk of the loss over the target's vocabulary (memory: a few [chunk, vocab] blocks)"})
+    max_anchors: int | None = api.block.max_anchors_field("dspark")
 
     def __attrs_post_init__(self) -> None:
         api.block.resolve_k_infer("dspark", self, self.block_size, "block_size")
