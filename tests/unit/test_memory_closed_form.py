@@ -323,3 +323,12 @@ def test_the_memory_command_answers_the_issues_lengths_under_three_gib():
         assert done.returncode == 0, done.stderr[-2000:]
         doc = json.loads(done.stdout)
         assert doc["fits"] is False and doc["advice"] and doc["elements"] > int(extra[1]) - 10, (drafter, doc)
+
+
+@pytest.mark.parametrize("parts", [2, 8])
+def test_a_whole_partitioner_is_one_segment_in_closed_form_whatever_the_partitions(parts):
+    """``none`` declares ``whole``: asked for several partitions it still forwards one segment, as it does when run
+    (fails with the closed form cutting every declared rule as ``balanced_ranges`` does)."""
+    (sampled, n_sampled), (closed, n_closed), training = _both(_config("eagle3", 512, "none", parts))
+    assert training.cod_ratio >= 1.0 and len(sampled) == 1
+    assert (closed, n_closed) == (sampled, n_sampled)
