@@ -383,7 +383,7 @@ class BlockDrafter:
     slot is a prediction, so a block of ``block_size`` slots drafts ``block_size`` tokens, or only its mask slots
     are) and the words its messages name the bound with; its ``__init__`` calls ``init_block`` before it builds its
     ``model`` (a ``BlockModel``) and its options carry ``layers``, ``block_size``, ``k_infer``, ``aux_layer_ids``,
-    ``loss_chunk`` and ``loss_decay_gamma``."""
+    ``loss_chunk``, ``loss_decay_gamma`` and ``max_anchors`` (``max_anchors_field``)."""
 
     #: DSpark: the anchor slot is the first prediction position; DFlash: only the block_size - 1 mask slots predict
     anchor_predicts: ClassVar[bool] = False
@@ -402,7 +402,7 @@ class BlockDrafter:
     def training(cls, options: Any) -> Training:
         # every predicting slot of a block is a depth; the whole block trains (no COD), and the layers keep activations
         return Training(depth=cls.block_depth(options.block_size), k=options.k_infer, loss_chunk=options.loss_chunk,
-                        max_anchors=getattr(options, "max_anchors", None))
+                        max_anchors=options.max_anchors)
 
     @classmethod
     def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
