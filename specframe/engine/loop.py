@@ -240,7 +240,6 @@ class Trainer:
             self.trackers = None
         if self.lock is not None:
             self.lock.release()
-        self.dist.close()
 
     # ------------------------------------------------------------------------------------------------- elements
     def elements(self, example: api.TrainingExample, generator: torch.Generator | None) -> tuple[Any, torch.Tensor]:
@@ -541,8 +540,6 @@ def train(
     already resolved (``compose.plan``; the CLI resolves them once per ``train``), else resolved here."""
     trainer = Trainer(cfg, plan=plan, resume=resume, target=target, profile=profile, allow_changed=allow_changed)
     try:
-        result = trainer.run(progress=progress, log_lines=log_lines)
-        trainer.dist.barrier()  # no rank destroys the process group while another still reduces through it
-        return result
+        return trainer.run(progress=progress, log_lines=log_lines)
     finally:
         trainer.close()

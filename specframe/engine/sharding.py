@@ -24,6 +24,7 @@ drafter's loss as a module, which DDP and FSDP wrap).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,11 +48,16 @@ class Dist:
 
         self.dist = dist
         self.world = world_size(rendezvous=not dist.is_initialized())
-        self.owner = self.world > 1 and not dist.is_initialized()  # the group is ours to destroy
+        self.owner = self.world > 1 and not dist.is_initialized()  # this object forms the process's group
         if self.owner:
             if device.type == "cuda":
                 torch.cuda.set_device(device)
             dist.init_process_group(backend(device))
+            # The group outlives this run: a process may train again (every later run finds it formed and keeps it;
+            # forming a second one in the same torchrun rendezvous is not possible). Left to the interpreter's own
+            # teardown, a gloo group can abort a process that finished ("terminate called without an active
+            # exception", SIGABRT, so torchrun reports a failed rank), so it is destroyed at exit, before that.
+            atexit.register(destroy_at_exit)
         self.rank = dist.get_rank() if self.world > 1 else 0
 
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
@@ -70,13 +76,13 @@ class Dist:
         if self.world > 1:
             self.dist.barrier()
 
-    def close(self) -> None:
-        """Destroy the process group this object created. A gloo group left for the interpreter's exit to tear down
-        can abort the process ("terminate called without an active exception", SIGABRT) after a run that finished,
-        so a torchrun job that trained every step still exits non-zero."""
-        if self.owner and self.dist.is_initialized():
-            self.dist.destroy_process_group()
-        self.owner = False
+
+def destroy_at_exit() -> None:
+    """Destroy the default process group if it is still formed (registered by the ``Dist`` that formed it)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class DrafterLoss(torch.nn.Module):
