@@ -23,6 +23,16 @@ def positive_int(owner: str) -> Any:
     return check
 
 
+def positive_int_or_null(owner: str) -> Any:
+    """An attrs validator for options that are a positive integer or None (a bound that can be switched off)."""
+
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None and not is_int(value, 1):
+            raise UsageError(f"{owner} option '{attribute.name}' must be a positive integer or null, got {value!r}")
+
+    return check
+
+
 def unit_interval(owner: str) -> Any:
     """An attrs validator for options that must be a number in [0, 1] (ratios); errors name ``owner``'s option."""
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specframe.declarations import Training
+from specframe.declarations import Training, positive_int_or_null
 from specframe.drafting import modeling, vocab
 from specframe.drafting.elements import ElementSet
 from specframe.drafting.eagle import shifted_supervision
@@ -120,11 +120,7 @@ MAX_ANCHORS = 512
 
 def max_anchors_field(drafter: str) -> Any:
     """The ``max_anchors`` option DFlash and DSpark share (``Training.max_anchors``): a positive integer or null."""
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        if value is not None and not is_int(value, 1):
-            raise UsageError(f"{drafter} option 'max_anchors' must be a positive integer or null, got {value!r}")
-
-    return attrs.field(default=MAX_ANCHORS, validator=check, metadata={
+    return attrs.field(default=MAX_ANCHORS, validator=positive_int_or_null(drafter), metadata={
         "help": "anchors (blocks) a training step charges per sequence, a uniform sample when there are more, as "
                 "SpecForge, DeepSpec and speculators sample 512; the others stay context (null: every anchor)"})
 

@@ -10,10 +10,9 @@ from typing import Any
 
 import attrs
 
-from specframe.declarations import positive_int, unit_interval
+from specframe.declarations import positive_int, positive_int_or_null, unit_interval
 from specframe.drafting.vocab import DEFAULT_DRAFT_VOCAB
 from specframe.errors import UsageError
-from specframe.values import is_int
 
 __all__ = ["LOSS_KINDS", "LOSS_MASK_BITS", "LOSS_NORMALISATIONS", "Architecture", "FamilyFields"]
 
@@ -157,13 +156,7 @@ class FamilyFields:
             "3.1; speculators' EAGLE-3 default)", ""))
 
     def sliding_window(self) -> Any:
-        owner = self.owner
-
-        def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-            if value is not None and not is_int(value, 1):
-                raise UsageError(f"{owner} option 'sliding_window' must be a positive integer or null, got {value!r}")
-
-        return attrs.field(default=None, validator=check, metadata=self._help(
+        return attrs.field(default=None, validator=positive_int_or_null(self.owner), metadata=self._help(
             "every draft layer attends within this many positions (itself and the W - 1 before it) in training and "
             "drafting, as speculators' default layers (2048) do; null: the whole context", ""))
 
