@@ -19,9 +19,12 @@ Each (drafter, variant) is one resumable job, ``test_ablation[<drafter>-<variant
    job key is skipped by the next run. ``specframe report <results>`` renders the table, with each variant's
    difference against the baseline paired over the same sequences (``specframe.report.ablations``).
 
-``winners`` runs once every single lever of that drafter is finished, with the options of each whose validation
-difference's interval lies above 0 (options two winners both set go to the larger gain); until then, or when fewer
-than two levers win, it is skipped with the reason.
+``reseeded`` is a control, not a lever: the baseline retrained with another seed. The paired interval holds which
+held-out sequences were drawn but not the training's own randomness, which every lever also moves; the control
+measures it once. ``winners`` runs once every single lever and the control of that drafter are finished, with the
+options of each lever whose validation difference's interval lies above 0 and whose difference exceeds the control's
+(options two winners both set go to the larger gain); until then, or when fewer than two levers win, it is skipped
+with the reason.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class VariantWorkspace(Workspace):
 
     base: Workspace | None = None
     warmup_ratio: float | None = None
+    seed: int | None = None
 
     def target(self) -> str:
         return self.base.target()
@@ -87,6 +91,8 @@ class VariantWorkspace(Workspace):
         args = super().train_args(drafter, out)
         if self.warmup_ratio is not None:  # as a whole number of steps, which every specframe train takes
             args += ["--warmup-steps", str(max(1, round(self.warmup_ratio * self.preset.steps)))]
+        if self.seed is not None:  # the control: the harness's seed replaced, everything else as the baseline's
+            args[args.index("--seed") + 1] = str(self.seed)
         return args
 
 
@@ -138,7 +144,7 @@ def variant_workspace(ablation: Workspace, drafter: str, name: str, options: dic
     # options changed must not find the old one's run
     folder = ablation.root / "variants" / f"{drafter}-{name}-{fingerprint([options, schedule])[:8]}"
     return VariantWorkspace(p, folder, ablation.results, base=cache_workspace(ablation),
-                            warmup_ratio=schedule.get("warmup_ratio"))
+                            warmup_ratio=schedule.get("warmup_ratio"), seed=schedule.get("seed"))
 
 
 def finished(path: Path, key: str) -> dict[str, Any] | None:
@@ -157,24 +163,29 @@ def plan(ablation: Workspace, drafter: str, variant: Variant, vocab_size: int) -
 
 
 def winners(ablation: Workspace, drafter: str, vocab_size: int) -> tuple[dict, dict] | str:
-    """The options of every lever whose validation difference's interval lies above 0, or why there is no such run."""
-    from specframe.report.ablations import differences, wins
+    """The options of every lever that beat the baseline (``report.ablations.wins``: its validation difference's
+    interval above 0 and, where the suite runs the reseeded control, larger than the control's), or why there is no
+    such run."""
+    from specframe.report.ablations import differences, training_noise, wins
 
-    levers = [v for v in ABLATIONS[ablation.preset.name].variants_for(drafter) if v.name != WINNERS]
+    ran = [v for v in ABLATIONS[ablation.preset.name].variants_for(drafter) if v.name != WINNERS]
     done: dict[str, dict[str, Any]] = {}
-    for v in levers:
+    for v in ran:
         options, schedule = resolved_options(v.options, vocab_size), dict(v.schedule)
         key = variant_key(variant_preset(ablation.preset, drafter, options, schedule), drafter, schedule)
         metrics = finished(ablation.results / drafter / f"{v.name}.json", key)
         if metrics is not None:
             done[v.name] = metrics
-    waiting = [v.name for v in levers if v.name not in done]
+    waiting = [v.name for v in ran if v.name not in done]
     if waiting:
         return f"winners: waiting for {drafter}'s {', '.join(waiting)} to finish"
+    noise = training_noise(done)
     gains = []
-    for v in levers[1:]:
+    for v in ran:
+        if v.name == "baseline" or v.control:
+            continue
         diff = differences(done[v.name], done["baseline"])["validation"]
-        if wins(diff):
+        if wins(diff, noise):
             gains.append((diff["estimate"], v))
     if len(gains) < 2:
         won = ", ".join(v.name for _, v in gains)
