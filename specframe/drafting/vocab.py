@@ -131,9 +131,11 @@ def coverage(vocab: DraftVocab, counts: Any) -> float:
 def mask_token_ids(tokenizer: Any, k: int, *, data_counts: Any = None, embedding_rows: int | None = None) -> list[int]:
     """``k`` distinct mask-token ids by docs/design.md section 8's rule. Deterministic.
 
-    Rule: candidates are the tokenizer's special / added tokens (``added_tokens_decoder``), in ascending id order,
-    followed by embedding rows beyond the tokenizer (``len(tokenizer)..embedding_rows-1``, reserved ids that exist in
-    the embedding vLLM uses). Excluded: bos / eos / pad / unk, every token the chat template emits (found by
+    Rule: candidates are the embedding rows beyond the tokenizer (``len(tokenizer)..embedding_rows-1``: reserved ids
+    that exist in the embedding vLLM uses and no text can produce), then the tokenizer's special / added tokens
+    (``added_tokens_decoder``), each in ascending id order. The reserved rows come first because that is the
+    references' choice where a target has them: Qwen3's 151669, the first row past its tokenizer, in SpecForge's and
+    DeepSpec's DFlash configs and z-lab's drafters (docs/training/deviations.md, D8). Excluded: bos / eos / pad / unk, every token the chat template emits (found by
     rendering a two-turn conversation), and every id with a nonzero count in ``data_counts`` (counts over *all*
     training tokens, not only masked ones). The first ``k`` survivors are returned. ``SpecframeError`` if fewer than
     ``k`` exist. For SmolLM2 this yields ``<repo_name>`` (3), ``<reponame>`` (4), ... .
@@ -155,7 +157,7 @@ def mask_token_ids(tokenizer: Any, k: int, *, data_counts: Any = None, embedding
             text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
             banned.update(tokenizer(text, add_special_tokens=False)["input_ids"])
     special = sorted(i for i in getattr(tokenizer, "added_tokens_decoder", {}) if i < rows)
-    candidates = special + list(range(len(tokenizer), rows))
+    candidates = list(range(len(tokenizer), rows)) + special
     if data_counts is not None:
         data_counts = torch.as_tensor(data_counts)
     out = []

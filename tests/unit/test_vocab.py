@@ -48,8 +48,11 @@ def test_mask_token_ids_rule(tiny):  # noqa: F811
     used = torch.zeros(tiny.vocab_size, dtype=torch.long)
     used[reserved[0]] = 1  # occurs in the training data: never a mask token
     assert mask_token_ids(tok, 3, data_counts=used) == reserved[1:4]
-    # embedding rows beyond the tokenizer come after the special tokens
-    assert mask_token_ids(tok, 6, embedding_rows=len(tok) + 2) == reserved + [len(tok), len(tok) + 1]
+    # embedding rows beyond the tokenizer come before the special tokens (the references' reserved id: Qwen3's
+    # 151669, the first row past its tokenizer, where a special token such as <|object_ref_start|> would come first
+    # otherwise)
+    assert mask_token_ids(tok, 6, embedding_rows=len(tok) + 2) == [len(tok), len(tok) + 1] + reserved
+    assert mask_token_ids(tok, 1, embedding_rows=len(tok) + 1) == [len(tok)]
     with pytest.raises(SpecframeError, match=r"^only 4 token ids qualify as mask tokens \(special/reserved, unused by "
                                              r"the chat template and absent from the training data\), 5 needed"):
         mask_token_ids(tok, 5)
