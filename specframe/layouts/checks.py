@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from specframe.errors import SpecframeError
-# the strict predicates live in the core's leaf ``values``; re-exported for the layouts that import them from here
-from specframe.values import is_int, is_number  # noqa: F401
+from specframe.values import is_int
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None, *,

@@ -20,7 +20,7 @@ import attrs
 from specframe import __version__
 from specframe.errors import SpecframeError
 from specframe.layouts import table
-from specframe.layouts.checks import is_int
+from specframe.values import is_int
 
 WEIGHTS = "model.safetensors"
 #: the architecture of specframe's vLLM general plugin model for ParallelSpec (``specframe.vllm.vllm_plugin``)

@@ -33,8 +33,12 @@ def test_a_bool_is_not_a_number():
     assert not is_number(True) and not is_number("1") and not is_number(None)
 
 
-def test_the_layouts_keep_importing_them_from_checks():
-    assert checks.is_int is is_int and checks.is_number is is_number
+def test_the_predicates_have_one_door():
+    # layouts.checks builds on them but no longer re-exports them: every module imports them from specframe.values
+    assert not hasattr(checks, "is_number")
+    offenders = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "specframe").rglob("*.py"))
+                 if re.search(r"from specframe\.layouts\.checks import [^\n]*\bis_(int|number)\b", p.read_text())]
+    assert offenders == []
 
 
 def test_the_core_spells_the_idiom_only_in_values():

@@ -16,9 +16,9 @@ from typing import Any
 
 from specframe.errors import SpecframeError
 from specframe.layouts.block import dspark_parts
-from specframe.layouts.checks import is_int
 from specframe.layouts.formats.base import Format, load_weights, read_json, recurrence
 from specframe.layouts.imported import Imported
+from specframe.values import is_int
 
 #: DeepSpec's DSpark drafter (``deepspec/modeling/dspark/qwen3/modeling.py``), saved by transformers' save_pretrained
 DEEPSPEC_DSPARK_ARCHITECTURE = "Qwen3DSparkModel"

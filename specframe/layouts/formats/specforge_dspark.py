@@ -23,10 +23,10 @@ from typing import Any
 
 from specframe.errors import SpecframeError
 from specframe.layouts.block import dspark_parts
-from specframe.layouts.checks import is_int, require_ints
+from specframe.layouts.checks import require_ints
 from specframe.layouts.formats.base import Format, load_weights, read_json, recurrence
 from specframe.layouts.imported import Imported
-from specframe.values import is_number
+from specframe.values import is_int, is_number
 
 #: SpecForge's DSpark drafter (``specforge/modeling/draft/dspark.py``), saved by ``specforge.export.to_hf``
 SPECFORGE_DSPARK_ARCHITECTURE = "DSparkDraftModel"
