@@ -173,11 +173,36 @@ def export_checkpoint(
     opened = open_drafter(checkpoint, target)
     drafter, source = opened.drafter, opened.target_source
     serving = export.Serving(verifier=verifier or export.verifier_name(source), speculative_tokens=k)
-    manifest = write_export(drafter, Path(output), opened.tokenizer, serving)
-    if verifier is not None and not manifest.speculators:
-        raise SpecframeError(f"--verifier applies to speculators exports (EAGLE-3, P-EAGLE), not {manifest.layout}")
+    output = Path(output)
+    if verifier is None:
+        manifest = write_export(drafter, output, opened.tokenizer, serving)
+    else:
+        manifest = _staged_speculators_export(drafter, output, opened.tokenizer, serving)
     return Exported(manifest=manifest, output=str(Path(output).resolve()), target=source,
                     checkpoint=str(opened.directory))
+
+
+def _staged_speculators_export(drafter: Any, output: Path, tokenizer: Any, serving: Any) -> Any:
+    """``write_export`` for an explicit ``--verifier``, which only a speculators layout takes. The layout is known
+    once the drafter has written its export, so it is written beside ``output`` first and moved into place only if
+    the layout takes the verifier: a refused command leaves ``output`` as it was."""
+    import shutil
+    import tempfile
+
+    from specframe.layouts import table
+    from specframe.layouts.writing import replace_dir
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".stage"))
+    try:
+        manifest = write_export(drafter, stage / "export", tokenizer, serving)
+        if not manifest.speculators:
+            raise SpecframeError(f"--verifier applies to speculators exports "
+                                 f"({', '.join(sorted(table.speculators()))}), not {manifest.layout}")
+        replace_dir(stage / "export", output)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return manifest
 
 
 def takes_serving(export_vllm: Any) -> bool:

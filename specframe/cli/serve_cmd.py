@@ -1,6 +1,6 @@
 """``specframe serve``: vLLM's OpenAI-compatible server on a target, with an exported drafter.
 
-A speculators export (EAGLE-3, P-EAGLE) without ``--target`` is served as vLLM serves it, ``vllm serve EXPORT``: vLLM
+A speculators export (EAGLE-3, P-EAGLE, DFlash, DSpark) without ``--target`` is served as vLLM serves it, ``vllm serve EXPORT``: vLLM
 starts the verifier the folder names with the folder's method (``--k`` overrides its number of draft tokens). With
 ``--target``, or for a PARD export, the target is served with an explicit ``--speculative-config``. The command is
 built by ``specframe.vllm.serving.serve_command``; this module reads the export's manifest once and hands it to the

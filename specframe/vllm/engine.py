@@ -105,7 +105,7 @@ class VllmEngine:
     """vLLM in this process on ``target`` (a local folder or hub id), with an optional ``speculative_config``
     (``specframe.layouts.export.speculative_config`` builds one for an exported drafter).
 
-    ``target`` may also be a speculators-format export (EAGLE-3, P-EAGLE): vLLM then starts the verifier the folder
+    ``target`` may also be a speculators-format export (EAGLE-3, P-EAGLE, DFlash, DSpark): vLLM then starts the verifier the folder
     names, with the folder's method and number of draft tokens; ``speculative_config`` may override fields of it
     (``{"num_speculative_tokens": k}``; ``drafter_job`` builds such jobs)."""
 

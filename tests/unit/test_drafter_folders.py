@@ -129,3 +129,30 @@ def test_a_folder_that_is_not_a_training_checkpoint_is_hashed_whole(tmp_path):
     first = ckpt.drafter_hash(folder)
     (folder / "config.json").write_text('{"block_size": 8}')
     assert ckpt.drafter_hash(folder) != first
+
+
+def test_a_refused_verifier_replaces_nothing(tmp_path):
+    """``--verifier`` applies to speculators layouts only, and which layout a drafter writes is known once it is
+    written: the export is staged beside ``--output`` and moved into place only when the layout takes the verifier,
+    so a refused command leaves the folder a user already had as it was (and no staging folder behind)."""
+    from specframe.drafter_folders import export_checkpoint
+    from specframe.layouts.export import read_manifest
+
+    path = build_target(tmp_path / "t")
+    config, tok = target_parts(path)
+    cls = plugins.get("drafter", "eagle3")
+    cls(config, cls.Options(layers=1, aux_layer_ids=AUX)).export_vllm(tmp_path / "eagle3", tok)
+    cls = plugins.get("drafter", "pard")
+    pard = cls(config, cls.Options(layers=1, init_from_target=False))
+    pard.mask_token_id = mask_token(tok)
+    pard.export_vllm(tmp_path / "pard", tok)
+
+    out = tmp_path / "served"
+    exported = export_checkpoint(tmp_path / "eagle3", out, verifier="my-verifier")
+    assert exported.manifest.verifier == "my-verifier" == read_manifest(out).verifier
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SpecframeError, match=r"^--verifier applies to speculators exports \(dflash, dspark, eagle3, "
+                                             r"peagle\), not pard$"):
+        export_checkpoint(tmp_path / "pard", out, str(path), verifier="my-verifier")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eagle3", "pard", "served", "t"]
