@@ -14,6 +14,7 @@ once; the speculative config printed is built from the manifest it returns.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -47,6 +48,10 @@ def export(checkpoint: str, fmt: str, output: str, target: str | None, verifier:
     result = exported.as_dict()
     tokens = k or manifest.speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
     result["speculative_config"] = manifest.speculative_config(output, tokens)
+    local = result.get("verifier")
+    if local and Path(local).is_absolute():  # how verifier_name writes a local folder: valid on this machine only
+        click.echo(f"note: the export names its verifier by this machine's path {local}; to serve it elsewhere, "
+                   "export with --verifier set to a hub id or that machine's path", err=True)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return

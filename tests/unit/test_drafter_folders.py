@@ -156,3 +156,23 @@ def test_a_refused_verifier_replaces_nothing(tmp_path):
         export_checkpoint(tmp_path / "pard", out, str(path), verifier="my-verifier")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eagle3", "pard", "served", "t"]
+
+
+def test_export_notes_a_verifier_named_by_this_machines_path(tmp_path):
+    """A speculators export names a local target by its absolute path (valid on this machine only): export says so on
+    stderr; a hub id given with --verifier draws no note."""
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+
+    path = build_target(tmp_path / "t")
+    config, tok = target_parts(path)
+    cls = plugins.get("drafter", "eagle3")
+    cls(config, cls.Options(layers=1, aux_layer_ids=AUX)).export_vllm(tmp_path / "eagle3", tok)
+    source = ["export", "--checkpoint", str(tmp_path / "eagle3"), "--output"]
+    local = CliRunner().invoke(main, [*source, str(tmp_path / "a")])
+    assert local.exit_code == 0, local.output
+    assert f"note: the export names its verifier by this machine's path {path.resolve()}" in local.stderr
+    hub = CliRunner().invoke(main, [*source, str(tmp_path / "b"), "--verifier", "HuggingFaceTB/SmolLM2-135M-Instruct"])
+    assert hub.exit_code == 0, hub.output
+    assert "note:" not in hub.stderr
