@@ -71,6 +71,8 @@ class Trainer:
         self.allow_changed = allow_changed
         self.log = log
         self.profile_requested = profile
+        # until the first optimizer step every plugin's output is checked (engine.validate); set once it has stepped
+        self.plugins_checked = False
         memory.pin_mmap_threshold()
         from specframe.devices import resolve_device
 
@@ -392,8 +394,7 @@ class Trainer:
     def _segment_loss(
         self, example: api.TrainingExample, elems: Any, seg: api.Segment, sup: torch.Tensor, *, training: bool
     ) -> api.LossTerms:
-        # until the first optimizer step every plugin's output is checked (engine.validate)
-        check = None if getattr(self, "plugins_checked", False) else (self.resolved.mask_builder, self.cfg.drafter)
+        check = None if self.plugins_checked else (self.resolved.mask_builder, self.cfg.drafter)
         return segments.segment_loss(self.drafter, self.attention_builder, self.wrapped, example, elems, seg, sup,
                                      training=training, check=check)
 

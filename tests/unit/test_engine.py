@@ -272,3 +272,29 @@ def test_fp16_step_with_nothing_supervised_leaves_the_scaler_ready(assets, tmp_p
         assert trainer.precision.scaler.state_dict()["_growth_tracker"] == 1  # one finite, stepped update
     finally:
         trainer.close()
+
+
+def test_plugins_are_checked_until_the_first_optimizer_step_and_not_after(assets, tmp_path, monkeypatch):
+    """engine.validate checks every plugin's output (mask builder, drafter) on each segment until the first optimizer
+    step, then never again (its cost is paid once)."""
+    from specframe.engine import segments
+    from specframe.engine.loop import Trainer
+
+    seen = []
+    original = segments.segment_loss
+
+    def recording(*args, check=None, **kw):
+        seen.append((trainer.step, check is not None))
+        return original(*args, check=check, **kw)
+
+    monkeypatch.setattr(segments, "segment_loss", recording)
+    trainer = Trainer(config(assets, tmp_path / "o", max_steps=2))
+    try:
+        assert not trainer.plugins_checked
+        trainer.guarded_step()
+        trainer.guarded_step()
+    finally:
+        trainer.close()
+    first = [checked for step, checked in seen if step == 0]
+    second = [checked for step, checked in seen if step == 1]
+    assert first and all(first) and second and not any(second)
