@@ -31,21 +31,19 @@ from specframe.drafting import block
 # Calibration of per-token confidence (prefix ECE, sequential temperature scaling), for drafters that estimate it
 # (API 8).
 from specframe.drafting import calibration
-from specframe.declarations import (Training, legacy_comparison_options, legacy_greedy,  # noqa: F401
-                                    legacy_import_options, legacy_training, positive_int, unit_interval)
+from specframe.declarations import Training, positive_int, unit_interval
 from specframe.drafting.draft_tree import DraftTree, dynamic_tree
 from specframe.drafting.drafts import Draft
 from specframe.drafting.elements import (VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility,
                                 shared_window, visible)
-from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError, read_json  # noqa: F401
+from specframe.errors import InvalidDraftError, PluginError, SpecframeError, UsageError
 from specframe.features import FeatureSpec
 from specframe.hookspecs import hookimpl
 
 # The four component interfaces and the data they exchange (one module per component kind).
 from specframe.interfaces.component import Component, NoOptions
 from specframe.interfaces.drafter import Drafter, LossTerms, TrainingExample
-from specframe.interfaces.mask_builder import (Attention, MaskBuilder, SegmentAttention,  # noqa: F401
-                                               check_builder_visibility, one_dtype)
+from specframe.interfaces.mask_builder import Attention, MaskBuilder, SegmentAttention, one_dtype
 from specframe.interfaces.partitioner import Partitioner, Segment
 from specframe.interfaces.verifier import RoundCost, Verification, Verifier, verify
 
@@ -55,7 +53,7 @@ from specframe.interfaces.verifier import RoundCost, Verification, Verifier, ver
 # (API 14), and returns the ``Manifest`` the writer returns.
 from specframe.layouts import export as vllm_layouts
 from specframe.layouts.manifest import Manifest, Serving
-from specframe.drafting.modeling import expand_kv  # noqa: F401  (api.expand_kv, for drafters' attention)
+from specframe.drafting.modeling import expand_kv  # grouped-query k / v heads repeated, for drafters' attention
 
 # The sampling math the sampling verifiers share (API 8: the chain speculative sampling; API 14: one token's acceptance
 # ratio, which the chain and the tree share).
@@ -165,6 +163,9 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   per sequence; the engine draws the sample with the step's generator (``engine.segments.anchor_sample``), leaves
 #:   out the other anchors' deeper elements and charges their depth-0 elements nothing, and draws nothing where the cap
 #:   does not bind. ``api.block.max_anchors_field`` / ``MAX_ANCHORS`` (512, the references') are DFlash's and DSpark's.
+#:   ``expand_kv`` (grouped-query k / v heads repeated, which the built-ins' attention uses) is listed in ``__all__``;
+#:   names the facade bound by accident and never listed (the ``legacy_*`` declaration readers, ``read_json``,
+#:   ``check_builder_visibility``: the core's own, which the interfaces call) are no longer bound.
 API_VERSION = "14"
 
 __all__ = [
@@ -196,6 +197,7 @@ __all__ = [
     "Verification",
     "Verifier",
     "dynamic_tree",
+    "expand_kv",
     "full_mask_bytes",
     "full_grid",
     "hookimpl",

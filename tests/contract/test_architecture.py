@@ -84,3 +84,14 @@ def test_the_api_has_no_circle_even_type_only():
                for imported in sorted(graph.find_modules_directly_imported_by(module))
                if (chain := graph.find_shortest_chain(importer=imported, imported=module))]
     assert not circles, "import circles: " + "; ".join(f"{m} -> " + " -> ".join(c) for m, c in circles)
+
+
+def test_every_public_name_of_the_api_is_in_its_all():
+    """``specframe.api`` is the versioned surface a plugin writes against: a name it binds is either listed in
+    ``__all__`` (public, in the version history) or private. A stray import left behind by a move is neither and
+    becomes public by accident."""
+    import specframe.api as api
+
+    bound = {name for name in vars(api) if not name.startswith("_") and name != "annotations"}
+    assert sorted(bound - set(api.__all__)) == []
+    assert sorted(set(api.__all__) - bound) == []
