@@ -222,6 +222,7 @@ def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chu
     dropped = 0
     grad_h = torch.zeros_like(hidden) if need_h else None
     grad_head = torch.zeros(head.shape, dtype=torch.float32, device=head.device) if need_head else None
+    head_in = CastOnce(head)
     with torch.no_grad():
         for b in range(len(teacher.blocks)):
             p_block, plogp_block, psum_block, keep_block, ref_block = teacher.block(b)
@@ -257,7 +258,7 @@ def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chu
                     g = flush_subnormal(g.to(gd))
                     with _no_autocast(z.device):
                         if need_h:
-                            grad_h[rows] = (g @ head.to(gd)).to(hidden.dtype)
+                            grad_h[rows] = (g @ head_in(gd)).to(hidden.dtype)
                         if need_head:
                             grad_head += (g.T @ h.to(gd)).float()
     if need_h or need_head:
@@ -291,6 +292,7 @@ def _cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tenso
     hits = []
     grad_h = torch.zeros_like(hidden) if need_h else None
     grad_head = torch.zeros(head.shape, dtype=wide, device=head.device) if need_head else None
+    head_in = CastOnce(head)
     with torch.no_grad():
         for start in range(0, hidden.shape[0], chunk):
             h, y = hidden[start : start + chunk], labels[start : start + chunk]
@@ -310,13 +312,29 @@ def _cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tenso
                 g = flush_subnormal(g.to(gd))
                 with _no_autocast(z.device):
                     if need_h:
-                        grad_h[start : start + chunk] = (g @ head.to(gd)).to(hidden.dtype)
+                        grad_h[start : start + chunk] = (g @ head_in(gd)).to(hidden.dtype)
                     if need_head:
                         grad_head += (g.T @ h.to(gd)).to(wide)
     if need_h or need_head:
         loss = _PrecomputedGrad.apply(hidden, head, loss, grad_h,
                                       None if grad_head is None else grad_head.to(head.dtype))
     return loss, torch.cat(hits)
+
+
+class CastOnce:
+    """``tensor.to(dtype)``, cast once per dtype and kept for the call: the chunked losses ask for the draft head in the
+    gradient's dtype on every row chunk, and under bf16 a [Vd, H] fp32 head cast for each chunk (32K x 4096: 0.25 GB
+    a chunk, hundreds of chunks a step) was memory traffic the loss did not need. Where the dtype is the tensor's own,
+    ``to`` returns the tensor itself, as before."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+        self._cast: dict[torch.dtype, torch.Tensor] = {}
+
+    def __call__(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self._cast:
+            self._cast[dtype] = self.tensor.to(dtype)
+        return self._cast[dtype]
 
 
 def _grad_dtype(logits_dtype: torch.dtype) -> torch.dtype:

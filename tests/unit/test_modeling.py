@@ -75,3 +75,27 @@ def test_flush_subnormal_zeroes_only_subnormals(dtype):
     assert out.dtype == dtype
     assert torch.equal(out, torch.tensor([0.0, 0.0, 0.0, tiny * 2, -tiny * 2, 1.0, -3.5], dtype=dtype))
     assert torch.equal(x[1], torch.tensor(tiny / 4, dtype=dtype))  # the input is left alone
+
+
+@pytest.mark.parametrize("loss", ["kl", "ce"])
+def test_the_draft_head_is_cast_once_per_call_not_per_chunk(loss):
+    """Under bf16 the logits' gradient is bf16 and the fp32 draft head is cast to it for the hidden state's gradient:
+    once for the whole call (``modeling.CastOnce``), not again for each row chunk (GPU-path review, item b)."""
+    from torch.overrides import TorchFunctionMode
+
+    hidden, head, th, t_head = inputs(40, 8, 50, 1.0, dtype=torch.float32)
+    casts = []
+
+    class CountHeadCasts(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.to and args and args[0] is head:
+                casts.append(args[1:])
+            return func(*args, **(kwargs or {}))
+
+    with CountHeadCasts(), torch.autocast("cpu", dtype=torch.bfloat16):  # the logits (and their gradient) in bf16
+        if loss == "kl":
+            result = modeling.chunked_forward_kl(hidden, head, th, t_head, chunk=4).loss_sum
+        else:
+            result, _ = modeling.chunked_cross_entropy(hidden, head, torch.arange(40) % 50, chunk=4)
+    torch.autograd.grad(result, (hidden, head))
+    assert len(casts) == 1 and casts[0] == (torch.bfloat16,)
