@@ -193,6 +193,17 @@ def first_row_check(model: Any, states: Any, result: Any, ids: list[int], mask: 
             "norm_of_last_state_is_final": True}
 
 
+def claim_states(out: Path, key: str) -> None:
+    """Keep ``out/hidden_states`` only if it was written for ``key`` (the same target, rows and layers), else remove
+    it, and record ``key`` as the folder's. Finished ``hs_{i}`` files are reused across runs, and speculators' loader
+    drops a file whose token ids do not match its row with a warning, not an error: it would train on fewer rows."""
+    claim = out / "hidden_states.key"
+    if not claim.exists() or claim.read_text() != key:
+        shutil.rmtree(out / "hidden_states", ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        claim.write_text(key)
+
+
 def prepare(target: str, cache: Path, n: int, n_val: int, seq_len: int, layer_ids: list[int], out: Path,
             threads: int) -> dict[str, Any]:
     """speculators' data folder for the peer run (``--data-path``), built once and reused: the rows, the split, the
@@ -222,6 +233,7 @@ def prepare(target: str, cache: Path, n: int, n_val: int, seq_len: int, layer_id
             shutil.rmtree(target_path)
         os.replace(tmp / name, target_path)
     shutil.rmtree(tmp)
+    claim_states(out, json.dumps([DATA_SCHEMA, str(target), str(cache), examples, seq_len, layer_ids]))
     states = extract(target, rows, layer_ids, out / "hidden_states", threads)
     record = {"key": key, "cache_examples": examples, "rows": n, "train_rows": len(train), "val_rows": len(val),
               "train_data_ratio": ratio,

@@ -3,7 +3,10 @@ harness every row shares. See ``test_peer.py`` for the order and the files.
 
 Settings: ``defaults`` (each trainer's own, on the same conversations, one epoch; speculators' aux layers stated only
 where its default repeats a layer) and ``matched`` (the architecture both build, the preset's draft vocabulary,
-sequence length, depth, peak lr, fp32, one epoch, seed 0; each trainer keeps its own optimiser and schedule).
+sequence length, depth, peak lr, fp32, one epoch, seed 0, and specframe's optimiser and schedule: AdamW without weight
+decay, 10% warmup then cosine to 0; speculators packs as many tokens a step as specframe's batches average, so both
+take about as many steps; EAGLE-3's depths weighted 0.8^d on both sides; P-EAGLE's anchors uncapped on both).
+What still differs at matched is listed in ``MATCHED_REMAINING`` and in every results file.
 """
 
 from __future__ import annotations
@@ -64,30 +67,77 @@ def _write_options(path: Path, options: dict) -> None:
 SPECULATOR_TYPE = {"peagle": "peagle", "eagle3": "eagle3"}
 
 
+#: what still differs between the two trainers at matched settings (speculators 0.9.0 has no flag for these), recorded
+#: in every results file beside the settings
+MATCHED_REMAINING = (
+    "AdamW betas: specframe (0.9, 0.95), speculators torch's default (0.9, 0.999)",
+    "P-EAGLE's shared hidden state starts at N(0, 0.02) in specframe (until issue 54's ablation decides), N(0, 1) in "
+    "speculators",
+    "steps: specframe batches 4 conversations (one a sequence, no packing), speculators packs rows up to the matched "
+    "token count; the step counts agree to within packing's rounding",
+    "weights: speculators saves its checkpoint in bf16 (the drafter measured is the bf16-rounded one), specframe fp32",
+)
+
+
+def speculators_settings(p: Preset, drafter: str, settings: str,
+                         tokens_per_step: int) -> list[tuple[str, list[str], str]]:
+    """Every setting the peer job gives ``speculators train`` beyond its data, output and CPU flags, as (flag,
+    values, why): the command is built from this list and the results record it, so no setting goes unlisted."""
+    rows: list[tuple[str, list[str], str]] = [
+        ("--epochs", ["1"], "one epoch over the training conversations, as specframe's run (its default is 20)")]
+    layers = aux_layers(p, drafter)
+    if layers:
+        rows.append(("--target-layer-ids", list(map(str, layers)), "its default [2, L // 2, L - 3] repeats a layer "
+                     "of this target, which it refuses"))
+    if settings == "defaults":
+        # its default 8,192 tokens a step: the full vocabulary's logits over them (P-EAGLE: about 3x that in COD
+        # elements) outgrow a 23 GiB CPU machine
+        rows.append(("--total-seq-len", [str(p.batch_size * p.seq_len)], "batch x seq_len tokens a packed step, not "
+                     "its default 8,192, which outgrows this machine's memory at its full vocabulary"))
+        return rows
+    n = int(p.drafters[drafter].get("layers", 1))
+    rows += [
+        ("--total-seq-len", [str(tokens_per_step)], "the tokens a step of specframe's run averages, so both take "
+         "about as many steps over the same epoch"),
+        ("--num-layers", [str(n)], "the matched architecture"), ("--draft-arch", ["llama"], "specframe's layer"),
+        ("--no-norm-before-residual", [], "specframe's layer"),
+        ("--full-attention-indices", [str(i) for i in range(n)], "full attention, as specframe's layer"),
+        ("--draft-vocab-size", [str(p.draft_vocab)], "the preset's draft vocabulary"),
+        ("--lr", [str(p.lr)], "the preset's peak lr"), ("--seed", ["0"], "specframe's seed"),
+        ("--optimizer", ["adamw"], "specframe's optimiser (its default is Muon + AdamW)"),
+        ("--weight-decay", ["0"], "specframe's (0.0)"),
+        ("--scheduler-type", ["cosine"], "specframe's schedule: warmup, then cosine to 0"),
+        ("--scheduler-warmup-ratio", ["0.1"], "specframe's default warmup, 10% of the steps"),
+    ]
+    if drafter == "peagle":
+        rows += [("--num-depths", [str(p.depth)], "the preset's depth"),
+                 ("--max-anchors", [str(tokens_per_step)], "no cap that binds: specframe's P-EAGLE samples no "
+                  "anchors (its default 512 would keep about a third of a packed step's positions)")]
+    else:
+        rows += [("--ttt-steps", [str(p.depth)], "the preset's depth"),
+                 ("--ttt-step-loss-decay", ["0.8"], "specframe's EAGLE-3 weights depth d by 0.8^d (its default 1.0)"),
+                 ("--no-norm-before-fc", [], "specframe's layer"), ("--no-norm-output", [], "specframe's layer")]
+    return rows
+
+
+def matched_tokens_per_step(p: Preset, train_rows: int, train_tokens: int) -> int:
+    """The tokens a step of specframe's matched run averages (one conversation a sequence, ``batch_size`` a step,
+    one epoch over ``train_rows``), at least one whole sequence (speculators packs whole rows)."""
+    steps = -(-train_rows // p.batch_size)
+    return max(p.seq_len, -(-train_tokens // steps))
+
+
 def speculators_train_args(p: Preset, drafter: str, settings: str, target: str, data: Path, ratio: float,
-                           out: Path) -> list[str]:
-    """`speculators train` on the peer data folder, one epoch, the CPU flags; matched: the architecture specframe
-    builds (llama layer, no norm before the residual, no EAGLE 3.1 norms, full attention)."""
+                           out: Path, tokens_per_step: int) -> list[str]:
+    """`speculators train` on the peer data folder, the CPU flags and ``speculators_settings``."""
     from peer_speculators import CPU_FLAGS
 
     args = ["train", "--speculator-type", SPECULATOR_TYPE[drafter], "--verifier-name-or-path", target,
-            "--data-path", str(data), "--save-path", str(out / "ckpt"), "--epochs", "1",
-            "--train-data-ratio", repr(ratio)]
+            "--data-path", str(data), "--save-path", str(out / "ckpt"), "--train-data-ratio", repr(ratio)]
     for flag, (value, _why) in CPU_FLAGS.items():
         args += [flag, value]
-    layers = aux_layers(p, drafter)
-    if layers:
-        args += ["--target-layer-ids", *map(str, layers)]
-    # one packed row of batch x seq_len tokens a step at both settings, not its default 8,192: its default full
-    # vocabulary's logits over 8,192 tokens (P-EAGLE: about 3x that in COD elements) outgrow a 23 GiB CPU machine
-    args += ["--total-seq-len", str(p.batch_size * p.seq_len)]
-    if settings == "matched":
-        opts = p.drafters[drafter]
-        args += ["--num-layers", str(opts.get("layers", 1)), "--draft-arch", "llama", "--no-norm-before-residual",
-                 "--full-attention-indices", *map(str, range(int(opts.get("layers", 1)))),
-                 "--draft-vocab-size", str(p.draft_vocab), "--lr", str(p.lr), "--seed", "0"]
-        args += (["--num-depths", str(p.depth)] if drafter == "peagle" else
-                 ["--ttt-steps", str(p.depth), "--no-norm-before-fc", "--no-norm-output"])
+    for flag, values, _why in speculators_settings(p, drafter, settings, tokens_per_step):
+        args += [flag, *values]
     return args
 
 
@@ -101,7 +151,8 @@ def speculators_throughput(log: str, epoch_tokens: int | None = None) -> dict[st
     steps = [float(v) for v in re.findall(r"profile/step_ms=" + _NUMBER, log)]
     rates = [float(v) for v in re.findall(r"profile/tokens_per_s=" + _NUMBER, log)]
     if not steps or len(steps) != len(rates):
-        return {"steps": len(steps), "train_tokens": None, "train_seconds": None, "tokens_per_second": None}
+        raise RuntimeError(f"speculators' log holds {len(steps)} step times and {len(rates)} token rates: its "
+                           "per-step profile could not be read, so its throughput is unknown")
     seconds = sum(steps) / 1000.0
     logged = round(sum(s / 1000.0 * r for s, r in zip(steps, rates, strict=True)))
     tokens = logged if epoch_tokens is None else epoch_tokens

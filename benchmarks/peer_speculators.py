@@ -95,7 +95,9 @@ PATCHES = (
 CPU_FLAGS = {
     "--draft-attn-impl": ("sdpa", "FlexAttention (the default) has no backward pass on the CPU"),
     "--loss-implementation": ("eager", "the default fused loss is Triton GPU kernels"),
-    "--hidden-states-dtype": ("float32", "the hidden states are written in fp32, as specframe trains"),
+    "--hidden-states-dtype": ("float32", "fp32 hidden states and compute, as specframe trains on a CPU (speculators' "
+                              "default bf16 autocast also runs on a CPU: not a CPU need, a choice so both compute "
+                              "alike)"),
     "--num-workers": ("0", "12 spawned loader workers on 2 cores only compete with the step"),
     "--on-missing": ("raise", "every hidden state is written beforehand; no vLLM server generates missing ones"),
 }

@@ -14,8 +14,10 @@ Then one job per (drafter, settings, trainer), ``test_peer_job[<drafter>-<settin
 back to back for each drafter and settings (their throughputs under the same load, the load beside each recorded):
 
 1. training, reused when its record (``<work>/runs/<case>.json``) holds the same key: specframe's ``train --epochs 1``
-   (resumed from its last checkpoint when stopped) or ``speculators train --epochs 1`` against the patched copy
-   (restarted when stopped: it checkpoints once per epoch);
+   (resumed from its last checkpoint when stopped; a run folder of other settings is removed first) or
+   ``speculators train --epochs 1`` against the patched copy (restarted when stopped: its checkpoints hold bf16
+   weights, so a resumed run would continue from rounded weights). A run short of the preset's token floor stops the
+   job before anything is measured;
 2. the drafter as a folder specframe's importer reads (``specframe export`` of specframe's run; speculators' last
    ``ckpt/<epoch>/`` config and weights), evaluated by specframe's validation on the held-out examples (a one-step
    ``train --init-from`` at lr 1e-12): chain AL with a bootstrap interval over held-out sequences. A folder the
@@ -55,6 +57,14 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("case", found, ids=["-".join(c) for c in found])
 
 
+class PeerWorkspace(Workspace):
+    """The peer preset's workspace: its feature cache stores fp32 states (``specframe prepare``'s default is fp16),
+    the precision speculators' hidden-state files hold, so both trainers and the one evaluator read the same values."""
+
+    def cache_args(self) -> list[str]:
+        return [*super().cache_args(), "--storage-dtype", "float32"]
+
+
 @pytest.fixture(scope="module")
 def peer(workspace) -> Workspace:
     """The preset's own workspace (no installed plugin drafter joins the comparison)."""
@@ -67,7 +77,7 @@ def peer(workspace) -> Workspace:
         check_version(installed_version())
     except PeerError as e:
         pytest.skip(str(e))
-    return Workspace(PRESETS[name], workspace.root, workspace.results)
+    return PeerWorkspace(PRESETS[name], workspace.root, workspace.results)
 
 
 def _layer_ids(peer: Workspace, drafter: str) -> list[int]:
@@ -122,18 +132,27 @@ def _train(peer: Workspace, data: dict, drafter: str, settings: str, trainer: st
     p = peer.preset
     run = peer_jobs.JobPaths(peer.root).run(drafter, settings, trainer)
     record_path = run.with_suffix(".json")
+    folder = data["speculators"][drafter]
     if trainer == "specframe":
         args = peer_jobs.specframe_train_args(p, drafter, settings, peer.target(), data["cache"],
                                               run.with_suffix(".toml"), run)
     else:
-        folder = data["speculators"][drafter]
+        data_record = folder["record"]
+        per_step = peer_jobs.matched_tokens_per_step(p, data_record["train_rows"], data_record["train_tokens"])
         args = peer_jobs.speculators_train_args(p, drafter, settings, target_source(peer.target()),
-                                                Path(folder["path"]), folder["record"]["train_data_ratio"], run)
-    key = fingerprint([args, peer_jobs.SCHEMA, SUPPORTED_VERSION, data["speculators"][drafter]["record"]["key"]])
+                                                Path(folder["path"]), folder["record"]["train_data_ratio"], run,
+                                                per_step)
+    key = fingerprint([args, peer_jobs.SCHEMA, SUPPORTED_VERSION, folder["record"]["key"]])
     if record_path.exists():
         record = json.loads(record_path.read_text())
         if record.get("key") == key:
             return record
+    # a run folder left by other settings is never continued: its checkpoint would be resumed (or refused) as this one
+    claim = run.with_suffix(".key")
+    if not claim.exists() or claim.read_text() != key:
+        shutil.rmtree(run, ignore_errors=True)
+        claim.parent.mkdir(parents=True, exist_ok=True)
+        claim.write_text(key)
     log = run.with_suffix(".log")
     if trainer == "specframe":
         resume = ["--resume", str(run)] if checkpoint.has_checkpoint(run) else []
@@ -158,6 +177,11 @@ def _train(peer: Workspace, data: dict, drafter: str, settings: str, trainer: st
         cmd = f"PYTHONPATH={data['pythonpath']} python -m speculators {shlex.join(args)}"
     record = {"key": key, "run": str(run), "command": cmd, **metrics, **child_record}
     record.pop("learning_curve", None)
+    seen = int(record.get("train_tokens") or 0)
+    if seen < p.min_train_tokens:  # before anything is measured or kept: the budget is the comparison's premise
+        raise RuntimeError(f"{drafter} {settings} {trainer} trained on {seen:,} tokens, fewer than the {p.name} "
+                           f"preset's {p.min_train_tokens:,} (every token of its training sequences): raise the "
+                           "preset's train_examples")
     record_path.write_text(json.dumps(record, indent=1))
     return record
 
@@ -175,6 +199,15 @@ def _drafter_folder(peer: Workspace, record: dict, trainer: str) -> Path:
     if child.exit != 0:
         raise RuntimeError(f"specframe export failed: see {log}")
     return out
+
+
+def weights_dtypes(folder: Path) -> list[str]:
+    """The dtypes the drafter folder's ``model.safetensors`` stores (read from its header, nothing loaded):
+    speculators saves its checkpoints in bf16, specframe's export fp32, and the results say which was measured."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return sorted({f.get_slice(name).get_dtype() for name in f.keys()})
 
 
 def _served(peer: Workspace, evaluation: dict, label: str, out: Path, config: dict) -> dict[str, Any]:
@@ -261,7 +294,7 @@ def test_peer_job(benchmark, peer, peer_data, case):
             **config, "train_tokens": record.get("train_tokens"), "train_steps": record.get("steps"),
             "tokens_per_second": record.get("tokens_per_second"), "train_seconds": record.get("train_seconds"),
             "beside_cores": record.get("beside_cores"), "peak_rss_bytes": record.get("peak_rss_bytes"),
-            "min_train_tokens": p.min_train_tokens,
+            "min_train_tokens": p.min_train_tokens, "weights_dtypes": weights_dtypes(folder),
             "evaluation": {k: v for k, v in evaluation.items() if k != "val_chain_per_sequence"},
             "val_chain_per_sequence": evaluation.get("val_chain_per_sequence"),
             "served": served,
@@ -270,9 +303,15 @@ def test_peer_job(benchmark, peer, peer_data, case):
         provenance = {**results_provenance(target=target_provenance(peer.target()),
                                            token_budget=record.get("train_tokens"), command=command()),
                       "speculators_version": SUPPORTED_VERSION}
+        per_step = peer_jobs.matched_tokens_per_step(p, data["train_rows"], data["train_tokens"])
+        settings_given = ([{"flag": f, "values": v, "why": why} for f, v, why in
+                           peer_jobs.speculators_settings(p, drafter, settings, per_step)]
+                          if trainer == "speculators" else None)
         write_results(path, kind="bench.peer", metrics=metrics, per_prompt=[], provenance=provenance, config={
             "key": key, "train_command": record["command"], "eval_options": options,
-            "speculators_patches": patch_list(), "data": {k: v for k, v in data.items() if k != "key"},
+            "speculators_patches": patch_list(), "speculators_settings": settings_given,
+            "matched_remaining": list(peer_jobs.MATCHED_REMAINING) if settings == "matched" else None,
+            "data": {k: v for k, v in data.items() if k != "key"},
             "held_out": {"examples": p.val_examples, "train_data_ratio": data["train_data_ratio"]}})
         box["metrics"] = metrics
 
@@ -289,4 +328,4 @@ def test_peer_job(benchmark, peer, peer_data, case):
 
 
 #: what a peer job's results hold: part of each results file's key
-SCHEMA_PEER = 1
+SCHEMA_PEER = 2

@@ -122,6 +122,20 @@ def test_speculators_own_reader_takes_the_rows_and_states_in_order(tiny, tmp_pat
     assert val["hidden_states"].shape == (3, 3 * 64) and val["verifier_last_hidden_states"].shape == (3, 64)
 
 
+def test_hidden_states_written_for_other_rows_or_layers_are_never_reused(tmp_path):
+    states = tmp_path / "hidden_states"
+    states.mkdir()
+    (states / "hs_0.safetensors").write_text("old")
+    peer_data.claim_states(tmp_path, "layers 1,2,3")  # no claim yet: what is there is of unknown origin
+    assert not states.exists()
+    states.mkdir()
+    (states / "hs_0.safetensors").write_text("kept")
+    peer_data.claim_states(tmp_path, "layers 1,2,3")
+    assert (states / "hs_0.safetensors").read_text() == "kept"
+    peer_data.claim_states(tmp_path, "layers 2,15,27")
+    assert not states.exists() and (tmp_path / "hidden_states.key").read_text() == "layers 2,15,27"
+
+
 def test_speculators_default_aux_layers():
     assert peer_data.target_layer_ids(30) == [2, 15, 27]
     assert peer_data.target_layer_ids(4, [1, 2, 3]) == [1, 2, 3]
@@ -184,6 +198,76 @@ def test_speculators_throughput_is_read_from_its_step_profile():
     exact = peer_jobs.speculators_throughput(log, epoch_tokens=498)
     assert exact["train_tokens"] == 498 and exact["profile_tokens"] == 500
     assert exact["tokens_per_second"] == pytest.approx(498 / 3)
+
+
+def test_an_unreadable_step_profile_is_an_error_not_a_record():
+    import peer_jobs
+
+    for log in ("", "profile/step_ms=10.0,\n"):  # no steps; a step time without its token rate
+        with pytest.raises(RuntimeError, match="per-step profile could not be read"):
+            peer_jobs.speculators_throughput(log, epoch_tokens=100)
+
+
+def _flags(args: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    flag = None
+    for a in args:
+        if a.startswith("--"):
+            flag = a
+            out[flag] = []
+        elif flag is not None:
+            out[flag].append(a)
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["peagle", "eagle3"])
+def test_matched_speculators_runs_specframes_optimiser_schedule_steps_and_loss(drafter, tmp_path):
+    import peer_jobs
+    from presets import PRESETS
+
+    p = PRESETS["peer"]
+    per_step = peer_jobs.matched_tokens_per_step(p, train_rows=1050, train_tokens=292_000)
+    assert per_step == -(-292_000 // 263) and per_step >= p.seq_len  # 263 specframe steps of 4 conversations
+    args = peer_jobs.speculators_train_args(p, drafter, "matched", "t", tmp_path, 0.9, tmp_path / "run", per_step)
+    flags = _flags(args)
+    assert flags["--optimizer"] == ["adamw"] and flags["--weight-decay"] == ["0"]
+    assert flags["--scheduler-type"] == ["cosine"] and flags["--scheduler-warmup-ratio"] == ["0.1"]
+    assert flags["--total-seq-len"] == [str(per_step)] and flags["--epochs"] == ["1"]
+    assert flags["--lr"] == [str(p.lr)] and flags["--draft-vocab-size"] == [str(p.draft_vocab)]
+    if drafter == "peagle":  # no anchor cap that binds, as specframe's P-EAGLE samples none
+        assert flags["--max-anchors"] == [str(per_step)] and flags["--num-depths"] == [str(p.depth)]
+    else:  # specframe's EAGLE-3 weighs depth d by depth_decay ** d
+        from specframe import plugins
+
+        decay = plugins.get("drafter", "eagle3").Options().depth_decay
+        assert flags["--ttt-step-loss-decay"] == [str(decay)] and flags["--ttt-steps"] == [str(p.depth)]
+    # every flag the job gives is one the settings list names, with its reason (the results record that list)
+    listed = {f for f, _, why in peer_jobs.speculators_settings(p, drafter, "matched", per_step) if why}
+    given = set(flags) - set(peer_speculators.CPU_FLAGS) - {"--speculator-type", "--verifier-name-or-path",
+                                                              "--data-path", "--save-path", "--train-data-ratio"}
+    assert given == listed
+
+
+def test_speculators_defaults_change_only_the_epoch_count_and_step_size(tmp_path):
+    import peer_jobs
+    from presets import PRESETS
+
+    p = PRESETS["peer"]
+    args = peer_jobs.speculators_train_args(p, "peagle", "defaults", "t", tmp_path, 0.9, tmp_path / "run", 999)
+    flags = _flags(args)
+    assert set(flags) - set(peer_speculators.CPU_FLAGS) == {
+        "--speculator-type", "--verifier-name-or-path", "--data-path", "--save-path", "--train-data-ratio", "--epochs",
+        "--total-seq-len"}
+    assert flags["--total-seq-len"] == [str(p.batch_size * p.seq_len)]
+
+
+def test_the_peer_cache_stores_fp32_states(tmp_path):
+    from presets import PRESETS
+    from test_peer import PeerWorkspace
+
+    ws = PeerWorkspace(PRESETS["peer-ci"], tmp_path / "w", tmp_path / "r")
+    ws._aux_layers = [1, 2]  # nothing loaded: the aux layers are what the preset's drafters read
+    assert ws.cache_args()[-2:] == ["--storage-dtype", "float32"]
 
 
 # ------------------------------------------------------------------------------------------------ report
