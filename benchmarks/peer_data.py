@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 #: what the written data depends on beyond its inputs: bump when the layout or the extraction changes
-DATA_SCHEMA = 2
+DATA_SCHEMA = 3
 
 
 def rows_from_cache(cache: Path, n: int, seq_len: int) -> list[tuple[list[int], list[int]]]:
@@ -238,6 +238,7 @@ def prepare(target: str, cache: Path, n: int, n_val: int, seq_len: int, layer_id
     record = {"key": key, "cache_examples": examples, "rows": n, "train_rows": len(train), "val_rows": len(val),
               "train_data_ratio": ratio,
               "train_tokens": sum(len(rows[i][0]) for i in train),
+              "train_row_lengths": [len(rows[i][0]) for i in train],
               "train_supervised": sum(sum(rows[i][1]) for i in train),
               "val_tokens": sum(len(rows[i][0]) for i in val), "target_layer_ids": layer_ids, "seq_len": seq_len,
               **states}

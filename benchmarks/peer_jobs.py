@@ -120,11 +120,31 @@ def speculators_settings(p: Preset, drafter: str, settings: str,
     return rows
 
 
-def matched_tokens_per_step(p: Preset, train_rows: int, train_tokens: int) -> int:
-    """The tokens a step of specframe's matched run averages (one conversation a sequence, ``batch_size`` a step,
-    one epoch over ``train_rows``), at least one whole sequence (speculators packs whole rows)."""
-    steps = -(-train_rows // p.batch_size)
-    return max(p.seq_len, -(-train_tokens // steps))
+def packed_steps(lengths: list[int], capacity: int) -> int:
+    """The packed steps of rows of ``lengths`` taken in order, each step as many whole rows as fit in ``capacity``
+    tokens (speculators' multipack sampler on one rank: consecutive rows of its shuffled order)."""
+    steps, used = 0, capacity
+    for n in lengths:
+        if used + n > capacity:
+            steps, used = steps + 1, 0
+        used += n
+    return steps
+
+
+def matched_tokens_per_step(p: Preset, row_lengths: list[int]) -> int:
+    """speculators' ``--total-seq-len`` at matched settings: the smallest step size (at least one whole sequence) at
+    which packing the training rows takes no more steps than specframe's run (one conversation a sequence,
+    ``batch_size`` a step, one epoch). The mean tokens of specframe's steps would leave packing about half a row short
+    each step, and so more steps with a different schedule."""
+    steps = -(-len(row_lengths) // p.batch_size)
+    low, high = max(p.seq_len, -(-sum(row_lengths) // steps)), max(p.seq_len, sum(row_lengths))
+    while low < high:  # packed_steps falls as the capacity grows
+        mid = (low + high) // 2
+        if packed_steps(row_lengths, mid) <= steps:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def speculators_train_args(p: Preset, drafter: str, settings: str, target: str, data: Path, ratio: float,

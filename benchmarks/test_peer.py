@@ -137,8 +137,7 @@ def _train(peer: Workspace, data: dict, drafter: str, settings: str, trainer: st
         args = peer_jobs.specframe_train_args(p, drafter, settings, peer.target(), data["cache"],
                                               run.with_suffix(".toml"), run)
     else:
-        data_record = folder["record"]
-        per_step = peer_jobs.matched_tokens_per_step(p, data_record["train_rows"], data_record["train_tokens"])
+        per_step = peer_jobs.matched_tokens_per_step(p, folder["record"]["train_row_lengths"])
         args = peer_jobs.speculators_train_args(p, drafter, settings, target_source(peer.target()),
                                                 Path(folder["path"]), folder["record"]["train_data_ratio"], run,
                                                 per_step)
@@ -303,7 +302,7 @@ def test_peer_job(benchmark, peer, peer_data, case):
         provenance = {**results_provenance(target=target_provenance(peer.target()),
                                            token_budget=record.get("train_tokens"), command=command()),
                       "speculators_version": SUPPORTED_VERSION}
-        per_step = peer_jobs.matched_tokens_per_step(p, data["train_rows"], data["train_tokens"])
+        per_step = peer_jobs.matched_tokens_per_step(p, data["train_row_lengths"])
         settings_given = ([{"flag": f, "values": v, "why": why} for f, v, why in
                            peer_jobs.speculators_settings(p, drafter, settings, per_step)]
                           if trainer == "speculators" else None)
@@ -311,7 +310,7 @@ def test_peer_job(benchmark, peer, peer_data, case):
             "key": key, "train_command": record["command"], "eval_options": options,
             "speculators_patches": patch_list(), "speculators_settings": settings_given,
             "matched_remaining": list(peer_jobs.MATCHED_REMAINING) if settings == "matched" else None,
-            "data": {k: v for k, v in data.items() if k != "key"},
+            "data": {k: v for k, v in data.items() if k not in ("key", "train_row_lengths")},
             "held_out": {"examples": p.val_examples, "train_data_ratio": data["train_data_ratio"]}})
         box["metrics"] = metrics
 

@@ -226,8 +226,8 @@ def test_matched_speculators_runs_specframes_optimiser_schedule_steps_and_loss(d
     from presets import PRESETS
 
     p = PRESETS["peer"]
-    per_step = peer_jobs.matched_tokens_per_step(p, train_rows=1050, train_tokens=292_000)
-    assert per_step == -(-292_000 // 263) and per_step >= p.seq_len  # 263 specframe steps of 4 conversations
+    per_step = peer_jobs.matched_tokens_per_step(p, [278] * 1050)
+    assert per_step >= p.seq_len
     args = peer_jobs.speculators_train_args(p, drafter, "matched", "t", tmp_path, 0.9, tmp_path / "run", per_step)
     flags = _flags(args)
     assert flags["--optimizer"] == ["adamw"] and flags["--weight-decay"] == ["0"]
@@ -246,6 +246,23 @@ def test_matched_speculators_runs_specframes_optimiser_schedule_steps_and_loss(d
     given = set(flags) - set(peer_speculators.CPU_FLAGS) - {"--speculator-type", "--verifier-name-or-path",
                                                               "--data-path", "--save-path", "--train-data-ratio"}
     assert given == listed
+
+
+@pytest.mark.parametrize("lengths", [[278] * 1050, [250, 256, 240, 256] * 5,
+                                     [60, 500, 120, 512, 33, 300, 410, 90] * 40])
+def test_matched_packing_takes_specframes_step_count(lengths):
+    """The smallest step size whose packing takes no more steps than specframe's batches of 4 conversations: the
+    mean tokens a specframe step holds would take more (packing leaves each step part of a row short)."""
+    import peer_jobs
+    from presets import PRESETS
+
+    p = PRESETS["peer"]
+    steps = -(-len(lengths) // p.batch_size)
+    size = peer_jobs.matched_tokens_per_step(p, lengths)
+    floor = max(p.seq_len, -(-sum(lengths) // steps))  # one sequence; specframe's mean tokens a step
+    assert peer_jobs.packed_steps(lengths, size) <= steps  # never more steps than specframe's
+    assert size == floor or peer_jobs.packed_steps(lengths, size - 1) > steps  # and the smallest such size
+    assert peer_jobs.packed_steps([3, 3, 3, 3], 6) == 2 and peer_jobs.packed_steps([3, 3, 3, 3], 5) == 4
 
 
 def test_speculators_defaults_change_only_the_epoch_count_and_step_size(tmp_path):
