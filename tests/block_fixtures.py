@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from specframe import api, plugins
 from specframe.drafting.elements import check_partition, full_grid, position_docs
 from specframe.interfaces.drafter import charged_weight
-from tests.drafter_helpers import features, tiny_target
+from tests.drafter_helpers import features, sharp_tiny_target
 
 SDPA = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
 
@@ -28,7 +28,7 @@ SDPA = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     torch.set_num_threads(1)
-    return tiny_target(tmp_path_factory.mktemp("block-target"))
+    return sharp_tiny_target(tmp_path_factory.mktemp("block-target"))
 
 
 def make_block(name: str, small: dict[str, Any], target, length: int = 18, docs: int = 1, seed: int = 0, mask=None,

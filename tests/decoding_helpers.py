@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 
 
 @functools.lru_cache(maxsize=8)
-def tiny_target(vocab: int = 256, layers: int = 2, hidden: int = 64, seed: int = 0, logit_scale: float = 1.0):
+def random_llama(vocab: int = 256, layers: int = 2, hidden: int = 64, seed: int = 0, logit_scale: float = 1.0):
     """A seeded random Llama (fp32, eval). ``logit_scale`` sharpens its distributions (random inits are near uniform)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(

@@ -25,7 +25,7 @@ SMALL = {
 }
 
 
-def tiny_target(root: Path, sharpen: float = 30.0):
+def sharp_tiny_target(root: Path, sharpen: float = 30.0):
     """The shared tiny random target, its lm_head scaled so the target distribution is peaked (a random target is
     near uniform, so a distillation loss would start near zero and say little)."""
     target_dir, _ = build(root)

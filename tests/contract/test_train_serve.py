@@ -20,7 +20,7 @@ from specframe import api, plugins
 
 from specframe.drafting import modeling
 from specframe.drafting.elements import full_grid
-from tests.drafter_helpers import DRAFTERS, depth_of, make, tiny_target
+from tests.drafter_helpers import DRAFTERS, depth_of, make, sharp_tiny_target
 
 #: drafters whose position i reads x_{i+1} with the target's feature g_i (docs/design.md section 8); PARD reads x_i
 SHIFTED = {"peagle", "eagle3", "parallelspec"}
@@ -29,7 +29,7 @@ SHIFTED = {"peagle", "eagle3", "parallelspec"}
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     torch.set_num_threads(1)
-    return tiny_target(tmp_path_factory.getbasetemp() / "shared-train-assets")
+    return sharp_tiny_target(tmp_path_factory.getbasetemp() / "shared-train-assets")
 
 
 class Predictions:

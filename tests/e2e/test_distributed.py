@@ -346,9 +346,9 @@ def test_fsdp_needs_processes_and_no_fp16(assets, tmp_path):
 @pytest.fixture(scope="module")
 def sharp(assets):
     """The tiny target with a peaked output distribution (a random one is near uniform: the loss would say little)."""
-    from tests.drafter_helpers import tiny_target
+    from tests.drafter_helpers import sharp_tiny_target
 
-    return tiny_target(assets[0].parent)
+    return sharp_tiny_target(assets[0].parent)
 
 
 def losses(assets, target, tmp_path, name: str, dtype: str, steps: int = 20) -> list[float]:

@@ -36,7 +36,7 @@ from specframe.drafter_folders import load_drafter
 from specframe.drafting.elements import check_partition, full_grid, position_docs
 from specframe.engine.data import _Sequences
 from specframe.engine.loop import Trainer
-from tests.drafter_helpers import DRAFTERS, SMALL, features, tiny_target
+from tests.drafter_helpers import DRAFTERS, SMALL, features, sharp_tiny_target
 from tests.target_fixtures import chat_records
 
 try:
@@ -51,7 +51,7 @@ DEPTH = 3  # every drafter's grid below (DFlash: block_size - 1)
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     torch.set_num_threads(1)
-    return tiny_target(tmp_path_factory.mktemp("anchors"))
+    return sharp_tiny_target(tmp_path_factory.mktemp("anchors"))
 
 
 # ------------------------------------------------------------------------------------------------------- helpers

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 import torch
-from tests.decoding_helpers import ModelDrafter, OracleDrafter, RandomDrafter, WrongDrafter, naive_greedy, tiny_target
+from tests.decoding_helpers import ModelDrafter, OracleDrafter, RandomDrafter, WrongDrafter, naive_greedy, random_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +32,7 @@ TREE_VERIFIERS = [("greedy", {}), ("tree", {})]
 
 @functools.lru_cache(maxsize=256)
 def reference(prompt: tuple[int, ...], n: int = N_NEW) -> list[int]:
-    return naive_greedy(tiny_target(), list(prompt), n)
+    return naive_greedy(random_llama(), list(prompt), n)
 
 
 prompts = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12).map(tuple)
@@ -41,7 +41,7 @@ prompts = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12).map(tuple
 def run(prompt, drafter=None, name="greedy", options=None, **kw):
     kw.setdefault("max_new_tokens", N_NEW)
     kw.setdefault("eos_token_id", ())
-    return generate(tiny_target(), torch.tensor(prompt), verifier(name, **(options or {})), drafter, **kw)
+    return generate(random_llama(), torch.tensor(prompt), verifier(name, **(options or {})), drafter, **kw)
 
 
 def make_drafter(kind: str, prompt, seed: int):
@@ -50,7 +50,7 @@ def make_drafter(kind: str, prompt, seed: int):
     if kind == "wrong":
         return WrongDrafter(reference(prompt), VOCAB, seed)
     if kind == "model":
-        return ModelDrafter(tiny_target(layers=1, hidden=32, seed=7 + seed % 2))
+        return ModelDrafter(random_llama(layers=1, hidden=32, seed=7 + seed % 2))
     return RandomDrafter(VOCAB, seed)
 
 
@@ -88,7 +88,7 @@ def test_oracle_chain_reaches_k_plus_one(k, which):
     prompt = (3, 1, 4, 1, 5)
     rounds = 4
     n = 1 + rounds * (k + 1)
-    gen = run(prompt, OracleDrafter(naive_greedy(tiny_target(), list(prompt), n), VOCAB), which[0], which[1], k=k,
+    gen = run(prompt, OracleDrafter(naive_greedy(random_llama(), list(prompt), n), VOCAB), which[0], which[1], k=k,
               max_new_tokens=n)
     metrics = PromptMetrics.of(gen)
     assert metrics.acceptance_length == k + 1
@@ -111,7 +111,7 @@ def test_oracle_tree_reaches_depth_plus_one_and_wrong_tree_has_al_one(which):
     prompt = (2, 7, 1, 8)
     depth, top_k, rounds = 4, 3, 3
     n = 1 + rounds * (depth + 1)
-    cont = naive_greedy(tiny_target(), list(prompt), n)
+    cont = naive_greedy(random_llama(), list(prompt), n)
     shape = TreeShape(depth=depth, top_k=top_k, total_tokens=depth * top_k)
     gen = run(prompt, OracleDrafter(cont, VOCAB, seed=1), which[0], which[1], tree=shape, max_new_tokens=n)
     assert gen.tokens == cont
@@ -126,13 +126,13 @@ def test_oracle_tree_reaches_depth_plus_one_and_wrong_tree_has_al_one(which):
 def test_model_drafter_with_dynamic_tree_accepts_something():
     # The target drafting for itself: the greedy path is always the most confident first child.
     prompt = (10, 20, 30)
-    gen = run(prompt, ModelDrafter(tiny_target()), "tree", tree=TreeShape(depth=3, top_k=2, total_tokens=8))
+    gen = run(prompt, ModelDrafter(random_llama()), "tree", tree=TreeShape(depth=3, top_k=2, total_tokens=8))
     assert gen.tokens == reference(prompt)
     assert PromptMetrics.of(gen).acceptance_length > 2
 
 
 def test_forwards_are_counted_by_the_model_itself():
-    model = tiny_target()
+    model = random_llama()
     calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
@@ -165,7 +165,7 @@ class FeatureDrafter(RandomDrafter):
 
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 3, 9)])
 def test_drafter_gets_target_features_aligned_with_emitted_tokens(tree):
-    model = tiny_target()
+    model = random_llama()
     prompt = [11, 12, 13, 14]
     drafter = FeatureDrafter(VOCAB, seed=5)
     gen = generate(model, torch.tensor(prompt), verifier("greedy"), drafter, k=3, tree=tree, max_new_tokens=20,
@@ -193,7 +193,7 @@ def test_ngram_drafter_is_lossless_and_accepts_on_repetition():
     # Random tiny models fall into loops under greedy decoding, which prompt lookup then predicts.
     prompt = tuple(range(30, 40)) * 2
     n = 60
-    cont = naive_greedy(tiny_target(), list(prompt), n)
+    cont = naive_greedy(random_llama(), list(prompt), n)
     gen = run(prompt, ngram(None), k=4, max_new_tokens=n)
     assert gen.tokens == cont
     assert PromptMetrics.of(gen).acceptance_length > 1.5
@@ -285,7 +285,7 @@ def test_a_lying_verifier_is_caught_before_anything_is_emitted(monkeypatch, lie)
     expected = {"off-path": "not a path from the root", "wrong-token": "whose draft token is",
                 "too-many": "tokens for"}[lie]
     with pytest.raises(PluginError, match=f"verifier 'greedy' .*{expected}"):
-        generate(tiny_target(), torch.tensor([1, 2]), verifier, RandomDrafter(VOCAB), k=3, max_new_tokens=8,
+        generate(random_llama(), torch.tensor([1, 2]), verifier, RandomDrafter(VOCAB), k=3, max_new_tokens=8,
                  eos_token_id=())
 
 
@@ -305,7 +305,7 @@ def test_the_tree_kv_path_copy_indexes_each_cache_on_its_own_device(monkeypatch)
     says 'meta' while the caches are on the CPU (an index on 'meta' made index_select fail)."""
     from specframe.inference.target import TargetSession
 
-    model = tiny_target()
+    model = random_llama()
     session = TargetSession(model)
     session.prefill(torch.tensor([5, 6, 7]))
     base = session.length
@@ -359,7 +359,7 @@ def test_a_budget_of_zero_is_a_plain_step_and_every_round_is_reported(kind):
     drafter = Counting(reference_, VOCAB) if kind == "oracle" else RandomDrafter(VOCAB, 3)
     budgets = [0, 4, 0, 0, 2]
     v = Budgeting(budgets, 4)
-    gen = generate(tiny_target(), torch.tensor(prompt), v, drafter, k=4, max_new_tokens=N_NEW, eos_token_id=())
+    gen = generate(random_llama(), torch.tensor(prompt), v, drafter, k=4, max_new_tokens=N_NEW, eos_token_id=())
     assert gen.tokens == reference_
     planned = [budgets[i % len(budgets)] for i in range(len(gen.rounds))]
     assert all(r.nodes <= b for r, b in zip(gen.rounds, planned))
@@ -378,5 +378,5 @@ def test_a_budget_of_zero_is_a_plain_step_and_every_round_is_reported(kind):
 def test_a_budget_outside_0_to_k_is_refused_naming_the_verifier(lie):
     v = Budgeting([lie], 4)
     with pytest.raises(PluginError, match=rf"verifier 'greedy' budgeted {lie!r} draft tokens for a round of at most 4"):
-        generate(tiny_target(), torch.tensor((1, 2, 3)), v, RandomDrafter(VOCAB, 0), k=4, max_new_tokens=4,
+        generate(random_llama(), torch.tensor((1, 2, 3)), v, RandomDrafter(VOCAB, 0), k=4, max_new_tokens=4,
                  eos_token_id=())

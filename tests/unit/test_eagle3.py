@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from specframe import api, cli, plugins
 from specframe.drafting.elements import full_grid
 from specframe.drafting.modeling import causal_attention
-from tests.drafter_helpers import features, make, overfit, tiny_target
+from tests.drafter_helpers import features, make, overfit, sharp_tiny_target
 from tests.train_fixtures import build
 
 K = 4
@@ -21,7 +21,7 @@ K = 4
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     torch.set_num_threads(1)
-    return tiny_target(tmp_path_factory.mktemp("eagle3"))
+    return sharp_tiny_target(tmp_path_factory.mktemp("eagle3"))
 
 
 def dense(sub):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tests.decoding_helpers import OracleDrafter, RandomDrafter, naive_greedy, tiny_target
+from tests.decoding_helpers import OracleDrafter, RandomDrafter, naive_greedy, random_llama
 
 from specframe import plugins
 from specframe.inference import generate
@@ -63,7 +63,7 @@ def test_expected_acceptance_length():
 
 
 def test_metrics_of_engine_runs():
-    model = tiny_target()
+    model = random_llama()
     prompt = [7, 8, 9]
     k, rounds = 3, 5
     n = 1 + rounds * (k + 1)
@@ -108,7 +108,7 @@ def test_validation_chain_al_is_what_decoding_accepts_on_the_targets_own_continu
     from specframe.engine.segments import record_hits
     from specframe.metrics import chain_acceptance
     from tests.drafter_helpers import SMALL, features, overfit
-    from tests.drafter_helpers import tiny_target as sharp_target
+    from tests.drafter_helpers import sharp_tiny_target as sharp_target
 
     torch.set_num_threads(1)
     target = sharp_target(tmp_path_factory.mktemp("chain"))

@@ -9,7 +9,7 @@ import torch
 from specframe import api, plugins
 from specframe.drafting.elements import full_grid, position_docs
 from specframe.engine.data import OnlineSource, _Sequences, pack
-from tests.drafter_helpers import DRAFTERS, SMALL, features, tiny_target
+from tests.drafter_helpers import DRAFTERS, SMALL, features, sharp_tiny_target
 from tests.train_fixtures import build
 
 DEPTH = 3
@@ -17,7 +17,7 @@ DEPTH = 3
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return tiny_target(tmp_path_factory.mktemp("packing"))
+    return sharp_tiny_target(tmp_path_factory.mktemp("packing"))
 
 
 def test_pack_is_greedy_in_data_order():

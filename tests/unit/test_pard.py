@@ -16,7 +16,7 @@ from specframe.drafting.elements import full_grid
 from specframe.engine import TrainConfig
 from specframe.engine.loop import Trainer
 from specframe.drafting.modeling import causal_attention
-from tests.drafter_helpers import make, overfit, tiny_target
+from tests.drafter_helpers import make, overfit, sharp_tiny_target
 from tests.train_fixtures import build
 
 K = 4
@@ -25,7 +25,7 @@ K = 4
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     torch.set_num_threads(1)
-    return tiny_target(tmp_path_factory.mktemp("pard"))
+    return sharp_tiny_target(tmp_path_factory.mktemp("pard"))
 
 
 def loss_of(drafter, ex, charged):

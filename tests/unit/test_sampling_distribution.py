@@ -17,7 +17,7 @@ import itertools
 
 import pytest
 import torch
-from tests.decoding_helpers import tiny_target
+from tests.decoding_helpers import random_llama
 
 from specframe import api, plugins
 from specframe.inference import TreeShape, generate
@@ -30,7 +30,7 @@ THRESHOLD = 1e-3
 
 
 def target_model():
-    return tiny_target(vocab=VOCAB, layers=2, hidden=32, seed=3, logit_scale=15.0)
+    return random_llama(vocab=VOCAB, layers=2, hidden=32, seed=3, logit_scale=15.0)
 
 
 @functools.lru_cache(maxsize=1)

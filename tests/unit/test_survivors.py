@@ -74,7 +74,7 @@ def test_the_engine_reports_the_scheduled_length_as_verified():
     are equal there and a report of the drafted length as verified passed it; here the schedule keeps 1 of 3 and
     scheduled's ``skip_drafting`` prices drafting by that length (the test above)."""
     from specframe.inference import generate
-    from tests.decoding_helpers import OracleDrafter, naive_greedy, tiny_target
+    from tests.decoding_helpers import OracleDrafter, naive_greedy, random_llama
 
     greedy = plugins.get("verifier", "greedy")
 
@@ -89,7 +89,7 @@ def test_the_engine_reports_the_scheduled_length_as_verified():
         def observe(self, cost):
             self.seen.append(cost)
 
-    model, prompt = tiny_target(), [5, 9, 200, 7]
+    model, prompt = random_llama(), [5, 9, 200, 7]
     v = Cutting()
     gen = generate(model, torch.tensor(prompt), v, OracleDrafter(naive_greedy(model, prompt, 12), 256), k=3,
                    max_new_tokens=12, eos_token_id=())

@@ -14,7 +14,7 @@ from specframe import api, plugins
 from specframe.drafting import modeling
 from specframe.drafting.elements import full_grid
 from specframe.target_head import as_target_head
-from tests.drafter_helpers import DRAFTERS, features, make, tiny_target
+from tests.drafter_helpers import DRAFTERS, features, make, sharp_tiny_target
 
 
 def per_row_kl(hidden, head, target_hidden, target_head, reference_top1=None, chunk=256, position_mask=None,
@@ -137,7 +137,7 @@ def test_weighted_cross_entropy_equals_plain_autograd_in_float64(chunk):
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     torch.set_num_threads(1)
-    return tiny_target(tmp_path_factory.mktemp("teacher"))
+    return sharp_tiny_target(tmp_path_factory.mktemp("teacher"))
 
 
 OPTIONS = {

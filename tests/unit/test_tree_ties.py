@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.decoding_helpers import ModelDrafter, _TestDrafter, naive_greedy, tiny_target
+from tests.decoding_helpers import ModelDrafter, _TestDrafter, naive_greedy, random_llama
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -126,7 +126,7 @@ def verifier(name, options):
 
 
 def target():
-    return tiny_target(vocab=VOCAB, layers=1, hidden=32)
+    return random_llama(vocab=VOCAB, layers=1, hidden=32)
 
 
 @pytest.mark.parametrize("which", TREE_VERIFIERS, ids=lambda w: w[0])
@@ -148,7 +148,7 @@ def test_a_bf16_model_drafter_with_rounded_zero_log_probs_is_lossless(which):
     prompt = [7, 1, 8]
     n = 16
     expected = naive_greedy(target(), prompt, n)
-    drafter = Bf16ModelDrafter(tiny_target(vocab=VOCAB, layers=1, hidden=32, seed=3, logit_scale=400.0))
+    drafter = Bf16ModelDrafter(random_llama(vocab=VOCAB, layers=1, hidden=32, seed=3, logit_scale=400.0))
     gen = generate(target(), torch.tensor(prompt), verifier(*which), drafter, tree=TreeShape(5, 3, 12),
                    max_new_tokens=n, eos_token_id=())
     assert gen.tokens == expected

@@ -39,10 +39,10 @@ def test_masked_rows_add_nothing_and_are_counted():
 def test_drafters_mask_by_default_and_report_what_they_left_out(tmp_path_factory, name):
     from specframe import plugins
     from specframe.drafting.elements import full_grid
-    from tests.drafter_helpers import SMALL, features, tiny_target
+    from tests.drafter_helpers import SMALL, features, sharp_tiny_target
 
     torch.set_num_threads(1)
-    target = tiny_target(tmp_path_factory.mktemp("mask"))
+    target = sharp_tiny_target(tmp_path_factory.mktemp("mask"))
     cls = plugins.get("drafter", name)
     assert cls.Options().vocab_position_mask is True  # the reference behaviour is the default
     ids = torch.randint(7, target.config.vocab_size, (24,), generator=torch.Generator().manual_seed(0))
