@@ -7,6 +7,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from specframe import plugins
 from tests.plugin_fixtures import FakeSite
+# the shared targets, as fixtures of every test module under tests/ (a module that defines its own `tiny` keeps it)
+from tests.target_fixtures import default_target, tiny  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 # CI (CI set, as .ci/run does) runs hypothesis derandomized: the same examples every run, so a red build is red again

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from specframe.cli import main
 from specframe.errors import SpecframeError
-from tests.target_fixtures import chat_records, tiny  # noqa: F401
+from tests.target_fixtures import chat_records
 
 REFUSAL = "the installed vLLM cannot run this (the pre-start check, refusing on purpose)"
 

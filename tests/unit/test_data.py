@@ -14,7 +14,7 @@ from specframe.data.sources import load_chat_file, load_gsm8k, load_sharegpt
 from specframe.data.specs import load_data
 from specframe.errors import SpecframeError
 from specframe.targets import load_target, tiny_target
-from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
+from tests.target_fixtures import chat_records
 
 CONV = [
     {"role": "system", "content": "be brief"},

@@ -15,7 +15,7 @@ from specframe.cache import FeatureCache, OnlineFeatures, prepare_cache
 from specframe.errors import SpecframeError
 from specframe.features import FeatureSpec, capture_features, low_mid_high_layers, target_logits
 from specframe.targets import load_target, tiny_target
-from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
+from tests.target_fixtures import chat_records
 
 REPO = Path(__file__).resolve().parents[2]
 

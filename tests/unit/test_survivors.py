@@ -26,7 +26,7 @@ from specframe import api, plugins
 from specframe.cache import FeatureCache, prepare_cache
 from specframe.data.regenerate import conversation, prompt_messages
 from specframe.features import FeatureSpec
-from tests.target_fixtures import chat_records, tiny  # noqa: F401
+from tests.target_fixtures import chat_records
 
 SPEC = FeatureSpec(aux_layers=(1, 2, 3), final_hidden=True)
 

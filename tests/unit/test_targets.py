@@ -10,7 +10,7 @@ import torch
 from specframe import targets
 from specframe.errors import SpecframeError
 from specframe.targets import TARGET_INFO_FILE, load_target, tiny_target, weights_hash
-from tests.target_fixtures import PINNED_IDS, PINNED_PROMPT, default_target, tiny  # noqa: F401
+from tests.target_fixtures import PINNED_IDS, PINNED_PROMPT
 
 
 def test_default_target_loads_from_converted_cache_and_gives_pinned_tokens(default_target):  # noqa: F811

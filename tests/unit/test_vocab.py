@@ -8,7 +8,7 @@ import torch
 from specframe.data.chat import encode_dataset
 from specframe.errors import SpecframeError
 from specframe.drafting.vocab import DraftVocab, build_draft_vocab, count_tokens, coverage, mask_token_ids
-from tests.target_fixtures import chat_records, tiny  # noqa: F401
+from tests.target_fixtures import chat_records
 
 
 def test_top_n_with_ties_and_maps(tmp_path):

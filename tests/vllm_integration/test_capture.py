@@ -32,7 +32,7 @@ from specframe.vllm.capture import (
     staging_folder,
     write_captured_cache,
 )
-from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
+from tests.target_fixtures import chat_records
 from tests.vllm_integration.test_feature_engines import HFStates
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (make setup VLLM=cpu|gpu)")

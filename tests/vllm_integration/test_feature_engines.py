@@ -20,7 +20,7 @@ from specframe.feature_engines import engine_layer_ids
 from specframe.feature_gate import BOUNDS, GateReport, compare_features, describe_engine
 from specframe.features import FeatureSpec, apply_final_norm
 from specframe.vllm import vllm_available
-from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
+from tests.target_fixtures import chat_records
 
 
 class HFStates:

@@ -10,7 +10,7 @@ import pytest
 from specframe.data.regenerate import RegenerateReport, plan_prompts, read_done, regenerate, stop_token_ids
 from specframe.errors import SpecframeError
 from specframe.vllm import vllm_available
-from tests.target_fixtures import chat_records, default_target, tiny  # noqa: F401
+from tests.target_fixtures import chat_records
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (make setup VLLM=cpu|gpu)")
 

@@ -10,7 +10,6 @@ from specframe.vllm import counters as vcounters
 from specframe.vllm import engine as vengine
 from specframe.vllm import interleaved as vinterleaved
 from specframe.vllm import jobs as vjobs
-from tests.target_fixtures import tiny  # noqa: F401
 
 
 class FakeEngines:
