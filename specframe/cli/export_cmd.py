@@ -48,13 +48,13 @@ def export(checkpoint: str, fmt: str, output: str, target: str | None, verifier:
     result = exported.as_dict()
     tokens = k or manifest.speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
     result["speculative_config"] = manifest.speculative_config(output, tokens)
+    if as_json:  # for a program: the verifier's path is in the document
+        click.echo(json.dumps(result, indent=1))
+        return
     local = result.get("verifier")
     if local and Path(local).is_absolute():  # how verifier_name writes a local folder: valid on this machine only
         click.echo(f"note: the export names its verifier by this machine's path {local}; to serve it elsewhere, "
                    "export with --verifier set to a hub id or that machine's path", err=True)
-    if as_json:
-        click.echo(json.dumps(result, indent=1))
-        return
     click.echo(f"wrote {result['layout']} drafter to {result['output']}")
     if result.get("verifier"):
         click.echo(f"serve it: vllm serve {result['output']}   (verifier {result['verifier']}, {tokens} draft tokens)")
