@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import attrs
 
+import claims
 from presets import Preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,16 +208,9 @@ class Workspace:
         # other settings (more steps: another learning-rate schedule), which would stop the job, and the key also
         # covers what the refusal lets change (eval / save frequency, kept steps, threads). Such a folder is set
         # aside, not deleted, and the job starts its run afresh.
-        marker = self.root / "train" / f"{drafter}.bench-key"
-        if out.exists() and (not marker.exists() or marker.read_text().strip() != key):
-            old = marker.read_text().strip() if marker.exists() else "unknown"
-            stale = out.with_name(f"{drafter}.stale-{old}")
-            if stale.exists():
-                shutil.rmtree(stale)
-            out.rename(stale)
-            print(f"\n{drafter}: {out} was started under other settings (key {old}, now {key}); moved to {stale}")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(key + "\n")
+        stale = claims.claim(out, self.root / "train" / f"{drafter}.bench-key", key, set_aside=True)
+        if stale:
+            print(f"\n{drafter}: {out} was started under other settings (now key {key}); moved to {stale}")
 
         while True:
             resume = ["--resume", str(out)] if checkpoint.has_checkpoint(out) else []

@@ -23,6 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import claims
+
 #: what the written data depends on beyond its inputs: bump when the layout or the extraction changes
 DATA_SCHEMA = 3
 
@@ -197,11 +199,7 @@ def claim_states(out: Path, key: str) -> None:
     """Keep ``out/hidden_states`` only if it was written for ``key`` (the same target, rows and layers), else remove
     it, and record ``key`` as the folder's. Finished ``hs_{i}`` files are reused across runs, and speculators' loader
     drops a file whose token ids do not match its row with a warning, not an error: it would train on fewer rows."""
-    claim = out / "hidden_states.key"
-    if not claim.exists() or claim.read_text() != key:
-        shutil.rmtree(out / "hidden_states", ignore_errors=True)
-        out.mkdir(parents=True, exist_ok=True)
-        claim.write_text(key)
+    claims.claim(out / "hidden_states", out / "hidden_states.key", key)
 
 
 def prepare(target: str, cache: Path, n: int, n_val: int, seq_len: int, layer_ids: list[int], out: Path,

@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+import claims
 from harness import ROOT, Workspace, command, fingerprint, run_cli, target_provenance, training_metrics
 from presets import PRESETS
 
@@ -147,11 +148,7 @@ def _train(peer: Workspace, data: dict, drafter: str, settings: str, trainer: st
         if record.get("key") == key:
             return record
     # a run folder left by other settings is never continued: its checkpoint would be resumed (or refused) as this one
-    claim = run.with_suffix(".key")
-    if not claim.exists() or claim.read_text() != key:
-        shutil.rmtree(run, ignore_errors=True)
-        claim.parent.mkdir(parents=True, exist_ok=True)
-        claim.write_text(key)
+    claims.claim(run, run.with_suffix(".key"), key)
     log = run.with_suffix(".log")
     if trainer == "specframe":
         resume = ["--resume", str(run)] if checkpoint.has_checkpoint(run) else []

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import claims  # noqa: E402
 from harness import beside_cores, busy_cpu_seconds, kept_document, run_cli  # noqa: E402
 
 
@@ -47,6 +48,28 @@ def test_a_child_run_reports_exit_memory_time_and_the_load_beside_it(tmp_path):
     assert child.beside_cores > 0.3
     failed = run_cli(["train", "--drafter", "no-such-drafter"], threads=1, log=tmp_path / "bad.log")
     assert failed.exit != 0
+
+
+def test_a_work_folder_is_used_only_under_the_key_it_was_started_with(tmp_path):
+    run, marker = tmp_path / "peagle", tmp_path / "peagle.key"
+    run.mkdir()
+    (run / "latest").write_text("of unknown origin")
+    assert claims.claim(run, marker, "k1") is None and not run.exists()  # no marker: never kept
+    run.mkdir()
+    (run / "latest").write_text("k1's")
+    assert claims.claim(run, marker, "k1") is None and (run / "latest").read_text() == "k1's"
+    assert claims.claim(run, marker, "k2") is None and not run.exists()  # another key: removed
+    assert marker.read_text().strip() == "k2"
+    run.mkdir()
+    (run / "latest").write_text("k2's")
+    # set aside, not removed: named by the key it was started under, and an older one of that name replaced
+    (tmp_path / "peagle.stale-k2").mkdir()
+    stale = claims.claim(run, marker, "k3", set_aside=True)
+    assert stale == tmp_path / "peagle.stale-k2" and (stale / "latest").read_text() == "k2's"
+    assert not run.exists() and marker.read_text().strip() == "k3"
+    marker.unlink()
+    run.mkdir()
+    assert claims.claim(run, marker, "k3", set_aside=True).name == "peagle.stale-unknown"
 
 
 @pytest.mark.slow
