@@ -26,7 +26,7 @@ from presets import Preset
 TRAINERS = ("specframe", "speculators")
 SETTINGS = ("defaults", "matched")
 #: what a peer job measures: part of every key, so a change here reruns every job
-SCHEMA = 1
+SCHEMA = 2  # 2: the training record keeps the speculators settings its command was built from
 #: the learning rate of the evaluation run: one step that changes nothing (specframe's evaluator reads the final
 #: validation of `specframe train --init-from FOLDER --max-steps 1`)
 EVAL_LR = 1e-12

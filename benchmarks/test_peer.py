@@ -142,6 +142,9 @@ def _train(peer: Workspace, data: dict, drafter: str, settings: str, trainer: st
         args = peer_jobs.speculators_train_args(p, drafter, settings, target_source(peer.target()),
                                                 Path(folder["path"]), folder["record"]["train_data_ratio"], run,
                                                 per_step)
+        # the settings the command was built from, kept with the run so the results list exactly those
+        given = [{"flag": f, "values": v, "why": why}
+                 for f, v, why in peer_jobs.speculators_settings(p, drafter, settings, per_step)]
     key = fingerprint([args, peer_jobs.SCHEMA, SUPPORTED_VERSION, folder["record"]["key"]])
     if record_path.exists():
         record = json.loads(record_path.read_text())
@@ -171,7 +174,8 @@ def _train(peer: Workspace, data: dict, drafter: str, settings: str, trainer: st
             f.seek(start)
             metrics = peer_jobs.speculators_throughput(f.read(), data["speculators"][drafter]["record"]["train_tokens"])
         cmd = f"PYTHONPATH={data['pythonpath']} python -m speculators {shlex.join(args)}"
-    record = {"key": key, "run": str(run), "command": cmd, **metrics, **child_record}
+    record = {"key": key, "run": str(run), "command": cmd, **metrics, **child_record,
+              "speculators_settings": given if trainer == "speculators" else None}
     record.pop("learning_curve", None)
     seen = int(record.get("train_tokens") or 0)
     if seen < p.min_train_tokens:  # before anything is measured or kept: the budget is the comparison's premise
@@ -299,13 +303,9 @@ def test_peer_job(benchmark, peer, peer_data, case):
         provenance = {**results_provenance(target=target_provenance(peer.target()),
                                            token_budget=record.get("train_tokens"), command=command()),
                       "speculators_version": SUPPORTED_VERSION}
-        per_step = peer_jobs.matched_tokens_per_step(p, data["train_row_lengths"])
-        settings_given = ([{"flag": f, "values": v, "why": why} for f, v, why in
-                           peer_jobs.speculators_settings(p, drafter, settings, per_step)]
-                          if trainer == "speculators" else None)
         write_results(path, kind="bench.peer", metrics=metrics, per_prompt=[], provenance=provenance, config={
             "key": key, "train_command": record["command"], "eval_options": options,
-            "speculators_patches": patch_list(), "speculators_settings": settings_given,
+            "speculators_patches": patch_list(), "speculators_settings": record["speculators_settings"],
             "matched_remaining": list(peer_jobs.MATCHED_REMAINING) if settings == "matched" else None,
             "data": {k: v for k, v in data.items() if k not in ("key", "train_row_lengths")},
             "held_out": {"examples": p.val_examples, "train_data_ratio": data["train_data_ratio"]}})

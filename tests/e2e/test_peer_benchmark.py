@@ -362,6 +362,13 @@ def test_peer_ci_trains_both_and_measures_both_with_the_same_evaluator(tmp_path)
         val_rows.add(tuple(r[0] for r in m["val_chain_per_sequence"]))
         assert ev["command"].startswith("specframe train") and "--init-from" in ev["command"]
         assert doc["config"]["speculators_patches"] and doc["config"]["held_out"]["examples"] == 4
+        # the settings speculators' command was built from, as its training record kept them; none for specframe
+        given = doc["config"]["speculators_settings"]
+        if trainer == "speculators":
+            assert {"--epochs", "--lr"} <= {s["flag"] for s in given}
+            assert all(s["flag"] in doc["config"]["train_command"] for s in given)
+        else:
+            assert given is None
     (held_out,) = val_rows
     # speculators' validation rows (from int(rows x ratio) on) are the sequences specframe validated on
     data = docs["speculators"]["config"]["data"]
