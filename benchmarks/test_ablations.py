@@ -125,7 +125,8 @@ def resolved_options(options: dict[str, Any], vocab_size: int) -> dict[str, Any]
 
 
 def variant_preset(p: Preset, drafter: str, options: dict[str, Any], schedule: dict[str, Any]) -> Preset:
-    return attrs.evolve(p, drafters={drafter: {**p.drafters[drafter], **options}}, lr=schedule.get("lr", p.lr))
+    return attrs.evolve(p, drafters={drafter: {**p.drafters[drafter], **options}}, lr=schedule.get("lr", p.lr),
+                        memory_budget=schedule.get("memory_budget", p.memory_budget))
 
 
 def variant_key(p: Preset, drafter: str, schedule: dict[str, Any]) -> str:
@@ -292,7 +293,7 @@ def test_ablation(benchmark, ablation, target, case):
     benchmark.pedantic(job, rounds=1, iterations=1)
     record = box["record"]
     if "refused" in record:
-        pytest.skip(f"{drafter} {name} does not fit {p.memory_budget}: {record['refused']}")
+        pytest.skip(f"{drafter} {name} does not fit {ws.preset.memory_budget}: {record['refused']}")
     assert record["steps"] == p.steps
     served = box["metrics"]["served"]
     if served:

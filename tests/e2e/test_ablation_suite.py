@@ -61,8 +61,33 @@ def test_every_variants_options_reach_its_training_command(preset, tmp_path, mon
         else:
             assert "--warmup-steps" not in args
         assert args[args.index("--seed") + 1] == str(variant.schedule.get("seed", 0))
+        budget = variant.schedule.get("memory_budget", PRESETS[preset].memory_budget)
+        assert args[args.index("--memory-budget") + 1] == budget
         seen.add(suite.variant_key(ws.preset, drafter, schedule))
     assert len(seen) == len([c for c in suite.cases_of(preset) if c[1].name != suite.WINNERS])  # one key each
+
+
+def test_committed_variants_hold_the_key_the_suite_gives_them_now(tmp_path, monkeypatch):
+    """A change to the suite that would rerun finished variants (hours each) shows here, not in the next session's
+    run: every committed result's key is the one the suite computes for its variant today. A deliberate change that
+    alters what a variant measures bumps the ablation's revision, and this test then asks for those files again."""
+    import test_ablations as suite
+    from harness import Workspace
+    from presets import PRESETS, VARIANTS
+
+    monkeypatch.setattr(suite, "cache_workspace", lambda ablation: _Base())
+    ablation = Workspace(PRESETS["ablations"], tmp_path / "work", tmp_path / "results")
+    files = sorted((ROOT / "benchmarks" / "results" / "ablations").glob("*/*.json"))
+    assert files, "the ablation suite has committed results"
+    for path in files:
+        config = json.loads(path.read_text())["config"]
+        drafter, name = config["drafter"], config["variant"]
+        variant = next(v for v in VARIANTS if v.name == name)
+        if variant.name == suite.WINNERS:
+            continue  # its options come from the others' results
+        options, schedule = suite.plan(ablation, drafter, variant, 49152)  # SmolLM2's vocabulary
+        ws = suite.variant_workspace(ablation, drafter, name, options, schedule)
+        assert suite.variant_key(ws.preset, drafter, schedule) == config["key"], path.name
 
 
 def test_eagle3_runs_no_peagle_only_lever():
@@ -138,7 +163,9 @@ def test_winners_waits_for_its_levers_then_joins_those_that_beat_the_baseline(tm
     assert "only mask_hidden_std" in suite.plan(ablation, "peagle", winners, 320)
     _finished(ablation.results, ablation, "peagle", "full_vocab", [[i, 100, 30 + i % 3] for i in range(30)])
     options, schedule = suite.plan(ablation, "peagle", winners, 320)
-    assert options == {"mask_hidden_std": 1.0, "draft_vocab_size": 320} and schedule == {}
+    assert options == {"mask_hidden_std": 1.0, "draft_vocab_size": 320}
+    # and the flags the joined levers train with: full_vocab's budget, under which it alone fits
+    assert schedule == next(v for v in VARIANTS if v.name == "full_vocab").schedule
     _finished(ablation.results, ablation, "peagle", "baseline", better)  # now neither beats it
     assert "no lever" in suite.plan(ablation, "peagle", winners, 320)
 
@@ -205,7 +232,9 @@ def test_winners_leaves_out_a_lever_that_moved_less_than_the_reseeded_control(tm
     options, schedule = suite.plan(ablation, "peagle", winners, 320)
     # frozen_head's +0.04 lies above 0 on these sequences but is smaller than the control's 0.06; the control's
     # seed never joins
-    assert options == {"mask_hidden_std": 1.0, "draft_vocab_size": 320} and schedule == {}
+    assert options == {"mask_hidden_std": 1.0, "draft_vocab_size": 320}
+    # and the flags the joined levers train with: full_vocab's budget, under which it alone fits
+    assert schedule == next(v for v in VARIANTS if v.name == "full_vocab").schedule
     _finished(ablation.results, ablation, "peagle", RESEEDED, rows(2))
     options, _ = suite.plan(ablation, "peagle", winners, 320)
     assert options == {"mask_hidden_std": 1.0, "draft_vocab_size": 320, "train_head": False}
