@@ -19,6 +19,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from specframe.report.markdown import throughput
+
 KIND = "bench.ablation"
 #: the control variant (``benchmarks/presets.py``: the baseline retrained with another seed)
 CONTROL = "reseeded"
@@ -139,9 +141,11 @@ def ablations_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
              "over sequences; the difference against the baseline is paired over the same sequences (served: over "
              "the same prompt turns). The reseeded control is the baseline retrained with another seed: how far "
              "training noise alone moves the AL, which these intervals do not hold. A lever wins when its difference's "
-             "interval lies above 0 and the difference is larger than the control's (where the control ran).", ""]
+             "interval lies above 0 and the difference is larger than the control's (where the control ran). tok/s: "
+             "training steps only, with the cores other processes kept busy meanwhile: not a speed comparison "
+             "between variants unless that is near 0.", ""]
     header = ["drafter", "variant", "options changed", "validation AL", "vs baseline", "served AL", "served vs baseline",
-              "tokens", "tok/s"]
+              "tokens", "tok/s (cores beside)"]
     rows = []
     for drafter in sorted(by_drafter):
         variants = by_drafter[drafter]
@@ -159,12 +163,11 @@ def ablations_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
             served_al = _with_interval(served.get("acceptance_length"), served.get("acceptance_length_interval"))
             served_label = (f"{_band(served_al, '.2f')} ({served['dataset']}, K={served['k']})"
                             if served else "not measured")
-            tps = m.get("tokens_per_second")
             rows.append([drafter, name, _changed(m), _band(_with_interval(m.get("val_expected_al"), m.get("val_expected_al_interval"))),
                          ("(the baseline)" if name == "baseline" else
                           "no baseline yet" if baseline is None else _band(val, sign=True) + mark),
                          served_label, _band(diff["served"], ".2f", sign=True) if served else "",
-                         f"{m.get('train_tokens') or 0:,}", f"{tps:.0f}" if tps else "n/a"])
+                         f"{m.get('train_tokens') or 0:,}", throughput(m)])
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return lines + [""]

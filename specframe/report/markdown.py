@@ -25,6 +25,16 @@ def banded(value: float, low: float | None, high: float | None, fmt: str) -> str
     return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]" if low is not None and high is not None else f"{value:{fmt}}"
 
 
+def throughput(metrics: Any) -> str:
+    """A training run's tokens/s with the cores other processes kept busy meanwhile (``beside_cores``), for a
+    ``tok/s (cores beside)`` column: a figure measured beside other work is not a speed comparison, and the cell says
+    how much there was."""
+    tps, beside = metrics.get("tokens_per_second"), metrics.get("beside_cores")
+    if not tps:
+        return "n/a"
+    return f"{tps:.0f}" + ("" if beside is None else f" ({beside:.1f})")
+
+
 def provenance_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """The page's provenance table: per file, its commit, target, training tokens, machine, date and command."""
     rows = []

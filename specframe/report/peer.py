@@ -12,6 +12,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from specframe.report.markdown import throughput
+
 KIND = "bench.peer"
 RESAMPLES = 2000
 
@@ -65,13 +67,11 @@ def peer_rows(documents: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], l
     for m in sorted(found, key=lambda m: (m["drafter"], SETTINGS_ORDER.get(m["settings"], 9),
                                           TRAINER_ORDER.get(m["trainer"], 9))):
         ev = m.get("evaluation") or {}
-        tps, beside = m.get("tokens_per_second"), m.get("beside_cores")
-        speed = "n/a" if tps is None else f"{tps:.0f}" + ("" if beside is None else f" ({beside:.1f})")
         short = (m.get("min_train_tokens") or 0) > (m.get("train_tokens") or 0)
         tokens = f"{m.get('train_tokens') or 0:,}" + (" (under the preset's floor)" if short else "")
         val = (f"refused by the importer: {ev['refused']}" if "refused" in ev else
                _band(ev.get("val_expected_al"), ev.get("val_expected_al_interval"), ".3f"))
-        rows.append([m["trainer"], m["drafter"], m["settings"], tokens, speed, val,
+        rows.append([m["trainer"], m["drafter"], m["settings"], tokens, throughput(m), val,
                      *[_served(m, name) for name in datasets]])
     return header, rows
 

@@ -170,14 +170,16 @@ def test_winners_waits_for_its_levers_then_joins_those_that_beat_the_baseline(tm
     assert "no lever" in suite.plan(ablation, "peagle", winners, 320)
 
 
-def _write(path: Path, drafter: str, variant: str, rows: list[list[int]], served: dict | None = None) -> None:
+def _write(path: Path, drafter: str, variant: str, rows: list[list[int]], served: dict | None = None,
+           beside: float | None = None) -> None:
     from specframe.report.ablations import KIND, interval
 
     band = interval({i: (acc, n) for i, n, acc in rows}, offset=1.0)
     metrics = {"drafter": drafter, "variant": variant, "options_changed": {} if variant == "baseline" else {"x": 1},
                "schedule": {}, "val_expected_al": band["estimate"],
                "val_expected_al_interval": {"low": band["low"], "high": band["high"]}, "val_per_sequence": rows,
-               "train_tokens": 1000, "tokens_per_second": 100.0, "served": served, "complete": True}
+               "train_tokens": 1000, "tokens_per_second": 100.0, "beside_cores": beside, "served": served,
+               "complete": True}
     prov = results.provenance(target=TARGET, token_budget=1000, command=["pytest"])
     results.write_results(path, kind=KIND, metrics=metrics, per_prompt=[], provenance=prov,
                           config={"drafter": drafter, "variant": variant, "key": "k"})
@@ -264,7 +266,7 @@ def test_the_report_tables_each_variant_against_its_baseline(tmp_path):
     base = [[i, 100, 20 + i % 5] for i in range(40)]
     lever = [[i, 100, 30 + i % 5] for i in range(40)]  # +0.10 AL on every sequence
     _write(tmp_path / "peagle" / "baseline.json", "peagle", "baseline", base, _served(1.4))
-    _write(tmp_path / "peagle" / "lever.json", "peagle", "lever", lever, _served(1.6))
+    _write(tmp_path / "peagle" / "lever.json", "peagle", "lever", lever, _served(1.6), beside=0.83)
     _write(tmp_path / "eagle3" / "lever.json", "eagle3", "lever", lever)
     res = CliRunner().invoke(main, ["report", str(tmp_path)], catch_exceptions=False)
     assert res.exit_code == 0, res.output
@@ -275,6 +277,8 @@ def test_the_report_tables_each_variant_against_its_baseline(tmp_path):
     assert "+0.20" in row and "x=1" in row and "(mt-bench, K=3)" in row
     (base_row,) = [line for line in text.splitlines() if line.startswith("| peagle | baseline |")]
     assert "(the baseline)" in base_row
+    # tokens/s with the load beside it where it was recorded: a busy machine's figure says so
+    assert row.endswith("| 1,000 | 100 (0.8) |") and base_row.endswith("| 1,000 | 100 |")
     (alone,) = [line for line in text.splitlines() if line.startswith("| eagle3 | lever |")]
     assert "no baseline yet" in alone and "not measured" in alone
     diff = paired_difference(validation_rows({"val_per_sequence": lever}), validation_rows({"val_per_sequence": base}))
