@@ -90,11 +90,12 @@ def prepare(target, data, limit, output, aux_layers, no_final_hidden, storage_dt
                          "accepted unchecked")
     if threads:
         torch.set_num_threads(threads)
+    # the conversations first: a --data that names nothing is refused before the target is loaded
+    load_stats: dict = {"bad_lines": 0}
+    records = load_data(data, limit=limit, skip_bad_lines=skip_bad_lines, stats=load_stats)
     tgt = loading.load(target)
     spec = feature_spec(aux_layers, tgt.num_layers, final_hidden=not no_final_hidden)
     aux = spec.aux_layers
-    load_stats: dict = {"bad_lines": 0}
-    records = load_data(data, limit=limit, skip_bad_lines=skip_bad_lines, stats=load_stats)
     kill_after = os.environ.get("SPECFRAME_TEST_KILL_AFTER_SHARD")  # test hook: SIGKILL ourselves after shard N
 
     def after_shard(k: int) -> None:

@@ -119,6 +119,24 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
                              "accepted unchecked")
     if threads and (engine == "transformers" or capture is not None):
         torch.set_num_threads(threads)
+    # the prompts first: a --data that names nothing is refused before a target is loaded or an engine starts
+    records = []
+    for d in data:
+        if d == "default-prompts":
+            from specframe.data.default import default_prompt_records
+
+            records.extend(default_prompt_records())
+        elif d == "large-prompts":
+            from specframe.data.large import large_prompt_records
+
+            records.extend(large_prompt_records())
+        else:
+            records.extend(load_data(d, limit=limit))
+    try:
+        k, w = (int(x) for x in shard.split("/"))
+        assert 0 <= k < w
+    except (ValueError, AssertionError):
+        raise UsageError(f"--shard must be K/W with 0 <= K < W, not '{shard}'") from None
     # vLLM reads the weights itself: only the tokenizer (prompt ids, decoding) and the weights' hash are needed here,
     # unless a cache is captured (its gate's reference forward, final norm and teacher are the target's own)
     tgt = loading.load(target, weights=engine == "transformers" or capture is not None)
@@ -153,23 +171,6 @@ def regenerate(data, limit, target, output, provenance, batch_size, max_new_toke
                 options, max_model_len=model_len(tgt.config, capture_length, "--max-prompt-tokens + --max-new-tokens")),
                 tokenizer=tgt.tokenizer, max_length=capture_length, staging=staged)
             staged.fallback = answerer
-    records = []
-    for d in data:
-        if d == "default-prompts":
-            from specframe.data.default import default_prompt_records
-
-            records.extend(default_prompt_records())
-        elif d == "large-prompts":
-            from specframe.data.large import large_prompt_records
-
-            records.extend(large_prompt_records())
-        else:
-            records.extend(load_data(d, limit=limit))
-    try:
-        k, w = (int(x) for x in shard.split("/"))
-        assert 0 <= k < w
-    except (ValueError, AssertionError):
-        raise UsageError(f"--shard must be K/W with 0 <= K < W, not '{shard}'") from None
     out = Path(output)
     if keep_dir:
         from specframe.data.progress import restore

@@ -22,6 +22,7 @@ def load_data(
     """Resolve a data spec: a built-in name (see module doc), a local file, or a hub dataset id with ``messages``.
     With ``skip_bad_lines``, malformed JSONL lines are counted in ``stats["bad_lines"]``."""
     s = str(spec)
+    check_spec(s)
     if s == "sharegpt":
         return load_sharegpt(limit=limit)
     if s == "gsm8k":
@@ -37,11 +38,8 @@ def load_data(
 
         return load_default(limit=limit)
     if s == "large":
-        from specframe.data.large import ANSWERS, load_large
+        from specframe.data.large import load_large
 
-        if not ANSWERS.exists():
-            raise SpecframeError(f"the large training set {ANSWERS} is not in this installation yet "
-                                 "(`make data-large` generates it)")
         return load_large(limit=limit)
     p = Path(s).expanduser()
     if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
@@ -68,10 +66,6 @@ def load_data(
         return load_chat_file(p, limit=limit, skip_bad_lines=skip_bad_lines, stats=stats)
     name, _, rest = s.partition(":")
     config, _, split = rest.partition(":")
-    if s.startswith((".", "/", "~")) or s.endswith((".jsonl", ".json", ".gz", ".parquet", ".arrow")) \
-            or name.count("/") != 1 or rest.count(":") > 1:
-        raise SpecframeError(f"data '{s}' is neither a built-in name ({', '.join(BUILTIN)}), a file or datasets "
-                             "folder, nor a hub id (NAME, NAME:CONFIG or NAME:CONFIG:SPLIT)")
     import datasets
 
     try:
@@ -79,6 +73,27 @@ def load_data(
     except Exception as exc:  # noqa: BLE001 - hub / network errors vary
         raise SpecframeError(f"cannot load dataset '{s}': {exc}") from exc
     return _conversations(ds, s, limit)
+
+
+def check_spec(spec: str | os.PathLike) -> None:
+    """Refuse a data spec that names nothing this machine has, without reading any data: not a built-in name, no
+    such file or folder, and not shaped as a hub id (NAME, NAME:CONFIG or NAME:CONFIG:SPLIT). A command checks this
+    before it loads a target or starts an engine, so a mistyped --data costs seconds, not a 70B model's load."""
+    s = str(spec)
+    if s == "large":
+        from specframe.data.large import ANSWERS
+
+        if not ANSWERS.exists():
+            raise SpecframeError(f"the large training set {ANSWERS} is not in this installation yet "
+                                 "(`make data-large` generates it)")
+        return
+    if s in BUILTIN or Path(s).expanduser().exists():
+        return
+    name, _, rest = s.partition(":")
+    if s.startswith((".", "/", "~")) or s.endswith((".jsonl", ".json", ".gz", ".parquet", ".arrow")) \
+            or name.count("/") != 1 or rest.count(":") > 1:
+        raise SpecframeError(f"data '{s}' is neither a built-in name ({', '.join(BUILTIN)}), a file or datasets "
+                             "folder, nor a hub id (NAME, NAME:CONFIG or NAME:CONFIG:SPLIT)")
 
 
 def _conversations(ds: Any, where: str, limit: int | None) -> Any:

@@ -92,6 +92,10 @@ class Trainer:
         if cfg.fsdp and self.dist.world < 2:
             raise UsageError("--fsdp shards the drafter across processes: launch with torchrun --nproc-per-node N "
                              "(N >= 2), or train without --fsdp")
+        if cfg.data is not None:  # a --data that names nothing is refused before the target is loaded
+            from specframe.data.specs import check_spec
+
+            check_spec(cfg.data)
         self.out = Path(cfg.output)
         # a tracker whose library is missing is refused before anything is written
         self.report_to = tracking.parse_report_to(cfg.report_to)

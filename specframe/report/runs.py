@@ -19,7 +19,8 @@ LABEL_KEYS = ("drafter", "mask_builder", "partitioner", "engine", "verifier", "d
 def load_results(directory: Path) -> list[tuple[str, dict[str, Any]]]:
     """Every results file under ``directory`` (sorted by relative path), each checked for provenance."""
     if not directory.is_dir():
-        raise SpecframeError(f"results directory {directory} does not exist")
+        raise SpecframeError(f"results directory {directory} " + ("is a file, not a directory" if directory.exists()
+                                                                  else "does not exist"))
     found = []
     for path in sorted(directory.rglob("*.json")):
         document = read_json(path, "a results file", expect=None)
