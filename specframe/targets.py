@@ -162,8 +162,24 @@ def ensure_default_target() -> Path:
 
 
 def target_source(target: str) -> str:
-    """A loadable target folder or hub id; 'default' is the packaged SmolLM2, converted once."""
-    return str(ensure_default_target()) if target == "default" else target
+    """A loadable target folder or hub id; 'default' is the packaged SmolLM2, converted once. A path that does not
+    exist, or a folder without a model config, is refused here (``check_target_spec``), before whatever engine the
+    caller hands it to starts."""
+    if target == "default":
+        return str(ensure_default_target())
+    check_target_spec(target)
+    return target
+
+
+def check_target_spec(spec: str) -> None:
+    """Refuse a target spec that cannot name a model: a path (or path-shaped name) that does not exist, or a folder
+    without ``config.json``. A hub id (``org/name``) passes: whether it exists is the hub's to say."""
+    p = Path(spec).expanduser()
+    if p.exists():
+        if not (p / "config.json").exists():
+            raise SpecframeError(f"target folder {p} has no config.json (not a transformers model folder)")
+    elif spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", "", 1):
+        raise SpecframeError(f"target path {spec} does not exist")
 
 
 def _pid_alive(pid: str) -> bool:
@@ -236,16 +252,13 @@ def load_target(
         source: str = str(folder)
         tid = DEFAULT_ID
     else:
+        check_target_spec(spec_s)
         p = Path(spec_s).expanduser()
         if p.exists():
-            if not (p / "config.json").exists():
-                raise SpecframeError(f"target folder {p} has no config.json (not a transformers model folder)")
             folder = p.resolve()
             source = str(folder)
             info = folder / TARGET_INFO_FILE
             tid = read_json(info, "the target's id record").get("id", str(folder)) if info.exists() else str(folder)
-        elif spec_s.startswith((".", "/", "~")) or os.sep in spec_s.strip("/").replace("/", "", 1):
-            raise SpecframeError(f"target path {spec_s} does not exist")
         else:
             folder, source, tid = None, spec_s, spec_s
     if not weights:

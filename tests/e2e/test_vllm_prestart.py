@@ -90,6 +90,16 @@ def test_serve_checks_before_vllms_server_starts(guarded, tmp_path):
     assert checked[0] == (str(target), str(out), False)
 
 
+def test_serve_refuses_a_target_path_that_does_not_exist_before_vllms_server_starts(guarded, tmp_path):
+    """vLLM's server took a missing folder for a hub id and ended in a traceback; the target spec is checked first."""
+    checked, started = guarded
+    for target, message in ((tmp_path / "gone", f"error: target path {tmp_path / 'gone'} does not exist"),
+                            (tmp_path, f"error: target folder {tmp_path} has no config.json")):
+        result = CliRunner().invoke(main, ["serve", "--target", str(target)])
+        assert result.exit_code != 0 and started == [] and checked == [], result.output
+        assert result.output.strip().splitlines()[-1].startswith(message), result.output
+
+
 def test_prepare_with_vllm_checks_before_the_engine_starts(guarded, tiny, chat, tmp_path):  # noqa: F811
     checked, started = guarded
     result = CliRunner().invoke(main, ["prepare", "--target", str(tiny.path), "--data", str(chat), "--output",
