@@ -71,10 +71,7 @@ def resolve_device(spec: str | None = "auto") -> Any:
 
     if spec in (None, "", "auto"):
         spec = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(spec)
-    except (RuntimeError, TypeError):
-        raise UsageError(f"--device {spec!r} is not a torch device (cpu, cuda, cuda:N, auto)") from None
+    device = parse_device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError(f"--device {spec}: no CUDA device is available on this machine (use --device cpu)")
@@ -84,6 +81,17 @@ def resolve_device(spec: str | None = "auto") -> Any:
             raise UsageError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
                              f"(LOCAL_RANK {local_rank()})")
     return device
+
+
+def parse_device(spec: Any) -> Any:
+    """``spec`` as a torch device, whether or not this machine has it; one clear error for a string torch does not
+    read as a device (a run's config checks this before anything is resolved or loaded)."""
+    import torch
+
+    try:
+        return torch.device(spec)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"--device {spec!r} is not a torch device (cpu, cuda, cuda:N, auto)") from None
 
 
 def backend(device: Any) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from specframe.devices import TARGET_ENGINES
+from specframe.devices import TARGET_ENGINES, parse_device
 from specframe.errors import UsageError
 from specframe.structuring import unstructure
 from specframe.values import is_int, is_number
@@ -79,7 +79,7 @@ class TrainConfig:
     report_to: str = attrs.field(default="none", validator=lambda i, a, v: _check_report_to(v))
     seed: int = attrs.field(default=0, validator=_non_negative)
     #: torch device (auto: CUDA when available, else cpu; under torchrun "cuda" is the process's LOCAL_RANK GPU)
-    device: str = "auto"
+    device: str = attrs.field(default="auto", validator=lambda i, a, v: _check_device(v))
     #: precision of the step (autocast over fp32 master weights; fp16 adds a gradient scaler) and of the target's
     #: weights: fp32, bf16 or fp16
     dtype: str = attrs.field(default="fp32", validator=lambda i, a, v: _check_dtype(v))
@@ -152,6 +152,11 @@ def _check_warmup_ratio(value: Any) -> None:
 def _check_feature_engine(value: Any) -> None:
     if value not in FEATURE_ENGINES:
         raise UsageError(f"--feature-engine must be one of {', '.join(FEATURE_ENGINES)}, got {value!r}")
+
+
+def _check_device(value: Any) -> None:
+    if value not in ("auto", None, ""):
+        parse_device(value)  # whether the machine has it is resolve_device's to say, when the run starts
 
 
 def _check_dtype(value: Any) -> None:

@@ -395,6 +395,10 @@ CASES = [
     Case("depth-over-drafter-limit", "--depth deeper than parallelspec's mask tokens",
          "error: parallelspec has 2 mask tokens, so it trains and drafts at most 3 tokens per group; got depth 9 "
          "(raise drafter.num_masks or k_train)", lambda c: [*train(c, drafter="parallelspec"), "--depth", 9]),
+    Case("device-unknown", "--device names no torch device",
+         "error: --device 'tpu' is not a torch device (cpu, cuda, cuda:N, auto)", lambda c: train(c, "--device", "tpu")),
+    Case("serve-target-missing", "serve --target a folder that does not exist",
+         "error: target path {tmp}/gone does not exist", lambda c: ["serve", "--target", "{tmp}/gone", "--print-command"]),
     Case("export-truncated", "serve --drafter an exported folder whose weights are truncated",
          "error: {out}/model.safetensors is not a complete safetensors file (truncated or corrupt: 100 bytes)",
          lambda c: serve("--target", "{target}"), truncated_export),
