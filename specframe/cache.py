@@ -203,6 +203,11 @@ def prepare_cache(
         raise SpecframeError(f"--teacher-top-k must be 0 (none) or a positive number of tokens, got {teacher_top_k!r}")
     if teacher_top_k > target.vocab_size:
         raise SpecframeError(f"--teacher-top-k {teacher_top_k} exceeds the target's vocabulary of {target.vocab_size}")
+    # the sizes a shard loop divides by, refused before the conversations are encoded or the folder made
+    for flag, value, unit in (("--shard-size", shard_size, "conversations"), ("--max-batch-tokens", max_batch_tokens,
+                                                                             "tokens")):
+        if not is_int(value, 1):
+            raise SpecframeError(f"{flag} must be a positive number of {unit}, got {value!r}")
     head = target_head(target) if teacher_top_k else None
     capture = capture_spec(spec, teacher_top_k)
     rep = PrepareReport(teacher_top_k=teacher_top_k)
@@ -278,6 +283,10 @@ def prepare_cache(
         finished = [s for s in old.get("shards", []) if (out / s["file"]).exists() and (out / s["file"]).stat().st_size == s["bytes"]]
     elif out.exists() and any(p for p in out.iterdir() if not p.name.startswith(".")):
         raise SpecframeError(f"{out} exists and is not a specframe feature cache (no {MANIFEST}); refusing to write into it")
+    # refused before the cache folder is made (build_draft_vocab would refuse it only after)
+    if draft_vocab and not (is_int(draft_vocab, 1) and draft_vocab <= target.vocab_size):
+        raise SpecframeError(f"--draft-vocab must be 0 (none) or in 1..{target.vocab_size} (the target vocabulary), "
+                             f"got {draft_vocab!r}")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".*.tmp-*"):
         stale.unlink(missing_ok=True)

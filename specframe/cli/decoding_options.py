@@ -36,7 +36,7 @@ def decoding_options(fn=None, *, bench: bool = False):
         click.option("--top-k", "top_k", type=int, default=None, help="Sample from the k most likely tokens only."),
         click.option("--top-p", type=float, default=None, help="Nucleus sampling mass."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw."),
-        click.option("--threads", type=int, default=None,
+        click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="torch threads (default: torch's; on a busy CPU one thread can be fastest)." + (
                          " With --engine vllm: vLLM's threads are pinned to the first N CPUs (default: every CPU "
                          "this process may use; recorded in the results)." if bench else "")),

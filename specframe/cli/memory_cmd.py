@@ -46,7 +46,7 @@ def _target_config(target: str):
 @click.option("--features", type=click.Choice(["online", "cache", "synthetic"]), default="online", show_default=True,
               help="Where features come from: online (target in memory, features of every sequence memoised), "
                    "cache (--cache: target in memory, features read per step) or synthetic (target lm_head only).")
-@click.option("--sequences", type=int, default=1, show_default=True,
+@click.option("--sequences", type=click.IntRange(min=1), default=1, show_default=True,
               help="Training sequences whose features stay in memory (online memoises every one it has seen).")
 @click.option("--config", "config_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="A `specframe train --config` run file (TOML, YAML or JSON); only its plugin option tables "

@@ -24,7 +24,7 @@ from specframe.devices import TARGET_ENGINES
     help="Conversations: default (committed self-distilled set), sharegpt, gsm8k, a JSONL file of "
     "{messages: [{role, content}]} records, or a hub dataset id.",
 )
-@click.option("--limit", type=int, default=None, help="Use only the first N records of --data.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N records of --data.")
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="Cache folder (created; resumed if it exists).")
 @click.option(
     "--aux-layers",
@@ -41,7 +41,7 @@ from specframe.devices import TARGET_ENGINES
 @click.option("--shard-size", type=int, default=64, show_default=True, help="Conversations per shard file.")
 @click.option("--max-batch-tokens", type=int, default=4096, show_default=True, help="Padded tokens per target forward.")
 @click.option("--draft-vocab", type=int, default=16384, show_default=True, help="Draft vocabulary size saved with the cache (0 = none).")
-@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--teacher-top-k", type=int, default=0, show_default=True,
               help="Also store the target's K most likely next tokens and their log-probabilities per token: a "
                    "compact teacher, so drafters that learn the target's distribution (eagle3, peagle, "

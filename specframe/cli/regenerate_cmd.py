@@ -38,7 +38,7 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
     "'default-prompts' / 'large-prompts' = the prompts of the committed default / large set. The first user turn of "
     "each record is answered.",
 )
-@click.option("--limit", type=int, default=None, help="Use only the first N records of each --data source.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N records of each --data source.")
 @click.option(
     "--output",
     required=True,
@@ -50,7 +50,7 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Prompts per generate() call.")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Answer length cap (tokens).")
 @click.option(
-    "--max-prompt-tokens", type=int, default=512, show_default=True, help="Skip prompts longer than this (tokens)."
+    "--max-prompt-tokens", type=click.IntRange(min=1), default=512, show_default=True, help="Skip prompts longer than this (tokens)."
 )
 @click.option(
     "--shard",
@@ -68,7 +68,7 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
 @click.option("--keep", "keep_dir", type=click.Path(file_okay=False), default=None,
               help="A folder (in the checkout, to commit) that holds a copy of the run's progress, updated after every "
               "finished batch; a rerun whose work folder has less (lost with its machine) resumes from it.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads: torch's (transformers engine) or vLLM's pinned OpenMP threads (default: all).")
 @click.option("--engine", type=click.Choice(TARGET_ENGINES), default="transformers", show_default=True,
               help="What answers: transformers' generate() on one padded batch (the reference), or vLLM's offline "

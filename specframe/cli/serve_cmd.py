@@ -27,9 +27,9 @@ import click
 @click.option("--k", "k", type=int, default=None,
               help="Draft tokens per step. Default: the export's own (speculators), else 5.")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option("--dtype", default="auto", show_default=True, help="vLLM dtype (float32 for exact CPU comparisons).")
-@click.option("--max-model-len", type=int, default=None, help="Longest prompt + output vLLM reserves for.")
+@click.option("--max-model-len", type=click.IntRange(min=1), default=None, help="Longest prompt + output vLLM reserves for.")
 @click.option("--kv-cache-gib", type=float, default=1.0, show_default=True,
               help="KV cache on CPU (VLLM_CPU_KVCACHE_SPACE; an explicit environment value wins).")
 @click.option("--eager/--no-eager", default=True, show_default=True, help="vLLM --enforce-eager (no graph capture).")

@@ -23,6 +23,8 @@ def load_data(
     With ``skip_bad_lines``, malformed JSONL lines are counted in ``stats["bad_lines"]``."""
     s = str(spec)
     check_spec(s)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise SpecframeError(f"--limit must be a positive number of records, got {limit!r}")
     if s == "sharegpt":
         return load_sharegpt(limit=limit)
     if s == "gsm8k":

@@ -229,6 +229,13 @@ CASES = [
          "error: no usable conversation in the data (0 kept, 12 skipped (0 empty, 12 over max length, 0 "
          "without assistant turn))",
          lambda c: ["prepare", "--target", "{target}", "--data", "{chat}", "--output", "{out}", "--max-length", 8]),
+    Case("prepare-shard-size-zero", "prepare --shard-size 0",
+         "error: --shard-size must be a positive number of conversations, got 0",
+         lambda c: ["prepare", "--target", "{target}", "--data", "{chat}", "--output", "{out}", "--shard-size", 0]),
+    Case("prepare-draft-vocab-over", "prepare --draft-vocab larger than the target's vocabulary",
+         "error: --draft-vocab must be 0 (none) or in 1..320 (the target vocabulary), got 100000",
+         lambda c: ["prepare", "--target", "{target}", "--data", "{chat}", "--output", "{out}", "--draft-vocab",
+                    100000]),
     Case("cache-other-target", "--cache prepared for another target",
          "error: feature cache {cache} was made for target {target} (weights 264c092d79cd), not "
          "{other_target} (17b40d4287e4)",

@@ -52,3 +52,15 @@ def test_report_says_a_file_is_not_a_results_directory(tmp_path):
     assert res.exit_code != 0 and "is a file, not a directory" in res.output
     res = CliRunner().invoke(main, ["report", str(tmp_path / "missing")])
     assert res.exit_code != 0 and "does not exist" in res.output
+
+
+def test_a_limit_below_one_is_refused_in_one_line():
+    """datasets ended a zero-record list in a 'Keys mismatch' traceback; the CLI's --limit is a range as well."""
+    from specframe.data.specs import load_data
+
+    for limit in (0, -3, True):
+        with pytest.raises(SpecframeError, match="--limit must be a positive number of records"):
+            load_data("mt-bench", limit=limit)
+    for command in (["prepare", "--output", "unused"], ["regenerate", "--data", "mt-bench", "--output", "unused"]):
+        res = CliRunner().invoke(main, [*command, "--limit", "0"])
+        assert res.exit_code == 2 and "'--limit': 0 is not in the range x>=1" in res.output
