@@ -14,6 +14,7 @@ from typing import Any
 from specframe.data.sources import (BUILTIN, _dataset, load_chat_file, load_gsm8k, load_humaneval, load_mtbench,
                                     load_sharegpt, normalize_messages)
 from specframe.errors import SpecframeError
+from specframe.values import is_int
 
 
 def load_data(
@@ -23,7 +24,7 @@ def load_data(
     With ``skip_bad_lines``, malformed JSONL lines are counted in ``stats["bad_lines"]``."""
     s = str(spec)
     check_spec(s)
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    if limit is not None and not is_int(limit, 1):
         raise SpecframeError(f"--limit must be a positive number of records, got {limit!r}")
     if s == "sharegpt":
         return load_sharegpt(limit=limit)
