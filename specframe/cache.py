@@ -283,18 +283,15 @@ def prepare_cache(
         finished = [s for s in old.get("shards", []) if (out / s["file"]).exists() and (out / s["file"]).stat().st_size == s["bytes"]]
     elif out.exists() and any(p for p in out.iterdir() if not p.name.startswith(".")):
         raise SpecframeError(f"{out} exists and is not a specframe feature cache (no {MANIFEST}); refusing to write into it")
-    # refused before the cache folder is made (build_draft_vocab would refuse it only after)
-    if draft_vocab and not (is_int(draft_vocab, 1) and draft_vocab <= target.vocab_size):
-        raise SpecframeError(f"--draft-vocab must be 0 (none) or in 1..{target.vocab_size} (the target vocabulary), "
-                             f"got {draft_vocab!r}")
+    # counted, and the draft vocabulary built (its size refused), before the cache folder is made
+    masked = count_tokens(examples, vocab_rows, masked_only=True)
+    all_counts = count_tokens(examples, vocab_rows, masked_only=False)
+    dv = build_draft_vocab(masked, draft_vocab) if draft_vocab else None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".*.tmp-*"):
         stale.unlink(missing_ok=True)
 
-    masked = count_tokens(examples, vocab_rows, masked_only=True)
-    all_counts = count_tokens(examples, vocab_rows, masked_only=False)
-    if draft_vocab:
-        dv = build_draft_vocab(masked, draft_vocab)
+    if dv is not None:
         vtmp = out / f".{VOCAB_FILE}.tmp-{os.getpid()}"
         save_file(
             {"ids": dv.ids, "d2t": dv.d2t, "t2d": dv.t2d, "counts": dv.counts, "all_counts": all_counts},

@@ -233,7 +233,7 @@ CASES = [
          "error: --shard-size must be a positive number of conversations, got 0",
          lambda c: ["prepare", "--target", "{target}", "--data", "{chat}", "--output", "{out}", "--shard-size", 0]),
     Case("prepare-draft-vocab-over", "prepare --draft-vocab larger than the target's vocabulary",
-         "error: --draft-vocab must be 0 (none) or in 1..320 (the target vocabulary), got 100000",
+         "error: draft vocabulary size 100000 must be in 1..320 (the target vocabulary)",
          lambda c: ["prepare", "--target", "{target}", "--data", "{chat}", "--output", "{out}", "--draft-vocab",
                     100000]),
     Case("cache-other-target", "--cache prepared for another target",
