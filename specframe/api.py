@@ -166,7 +166,14 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   ``expand_kv`` (grouped-query k / v heads repeated, which the built-ins' attention uses) is listed in ``__all__``;
 #:   names the facade bound by accident and never listed (the ``legacy_*`` declaration readers, ``read_json``,
 #:   ``check_builder_visibility``: the core's own, which the interfaces call) are no longer bound.
-API_VERSION = "14"
+#: - "15" (additive): ``Drafter.target_layers(num_layers)``, the target decoder layers ``prepare`` reads besides the
+#:   embedding, final norm and head. A run from a feature cache keeps only those (``specframe.targets.keep_layers``
+#:   drops the others once the target has loaded, and reading a dropped layer raises), so a large target's body never
+#:   reaches the training device and the memory estimate charges only what is kept. The built-ins declare theirs: the
+#:   EAGLE family none, or its last ``layers`` with ``init_from_target_layers``; ParallelSpec's standalone backbone and
+#:   PARD with ``init_from_target`` their first ``layers``; DFlash and DSpark (``api.block.BlockDrafter``) none. A
+#:   version-14 drafter declares nothing (None) and is handed the whole target, as before.
+API_VERSION = "15"
 
 __all__ = [
     "API_VERSION",

@@ -18,6 +18,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from specframe.dropped_layers import loaded_layers_only
 from specframe.errors import SpecframeError
 
 #: tokens of the start-up check: enough positions for a transform that varies along them to show
@@ -122,7 +123,7 @@ def target_head(target: Any) -> TargetHead:
     if entry.device.type == "meta":  # a skeleton (no weights): nothing to run, nothing a teacher could read either
         return head
     ids = (torch.arange(1, _PROBE_TOKENS + 1) % entry.shape[0]).to(entry.device)[None]
-    with torch.no_grad():
+    with torch.no_grad(), loaded_layers_only(_base_model(model)):
         final = _base_model(model)(input_ids=ids, use_cache=False).last_hidden_state
         theirs = model(input_ids=ids, use_cache=False).logits.float()
         ours = head.logits(final.to(device=head.device, dtype=head.dtype)).float().to(theirs.device)

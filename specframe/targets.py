@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,7 @@ def load_target(
     chat_template: str | os.PathLike | None = None,
     device_map: str | dict | None = None,
     weights: bool = True,
+    layers: Collection[int] | None = None,
 ) -> Target:
     """Load a target: ``"default"`` (embedded SmolLM2-135M-Instruct), a local folder, or a hub id.
 
@@ -230,8 +232,10 @@ def load_target(
     ``sequential`` or a dict) spreads a target too large for one device over every visible GPU (and the CPU) through
     transformers / accelerate, in place of ``device``: layer by layer, one process, no tensor parallelism. Remote code
     runs only with ``trust_remote_code``. ``weights=False`` loads the tokenizer and config only (``model`` is None):
-    for a command that hands the weights to another engine (vLLM) and must not hold a second copy. Raises ``SpecframeError`` for a path that does not exist, a folder without a tokenizer, or
-    a tokenizer with more ids than the model has embeddings.
+    for a command that hands the weights to another engine (vLLM) and must not hold a second copy. ``layers``: the
+    decoder layers to keep (``keep_layers``; None: every one), for a run that reads only the target's embedding, head,
+    final norm and these layers (training from a feature cache). Raises ``SpecframeError`` for a path that does not
+    exist, a folder without a tokenizer, or a tokenizer with more ids than the model has embeddings.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -277,6 +281,8 @@ def load_target(
     if device_map is not None:
         _check_placement(model, spec_s, device_map)
     model.eval()
+    if layers is not None:
+        keep_layers(model, layers, spec_s)
     if device is not None and device_map is None:
         model.to(device)
     if template is not None:
@@ -301,6 +307,34 @@ def load_target(
     except SpecframeError:
         digest = _state_dict_hash(model)
     return Target(model=model, tokenizer=tokenizer, id=tid, weights_hash=digest, config=model.config, path=folder)
+
+
+def decoder_layers(model: Any) -> Any:
+    """The ``ModuleList`` of a transformers causal LM's decoder layers (``get_decoder().layers``), or None."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    return layers if layers is not None and hasattr(layers, "__setitem__") else None
+
+
+def keep_layers(model: Any, keep: Collection[int], name: str = "target") -> int:
+    """Drop every decoder layer of ``model`` not in ``keep`` (an ``AbsentLayer`` takes its place, so layer indices
+    and ``config.num_hidden_layers`` stay the target's); the embedding, final norm and head stay. Returns the number
+    of layers dropped. A model whose layers cannot be found keeps them all (the run then holds what it held before).
+    ``SpecframeError`` for an index outside the model's layers."""
+    from specframe.dropped_layers import AbsentLayer
+
+    layers = decoder_layers(model)
+    if layers is None:
+        return 0
+    n = len(layers)
+    wanted = {int(i) for i in keep}
+    outside = sorted(i for i in wanted if not 0 <= i < n)
+    if outside:
+        raise SpecframeError(f"target '{name}' has decoder layers 0..{n - 1}; asked to keep {outside}")
+    dropped = [i for i in range(n) if i not in wanted]
+    for i in dropped:
+        layers[i] = AbsentLayer(i, name)
+    return len(dropped)
 
 
 def _check_placement(model: Any, spec_s: str, device_map: Any) -> None:

@@ -462,6 +462,10 @@ class BlockDrafter:
         # the block attends to itself bidirectionally), however few of its depths the grid trains
         return anchors * self.options.block_size
 
+    def target_layers(self, num_layers: int) -> list[int]:
+        """API 15: none of the target's body (``share_target`` reads its embedding and lm_head only)."""
+        return []
+
     def prepare(self, target: Any, examples: Any) -> None:
         """Take the target's embedding and lm_head (frozen, shared) and pick the mask token (``share_target``)."""
         self.mask_token_id = share_target(self.model, target, examples)

@@ -33,7 +33,7 @@ from specframe.drafting.vocab import (
     count_tokens,
     mask_token_ids,
 )
-from specframe.errors import UsageError
+from specframe.errors import SpecframeError, UsageError
 from specframe.features import low_mid_high_layers
 from specframe.target_head import TargetHead, as_target_head, target_head
 
@@ -247,6 +247,11 @@ def copy_target_layers(layers: nn.ModuleList, target_model: Any) -> list[str]:
     n = len(layers)
     if n > total:
         raise UsageError(f"init_from_target_layers: {n} draft layers cannot come from a {total}-layer target")
+    # a layer with no tensors here (not loaded, or not named model.layers.J) would leave its draft layer fresh unseen
+    lacking = [j for j in range(total - n, total) if not any(k.startswith(f"model.layers.{j}.") for k in source)]
+    if lacking:
+        raise SpecframeError(f"init_from_target_layers: the target holds no tensors of its layers {lacking} (a target "
+                             "without model.layers.J, or layers the run did not load: see Drafter.target_layers)")
     fresh = []
     with torch.no_grad():
         for i, layer in enumerate(layers):

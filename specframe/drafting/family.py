@@ -39,6 +39,14 @@ class FamilyTraining:
     def training(cls, options: Any) -> Training:
         return family_training(options, getattr(options, cls.depth_option))
 
+    def target_layers(self, num_layers: int) -> list[int]:
+        """API 15: what ``prepare`` reads of the target's body: its last ``options.layers`` layers with
+        ``init_from_target_layers`` (``copy_target_layers``, which refuses more layers than the target has), else
+        none (the embedding and head rows only)."""
+        if not self.options.init_from_target_layers:
+            return []
+        return list(range(max(num_layers - self.options.layers, 0), num_layers))
+
     @classmethod
     def comparison_options(cls, depth: int, draft_vocab_size: int, k: int) -> dict[str, Any]:
         return {"draft_vocab_size": draft_vocab_size, cls.depth_option: depth, "k_infer": k}

@@ -136,11 +136,9 @@ class Trainer:
     def _setup(self, target: Any) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        if target is None:
+        loaded = target is None  # a target handed in is the caller's: never changed here
+        if loaded:
             target = assembly.load_run_target(cfg)
-        self.target = target
-        if getattr(target.model, "hf_device_map", None) is None:  # a device_map placed it already
-            target.model.to(self.device)
         # the names in the config become the run's parts once (specframe.compose.plan: the same classes, defaults and
         # errors as --print-config); the parts are built from that plan, which the memory estimate reuses
         plan = self.plan if self.plan is not None else compose.plan(cfg, self.device)
@@ -153,6 +151,18 @@ class Trainer:
         self.attention_builder: Any = parts.attention_builder
         self.partitioner = parts.partitioner
         self.resolved = parts.resolved
+        declared = validate.check_target_layers(self.drafter.target_layers(target.num_layers), cfg.drafter,
+                                                target.num_layers)
+        if loaded and cfg.cache is not None and declared is not None:
+            # from a cache the run reads only the target's embedding, head, final norm and the layers the drafter
+            # names (Drafter.target_layers, API 15; None: all): the others go before anything moves to the device.
+            # Their weights are memory-mapped and were never read (unless a dtype conversion copied them in loading)
+            from specframe.targets import keep_layers
+
+            keep_layers(target.model, declared, cfg.target)
+        self.target = target
+        if getattr(target.model, "hf_device_map", None) is None:  # a device_map placed it already
+            target.model.to(self.device)
         self.source: Any = assembly.feature_source(cfg, target, self.drafter.feature_spec())
         n = len(self.source)
         n_val = min(cfg.val_examples, n - 1)

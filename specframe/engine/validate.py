@@ -78,6 +78,21 @@ class CheckedAttention:
         return CheckedAttention(self.attention.subset(query, key), self.builder)
 
 
+def check_target_layers(declared: Any, drafter: str, num_layers: int) -> list[int] | None:
+    """``Drafter.target_layers`` (API 15) as a list of layer indices of a ``num_layers``-layer target, or None (all);
+    one PluginError naming ``drafter`` for anything else."""
+    if declared is None:
+        return None
+    try:
+        layers = list(declared)
+    except TypeError:
+        layers = None
+    if layers is None or not all(is_int(i, 0, num_layers - 1) for i in layers):
+        raise PluginError(f"drafter '{drafter}': target_layers({num_layers}) returned {declared!r}, not None or "
+                          f"layer indices in 0..{num_layers - 1}")
+    return layers
+
+
 def check_finite(step: int, loss: float, grad_norm: float) -> None:
     """Stop training before a non-finite loss or gradient reaches the weights (and any checkpoint)."""
     for what, value in (("loss", loss), ("gradient norm", grad_norm)):

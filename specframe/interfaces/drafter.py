@@ -9,6 +9,7 @@ training, inference, checkpoints and serving. How a checkpoint is written and re
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -201,6 +202,14 @@ class Drafter(Component, ABC):
         the target, choose a draft vocabulary or a mask token, and keep the frozen target pieces the loss needs.
         On resume the checkpoint is loaded after this call, so choices made here must not depend on randomness
         that the checkpoint does not restore. Default: nothing."""
+
+    def target_layers(self, num_layers: int) -> Sequence[int] | None:
+        """API 15: the target's decoder layers (indices in ``0..num_layers - 1``) that ``prepare`` reads, besides the
+        embedding, the final norm and the head. A run that trains from a feature cache loads only these (the others
+        are dropped once it has loaded, ``specframe.targets.keep_layers``: reading one raises), so the training device
+        and the rest of the run hold only these of a large target's body; a run that computes features online keeps
+        the whole target whatever this says. Default None: every layer, as before this hook existed."""
+        return None
 
     @abstractmethod
     def supervision(self, example: TrainingExample) -> torch.Tensor:

@@ -4,7 +4,9 @@ Estimator (an analytic model of what the code holds, checked against measured ch
 ``tests/unit/test_memory.py`` and ``benchmarks/memory_context.py``):
 
     peak = process baseline                           (Python + torch + transformers + specframe, CPU only)
-         + target weights                             (the engine holds the whole target; ``synthetic``: lm_head only)
+         + target weights                             (online: the whole target; cache: its embedding, head, final
+                                                       norm and the layers the drafter reads, API 15;
+                                                       ``synthetic``: lm_head only)
          + drafter weights, gradients, AdamW moments  (4 x trainable parameters)
          + features held in memory                    (online: every training sequence's, memoised)
          + the largest segment's step memory:
@@ -38,7 +40,9 @@ engine).
 Assumptions: one sequence per rank in flight (the engine's loop), online features memoised for every training
 sequence, the target forward computed without logits (``specframe.features``), activations and target weights in
 ``dtype`` (fp32 by default; the drafter's weights, gradients and AdamW state are fp32 in every precision). Start-up
-transients (loading the target) are not estimated; the guard's measured peak includes them.
+transients (loading the target) are not estimated; the guard's measured peak includes them (from a cache the target
+is loaded whole and its other layers dropped: memory-mapped safetensors weights in the run's dtype are never read, so
+on the CPU they cost nothing, but a dtype conversion copies them once).
 """
 
 from __future__ import annotations
@@ -178,7 +182,9 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     final = bool(getattr(spec, "final_hidden", False)) if spec is not None else False
     feature_floats = (n_aux + int(final)) * h_t * cfg.seq_len
 
-    target_params = _target_params(tc)
+    # from a cache the engine keeps the target's embedding, head, final norm and the layers the drafter reads (API 15)
+    kept = drafter.target_layers(int(tc.num_hidden_layers)) if cfg.features == "cache" else None
+    target_params = _target_params(tc, None if kept is None else len(set(kept)))
     cpu = torch.device(cfg.device).type == "cpu"
     fixed = {
         "process_baseline": CPU_BASELINE_BYTES if cpu else 0,
@@ -263,7 +269,8 @@ def estimate(cfg: MemoryConfig) -> Estimate:
     )
 
 
-def _target_params(tc: Any) -> int:
+def _target_params(tc: Any, layers: int | None = None) -> int:
+    """The target's parameters with ``layers`` of its decoder layers (None: all of them)."""
     h, v = int(tc.hidden_size), int(tc.vocab_size)
     inter = int(getattr(tc, "intermediate_size", 4 * h))
     heads = int(getattr(tc, "num_attention_heads", 1))
@@ -271,4 +278,5 @@ def _target_params(tc: Any) -> int:
     hd = int(getattr(tc, "head_dim", None) or h // heads)
     layer = h * heads * hd * 2 + 2 * h * kv * hd + 3 * h * inter + 2 * h
     tied = bool(getattr(tc, "tie_word_embeddings", False))
-    return int(tc.num_hidden_layers) * layer + v * h * (1 if tied else 2) + h
+    n = int(tc.num_hidden_layers) if layers is None else layers
+    return n * layer + v * h * (1 if tied else 2) + h

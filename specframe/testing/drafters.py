@@ -54,13 +54,22 @@ def training_example(target: Any, drafter: api.Drafter, length: int = 18, docs: 
                      seed: int = 0) -> api.TrainingExample:
     """One seeded example of ``length`` tokens (``docs`` packed documents, the first 3 tokens unsupervised) with the
     drafter's target features; ``drafter.prepare`` is called on it first, as the trainer does."""
+    bare = prepared(target, drafter, length, docs, seed)
+    return api.TrainingExample(bare.input_ids, bare.loss_mask, bare.doc, target_features(target, bare.input_ids,
+                                                                                        drafter))
+
+
+def prepared(target: Any, drafter: api.Drafter, length: int = 18, docs: int = 2, seed: int = 0) -> api.TrainingExample:
+    """``training_example``'s example without features, after ``drafter.prepare`` has been called on it (the target
+    is not run: a run from a feature cache never runs it)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(7, int(target.config.vocab_size), (length,), generator=g)  # past special / reserved ids
     mask = torch.ones(length, dtype=torch.bool)
     mask[:3] = False
     doc = torch.arange(length) * docs // length if docs > 1 else torch.zeros(length, dtype=torch.long)
-    drafter.prepare(target, [api.TrainingExample(ids, mask, doc)])
-    return api.TrainingExample(ids, mask, doc, target_features(target, ids, drafter))
+    example = api.TrainingExample(ids, mask, doc)
+    drafter.prepare(target, [example])
+    return example
 
 
 def element_set(drafter: api.Drafter, example: api.TrainingExample, depth: int, seed: int = 0):
@@ -165,6 +174,32 @@ class DrafterContract:
         shapes, declared = memory._layers(drafter, drafter.module())
         assert shapes or declared, (f"{type(drafter).__name__}: the memory estimate finds no decoder layers; declare "
                                     "them with Drafter.layer_shapes() (or return () when it has none)")
+
+    def test_prepare_reads_only_the_target_layers_it_declares(self, specframe_tiny_target):
+        """``target_layers`` (API 15) names every decoder layer ``prepare`` reads: a run from a feature cache keeps only
+        those, so with the others dropped ``prepare`` must start the drafter exactly as from the whole target (a
+        dropped layer raises when read; one that is only missing from the state dict would leave weights fresh)."""
+        import copy
+
+        from specframe.targets import keep_layers
+
+        probe = self.build(specframe_tiny_target)
+        n = int(specframe_tiny_target.config.num_hidden_layers)
+        declared = probe.target_layers(n)
+        if declared is None:
+            return  # the whole target: nothing is dropped
+        assert all(isinstance(i, int) and 0 <= i < n for i in declared), f"target_layers({n}) gave {declared}"
+        light = copy.deepcopy(specframe_tiny_target)
+        keep_layers(light.model, declared)
+        states = []
+        for target in (specframe_tiny_target, light):
+            drafter = self.build(target)
+            prepared(target, drafter)
+            states.append(drafter.module().state_dict())
+        whole, kept = states
+        assert whole.keys() == kept.keys()
+        for key in whole:
+            assert torch.equal(whole[key], kept[key]), f"{key} differs when only layers {declared} are loaded"
 
     def test_every_builder_and_partitioner_gives_the_dense_gradients(self, specframe_tiny_target):
         """Every registered CPU mask builder and partitioner gives the dense single pass's loss and gradients, and

@@ -144,6 +144,12 @@ class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, a
         self._target_head = eagle.start_from_target(model, target, draft, self.options.init_from_target_layers)
         self._sequence_scale = eagle.supervised_per_document(examples, self.supervision)
 
+    def target_layers(self, num_layers: int) -> list[int]:
+        """The standalone backbone copies the target's first ``layers`` layers (``_copy_layers``); with
+        ``init_from_target_layers`` the last ones replace them (the family's rule)."""
+        first = [] if self.reads_features else list(range(min(self.options.layers, num_layers)))
+        return sorted({*first, *super().target_layers(num_layers)})
+
     def _copy_layers(self, target_model: Any) -> None:
         source = target_model.state_dict()
         if self.options.layers > int(target_model.config.num_hidden_layers):

@@ -144,6 +144,11 @@ class PardDrafter(api.Drafter):
             self._copy_from(target.model)
         self._sequence_scale = api.eagle.supervised_per_document(examples, self.supervision)
 
+    def target_layers(self, num_layers: int) -> list[int]:
+        """``init_from_target`` copies the target's first ``layers`` layers (``_copy_from``, which refuses more than
+        the target has); without it only the embedding and head are read."""
+        return list(range(min(self.options.layers, num_layers))) if self.options.init_from_target else []
+
     def _copy_from(self, target_model: Any) -> None:
         source = target_model.state_dict()
         n_target = int(target_model.config.num_hidden_layers)
