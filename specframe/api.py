@@ -46,6 +46,7 @@ from specframe.interfaces.drafter import Drafter, LossTerms, TrainingExample
 from specframe.interfaces.mask_builder import Attention, MaskBuilder, SegmentAttention, one_dtype
 from specframe.interfaces.partitioner import Partitioner, Segment
 from specframe.interfaces.verifier import RoundCost, Verification, Verifier, verify
+from specframe.interfaces.target_law import SamplesTarget, SamplingFields
 
 # The checkpoint layouts vLLM loads, one per row of the layout table (speculators EAGLE-3 / P-EAGLE / DFlash / DSpark,
 # PARD, ParallelSpec): a drafter's ``export_vllm`` calls one of ``vllm_layouts.write_eagle3`` / ``write_peagle`` /
@@ -173,6 +174,10 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   EAGLE family none, or its last ``layers`` with ``init_from_target_layers``; ParallelSpec's standalone backbone and
 #:   PARD with ``init_from_target`` their first ``layers``; DFlash and DSpark (``api.block.BlockDrafter``) none. A
 #:   version-14 drafter declares nothing (None) and is handed the whole target, as before.
+#:   Also ``api.SamplingFields`` (a verifier's ``temperature``, ``top_k`` and ``top_p`` option fields, each refusing
+#:   what ``sampling_distribution`` refuses when the options are built, before a target loads, instead of at the
+#:   first verification) and ``api.SamplesTarget`` (``target(logits)``, the law they give): what the ``sampling`` and
+#:   ``tree`` verifiers wrote alike.
 API_VERSION = "15"
 
 __all__ = [
@@ -193,6 +198,8 @@ __all__ = [
     "Partitioner",
     "PluginError",
     "RoundCost",
+    "SamplesTarget",
+    "SamplingFields",
     "Segment",
     "SegmentAttention",
     "Serving",

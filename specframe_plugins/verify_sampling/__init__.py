@@ -15,29 +15,20 @@ import torch
 
 from specframe import api
 
+_fields = api.SamplingFields("sampling")
+
 
 @attrs.define
 class SamplingOptions:
-    temperature: float = attrs.field(default=1.0, metadata={
-        "help": "softmax temperature; 0 is greedy (p one-hot at the argmax)"})
-    top_k: int = attrs.field(default=0, metadata={"help": "keep only the k most likely tokens (0: off)"})
-    top_p: float = attrs.field(default=1.0, metadata={
-        "help": "keep the smallest set of tokens whose mass reaches top_p (1: off)"})
+    temperature: float = _fields.temperature(1.0, "softmax temperature; 0 is greedy (p one-hot at the argmax)")
+    top_k: int = _fields.top_k("keep only the k most likely tokens (0: off)")
+    top_p: float = _fields.top_p("keep the smallest set of tokens whose mass reaches top_p (1: off)")
 
 
-class SamplingVerifier(api.Verifier):
+class SamplingVerifier(api.SamplesTarget, api.Verifier):
     name = "sampling"
     Options = SamplingOptions
     supports_tree = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.options.temperature == 0.0  # p is one-hot at the argmax: greedy decoding's output
-
-    def target(self, logits: torch.Tensor) -> torch.Tensor:
-        o = self.options
-        # On the CPU, where the generator lives: one row of V floats per slot is cheap to move.
-        return api.sampling_distribution(logits, o.temperature, o.top_k, o.top_p).cpu()
 
     # a class attribute, so a test can swap in a deliberately broken rule and watch the distribution check fail
     residual = staticmethod(api.residual_distribution)

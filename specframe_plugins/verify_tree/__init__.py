@@ -17,30 +17,21 @@ import torch
 
 from specframe import api
 
+_fields = api.SamplingFields("tree")
+
 
 @attrs.define
 class TreeOptions:
-    temperature: float = attrs.field(default=0.0, metadata={
-        "help": "softmax temperature of the target; 0 means greedy acceptance"})
-    top_k: int = attrs.field(default=0, metadata={"help": "keep only the k most likely target tokens (0: off)"})
-    top_p: float = attrs.field(default=1.0, metadata={
-        "help": "keep the smallest set of target tokens whose mass reaches top_p (1: off)"})
+    temperature: float = _fields.temperature(0.0, "softmax temperature of the target; 0 means greedy acceptance")
+    top_k: int = _fields.top_k()
+    top_p: float = _fields.top_p()
 
 
-class TreeVerifier(api.Verifier):
+class TreeVerifier(api.SamplesTarget, api.Verifier):
     name = "tree"
     Options = TreeOptions
     supports_tree = True
     drafts_trees = True  # this verifier exists for trees: a run with it drafts one unless --tree-* says otherwise
-
-    @property
-    def greedy(self) -> bool:
-        return self.options.temperature == 0.0
-
-    def target(self, logits: torch.Tensor) -> torch.Tensor:
-        o = self.options
-        # On the CPU, where the generator lives: one row of V floats per slot is cheap to move.
-        return api.sampling_distribution(logits, o.temperature, o.top_k, o.top_p).cpu()
 
     # a class attribute, so a test can swap in a deliberately broken rule and watch the distribution check fail
     residual = staticmethod(api.residual_distribution)
@@ -50,7 +41,7 @@ class TreeVerifier(api.Verifier):
         children: dict[int, list[int]] = {}
         for node, parent in enumerate(draft.parent_index().tolist()):
             children.setdefault(parent, []).append(node)
-        greedy = self.options.temperature == 0
+        greedy = self.greedy
         accepted: list[int] = []
         node = -1
         while True:

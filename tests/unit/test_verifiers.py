@@ -199,3 +199,28 @@ def test_dynamic_tree_matches_brute_force_eagle2(depth, top_k, total, seed):
     assert all(a >= b - 1e-5 for a, b in zip(scores, scores[1:]))  # siblings (and all nodes) by confidence
     full = top_k + (depth - 1) * top_k * top_k
     assert len(draft) == min(total, full)
+
+
+SAMPLERS = [name for name in ("sampling", "tree", "scheduled") if name in plugins.load().names("verifier")]
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+@pytest.mark.parametrize("option,value,rule", [
+    ("temperature", -0.5, "a number >= 0"), ("temperature", float("inf"), "a number >= 0"),
+    ("temperature", True, "a number >= 0"), ("top_k", -1, "an integer >= 0"), ("top_k", 2.5, "an integer >= 0"),
+    ("top_p", 0.0, r"in \(0, 1\]"), ("top_p", 1.5, r"in \(0, 1\]"), ("top_p", "0.5", r"in \(0, 1\]"),
+])
+def test_sampling_options_are_refused_when_the_verifier_is_built(name, option, value, rule):
+    """``api.SamplingFields`` (API 15): what ``sampling_distribution`` would refuse at the first verification (after
+    the target has loaded) is refused when the options are built, naming the verifier and the option."""
+    options = plugins.get("verifier", name).Options
+    with pytest.raises(api.UsageError, match=rf"{name} option '{option}' must be {rule}"):
+        options(**{option: value})
+    options(temperature=0.0, top_k=5, top_p=1.0)  # the edges are kept
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_a_sampling_verifiers_law_is_the_targets(name):
+    verifier = make(name, temperature=0.7, top_k=5, top_p=0.9)
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(verifier.target(logits), api.sampling_distribution(logits, 0.7, 5, 0.9))

@@ -43,14 +43,16 @@ def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None
         raise api.UsageError(f"scheduled option '{attribute.name}' must be a non-negative number, got {value!r}")
 
 
+_sampling = api.SamplingFields("scheduled")
+
+
 @attrs.define
 class ScheduledOptions:
     rule: str = attrs.field(default="greedy", metadata={
         "help": "how the kept prefix is verified: 'greedy' (argmax match) or 'sampling' (speculative sampling)"})
-    temperature: float = attrs.field(default=1.0, validator=_non_negative, metadata={
-        "help": "rule 'sampling': softmax temperature of the target"})
-    top_k: int = attrs.field(default=0, metadata={"help": "rule 'sampling': keep the k most likely tokens (0: off)"})
-    top_p: float = attrs.field(default=1.0, metadata={"help": "rule 'sampling': nucleus mass (1: off)"})
+    temperature: float = _sampling.temperature(1.0, "rule 'sampling': softmax temperature of the target")
+    top_k: int = _sampling.top_k("rule 'sampling': keep the k most likely tokens (0: off)")
+    top_p: float = _sampling.top_p("rule 'sampling': nucleus mass (1: off)")
     cost_curve: list[float] | None = attrs.field(default=None, metadata={
         "help": "seconds of a target forward verifying m = 0, 1, .. draft tokens; longer drafts cost the last "
                 "entry's slope more; null: measured on the target the engine runs (see measure)"})
@@ -98,7 +100,7 @@ class ScheduledOptions:
         return float(curve[-1]) + (m - len(curve) + 1) * max(float(curve[-1]) - float(curve[-2]), 0.0)
 
 
-class ScheduledVerifier(api.Verifier):
+class ScheduledVerifier(api.SamplesTarget, api.Verifier):
     name = "scheduled"
     Options = ScheduledOptions
     supports_tree = False
@@ -193,9 +195,7 @@ class ScheduledVerifier(api.Verifier):
             while n < len(tokens) and tokens[n] == best[n]:
                 n += 1
             return api.chain_verification(list(range(n)), tokens, best[n])
-        o = self.options
-        return api.speculative_chain(logits, draft, lambda row: api.sampling_distribution(
-            row, o.temperature, o.top_k, o.top_p).cpu(), generator)
+        return api.speculative_chain(logits, draft, self.target, generator)
 
 
 @torch.no_grad()
