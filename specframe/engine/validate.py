@@ -47,10 +47,20 @@ def check_loss_terms(
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (k,):
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise PluginError(f"{who}: loss() returned {field} {shape}, expected shape ({k},) (one per depth)")
-    hit = getattr(terms, "hit", None)
-    if hit is not None and (not isinstance(hit, torch.Tensor) or tuple(hit.shape) != (expected,)):
-        shape = tuple(hit.shape) if isinstance(hit, torch.Tensor) else type(hit).__name__
-        raise PluginError(f"{who}: loss() returned hit {shape}, expected shape ({expected},) (one per charged element)")
+    # one value per charged element, in hit's order: a wrong length would be a shape error in validation, or, of
+    # length 1, broadcast silently over every element's verdict (API 8's confidence, API 12's acceptance)
+    for field in ("hit", "confidence", "acceptance"):
+        value = getattr(terms, field, None)
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != (expected,):
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise PluginError(f"{who}: loss() returned {field} {shape}, expected shape ({expected},) (one per charged "
+                              "element)")
+    # (a confidence may be NaN: an element the drafter gives none for, API 8)
+    acceptance = getattr(terms, "acceptance", None)
+    if acceptance is not None and not bool(((acceptance >= 0) & (acceptance <= 1)).all()):
+        raise PluginError(f"{who}: loss() returned acceptance outside [0, 1] (a chance of acceptance per element)")
 
 
 class CheckedAttention:

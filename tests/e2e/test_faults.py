@@ -95,6 +95,16 @@ def _inf_at_once(self, example, elements, segment, attention):
     return api.LossTerms(t.loss_sum * float("inf"), t.count, t.correct, t.total)
 
 
+def _one_confidence(self, example, elements, segment, attention):
+    t = type(self).__mro__[1].loss(self, example, elements, segment, attention)
+    return api.LossTerms(t.loss_sum, t.count, t.correct, t.total, t.hit, confidence=t.loss_sum.detach().reshape(1))
+
+
+def _acceptance_above_one(self, example, elements, segment, attention):
+    t = type(self).__mro__[1].loss(self, example, elements, segment, attention)
+    return api.LossTerms(t.loss_sum, t.count, t.correct, t.total, t.hit, acceptance=t.hit.float() + 1.0)
+
+
 BAD_LOSSES = [
     (_tuple, "loss() returned tuple, not an api.LossTerms"),
     (_vector, "loss() returned loss_sum (2,), not a scalar tensor"),
@@ -102,6 +112,8 @@ BAD_LOSSES = [
     (_wrong_count, "but the segment charges"),
     (_short_correct, "loss() returned correct (2,), expected shape (3,)"),
     (_inf_at_once, "non-finite loss_sum (inf)"),
+    (_one_confidence, "loss() returned confidence (1,), expected shape ("),
+    (_acceptance_above_one, "loss() returned acceptance outside [0, 1]"),
 ]
 
 
