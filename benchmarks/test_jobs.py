@@ -311,7 +311,9 @@ def test_drafter_job(benchmark, workspace, target, drafter):
                       provenance=prov)
         files = ["training.json"]
         quiet = True
-        refused: dict[str, str] = {}  # label -> why vLLM cannot serve the drafter at that K (DFlash below its block)
+        # label -> why vLLM cannot serve the drafter at that K (DFlash below its block), or at all (DSpark on a vLLM
+        # without its V2 runner): those parts are skipped with the reason, kept in job.json's vllm_refused
+        refused: dict[str, str] = {}
         if exportable(drafter) and p.vllm and vllm_available():
             served = [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}")
                       for k in p.vllm_ks]
@@ -322,8 +324,10 @@ def test_drafter_job(benchmark, workspace, target, drafter):
                 if own is not None and own not in [k for _, k in jobs.values()]:
                     # a drafter vLLM serves only at its own K (DFlash: its full block) is measured there too, so
                     # every drafter has vLLM figures; the others' K are the preset's alone
+                    # (a drafter the installed vLLM serves at no K, DSpark on vLLM's CPU build, is refused there too)
                     jobs.update(_with_k([bench.checkpoint_method(record["run"], target.config, k=own,
-                                                                 label=f"{drafter}/k{own}")], _source(workspace), tmp))
+                                                                 label=f"{drafter}/k{own}")], _source(workspace), tmp,
+                                        refused))
                 ks = [k for _, k in jobs.values()]
                 for dataset in p.datasets if jobs else ():
                     config = {"preset": p.name, "drafter": drafter, "dataset": dataset, "ks": ks,

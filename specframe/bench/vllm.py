@@ -95,14 +95,18 @@ def vllm_jobs(
     """One vLLM engine job (``specframe.vllm.jobs.Job``) per method label: plain, a trained checkpoint (exported
     once into ``workdir``, served at the method's K) or the ``ngram`` baseline (vLLM's prompt lookup with the
     plugin's n-gram sizes). A checkpoint whose export vLLM cannot serve at the method's K (a DFlash drafter below
-    its block, ``Manifest.refusal``) raises that reason, or, given ``refused``, is left out with its reason there.
+    its block, ``Manifest.refusal``) raises that reason, or, given ``refused``, is left out with its reason there;
+    so is one the installed vLLM cannot serve at any K (``specframe.vllm.support.check``, the check every engine runs
+    before it starts: DSpark on a vLLM without its V2 runner), found here instead of in the first engine's start-up.
     Given ``manifests``, each checkpoint's export manifest is put there (checkpoint -> ``Manifest``: the K range it
     serves), so a caller needs no export of its own to ask."""
     from specframe.drafter_folders import export_checkpoint
     from specframe.layouts.export import read_manifest, speculative_config
+    from specframe.vllm import support
     from specframe.vllm.jobs import Job
 
     exports: dict[str, Path] = {}
+    unservable: dict[str, str | None] = {}  # checkpoint -> why the installed vLLM serves its export at no K (None: it does)
     jobs = {}
     for m in methods:
         if m.drafter is None:
@@ -116,10 +120,18 @@ def vllm_jobs(
             manifest = read_manifest(exports[m.checkpoint])
             if manifests is not None:
                 manifests[m.checkpoint] = manifest
-            reason = manifest.refusal(m.k)
+            if m.checkpoint not in unservable:
+                try:
+                    support.check(exports[m.checkpoint], manifest.layout, source)
+                    unservable[m.checkpoint] = None
+                except SpecframeError as exc:
+                    unservable[m.checkpoint] = str(exc)
+            reason = unservable[m.checkpoint] or manifest.refusal(m.k)
             if reason is not None and refused is not None:
                 refused[m.label] = reason
                 continue
+            if unservable[m.checkpoint] is not None:
+                raise SpecframeError(unservable[m.checkpoint])
             jobs[m.label] = Job(source, speculative_config(exports[m.checkpoint], m.k))
         elif (config := m.drafter.vllm_speculative_config(int(m.k))) is not None:
             jobs[m.label] = Job(source, config)  # a weightless method vLLM implements itself (API 6)
