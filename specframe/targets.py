@@ -221,7 +221,6 @@ def load_target(
     chat_template: str | os.PathLike | None = None,
     device_map: str | dict | None = None,
     weights: bool = True,
-    layers: Collection[int] | None = None,
 ) -> Target:
     """Load a target: ``"default"`` (embedded SmolLM2-135M-Instruct), a local folder, or a hub id.
 
@@ -232,10 +231,10 @@ def load_target(
     ``sequential`` or a dict) spreads a target too large for one device over every visible GPU (and the CPU) through
     transformers / accelerate, in place of ``device``: layer by layer, one process, no tensor parallelism. Remote code
     runs only with ``trust_remote_code``. ``weights=False`` loads the tokenizer and config only (``model`` is None):
-    for a command that hands the weights to another engine (vLLM) and must not hold a second copy. ``layers``: the
-    decoder layers to keep (``keep_layers``; None: every one), for a run that reads only the target's embedding, head,
-    final norm and these layers (training from a feature cache). Raises ``SpecframeError`` for a path that does not
-    exist, a folder without a tokenizer, or a tokenizer with more ids than the model has embeddings.
+    for a command that hands the weights to another engine (vLLM) and must not hold a second copy. Raises
+    ``SpecframeError`` for a path that does not exist, a folder without a tokenizer, or a tokenizer with more ids than
+    the model has embeddings. (A run that reads only some decoder layers drops the others after loading:
+    ``keep_layers``.)
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -281,8 +280,6 @@ def load_target(
     if device_map is not None:
         _check_placement(model, spec_s, device_map)
     model.eval()
-    if layers is not None:
-        keep_layers(model, layers, spec_s)
     if device is not None and device_map is None:
         model.to(device)
     if template is not None:

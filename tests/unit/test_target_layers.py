@@ -40,7 +40,8 @@ def layer_params(model, i):
 
 def test_keep_layers_drops_the_others_and_reading_one_raises(assets):
     whole = load_target(assets[0])
-    light = load_target(assets[0], layers=[3])
+    light = load_target(assets[0])
+    assert keep_layers(light.model, [3], "tiny") == 3
     assert [is_absent(layer) for layer in light.model.model.layers] == [True, True, True, False]
     assert light.num_layers == 4 and light.vocab_size == whole.vocab_size  # the config and embedding stay
     n_whole = sum(p.numel() for p in whole.model.parameters())
@@ -98,7 +99,8 @@ def test_a_drafter_starts_alike_from_the_layers_it_declares(assets, cache, tmp_p
 def test_init_from_target_layers_refuses_a_layer_that_was_not_loaded(assets):
     from specframe.drafting.eagle import copy_target_layers
 
-    light = load_target(assets[0], layers=[3])
+    light = load_target(assets[0])
+    keep_layers(light.model, [3])
     layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])  # draft layers 0, 1 <- target 2, 3
     with pytest.raises(SpecframeError, match=r"no tensors of its layers \[2\]"):
         copy_target_layers(layers, light.model)
