@@ -101,12 +101,13 @@ def vllm_jobs(
     Given ``manifests``, each checkpoint's export manifest is put there (checkpoint -> ``Manifest``: the K range it
     serves), so a caller needs no export of its own to ask."""
     from specframe.drafter_folders import export_checkpoint
-    from specframe.layouts.export import read_manifest, speculative_config
+    from specframe.layouts.export import manifest_of, read_config
     from specframe.vllm import support
     from specframe.vllm.jobs import Job
 
-    exports: dict[str, Path] = {}
-    unservable: dict[str, str | None] = {}  # checkpoint -> why the installed vLLM serves its export at no K (None: it does)
+    # checkpoint -> (its export folder, the export's manifest, why the installed vLLM serves it at no K or None): each
+    # checkpoint is exported, read and checked once, whatever number of K it is served at
+    exports: dict[str, tuple[Path, Any, str | None]] = {}
     jobs = {}
     for m in methods:
         if m.drafter is None:
@@ -115,24 +116,26 @@ def vllm_jobs(
             raise UsageError("--engine vllm drafts chains only: drop the --tree-* options")
         elif m.checkpoint is not None:
             if m.checkpoint not in exports:
-                exports[m.checkpoint] = workdir / f"export-{len(exports)}"
-                export_checkpoint(m.checkpoint, exports[m.checkpoint], source)
-            manifest = read_manifest(exports[m.checkpoint])
+                folder = workdir / f"export-{len(exports)}"
+                export_checkpoint(m.checkpoint, folder, source)
+                config = read_config(folder)
+                manifest = manifest_of(config, folder)
+                try:
+                    support.check(folder, manifest.layout, source, config=config)
+                    unservable = None
+                except SpecframeError as exc:
+                    unservable = str(exc)
+                exports[m.checkpoint] = (folder, manifest, unservable)
+            folder, manifest, unservable = exports[m.checkpoint]
             if manifests is not None:
                 manifests[m.checkpoint] = manifest
-            if m.checkpoint not in unservable:
-                try:
-                    support.check(exports[m.checkpoint], manifest.layout, source)
-                    unservable[m.checkpoint] = None
-                except SpecframeError as exc:
-                    unservable[m.checkpoint] = str(exc)
-            reason = unservable[m.checkpoint] or manifest.refusal(m.k)
+            reason = unservable or manifest.refusal(m.k)
             if reason is not None and refused is not None:
                 refused[m.label] = reason
                 continue
-            if unservable[m.checkpoint] is not None:
-                raise SpecframeError(unservable[m.checkpoint])
-            jobs[m.label] = Job(source, speculative_config(exports[m.checkpoint], m.k))
+            if unservable is not None:
+                raise SpecframeError(unservable)
+            jobs[m.label] = Job(source, manifest.speculative_config(folder, m.k))
         elif (config := m.drafter.vllm_speculative_config(int(m.k))) is not None:
             jobs[m.label] = Job(source, config)  # a weightless method vLLM implements itself (API 6)
         else:

@@ -37,16 +37,18 @@ def drafter_job(export_dir: str | os.PathLike, k: int, target: str | os.PathLike
     P-EAGLE) without ``target`` is started from the folder alone (vLLM reads verifier and method from it); otherwise
     ``target`` is started with an explicit ``speculative_config``."""
     from specframe.vllm import support
-    from specframe.layouts.export import read_manifest, speculative_config
+    from specframe.layouts.export import manifest_of, read_config
 
-    manifest = read_manifest(export_dir)
+    config = read_config(Path(export_dir))  # read once: the manifest, the check and the job all come from it
+    manifest = manifest_of(config, export_dir)
     manifest.check_tokens(k)  # a K the drafter cannot be served at (DFlash below block_size - 1), with the reason
-    support.prestart(target, export_dir)  # before minutes of engine start-up, with the reason
+    # prestart's check, before minutes of engine start-up, with the reason
+    support.check(export_dir, manifest.layout, target, config=config)
     if target is None:
         if not manifest.speculators:
             raise SpecframeError(f"{export_dir} is a {manifest.layout} export: vLLM needs the target beside it")
         return Job(str(Path(export_dir).resolve()), {"num_speculative_tokens": int(k)})
-    return Job(str(target), speculative_config(export_dir, k))
+    return Job(str(target), manifest.speculative_config(export_dir, k))
 
 
 def check_job(job: Job) -> None:

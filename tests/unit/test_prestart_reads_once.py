@@ -50,3 +50,23 @@ def test_check_alone_still_reads_the_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(support, "_model_class", lambda arch: None)
     support.check(out, "pard", None)
     support.check(out, "pard", str(tmp_path / "target"), config=manifest.read_config(out))
+
+
+def test_an_engine_job_reads_the_exports_config_once(tmp_path, monkeypatch):
+    """``vllm.jobs.drafter_job``: the manifest, the pre-start check and the speculative config from one read."""
+    from specframe.vllm.jobs import drafter_job
+
+    out = _export(tmp_path)
+    monkeypatch.setattr(support, "_model_class", lambda arch: None)
+    reads = []
+    read_text = Path.read_text
+
+    def counted(self, *args, **kwargs):
+        if self.parent == out:
+            reads.append(self.name)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    job = drafter_job(out, 2, str(tmp_path / "target"))
+    assert reads == ["config.json"]
+    assert job.speculative_config["num_speculative_tokens"] == 2 and job.target == str(tmp_path / "target")

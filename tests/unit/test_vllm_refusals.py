@@ -24,7 +24,8 @@ def test_a_drafter_vllm_serves_at_no_k_is_refused_with_the_reason(trained, tmp_p
     target, run = trained
     calls = []
 
-    def cannot(export_dir, layout, source, **kw):
+    def cannot(export_dir, layout, source, *, config=None):
+        assert config is not None  # handed the config the manifest was read from, not read again
         calls.append(layout)
         raise SpecframeError(f"the installed vLLM cannot serve this {layout} export for target {source}: no runner")
 
