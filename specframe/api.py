@@ -31,7 +31,7 @@ from specframe.drafting import block
 # Calibration of per-token confidence (prefix ECE, sequential temperature scaling), for drafters that estimate it
 # (API 8).
 from specframe.drafting import calibration
-from specframe.declarations import Training, positive_int, unit_interval
+from specframe.declarations import Training, non_negative, positive_int, unit_interval
 from specframe.drafting.draft_tree import DraftTree, dynamic_tree
 from specframe.drafting.drafts import Draft
 from specframe.drafting.elements import (VISIBILITY_RULES, ElementSet, full_grid, rule_matrix, shared_visibility,
@@ -177,7 +177,9 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   Also ``api.SamplingFields`` (a verifier's ``temperature``, ``top_k`` and ``top_p`` option fields, each refusing
 #:   what ``sampling_distribution`` refuses when the options are built, before a target loads, instead of at the
 #:   first verification) and ``api.SamplesTarget`` (``target(logits)``, the law they give): what the ``sampling`` and
-#:   ``tree`` verifiers wrote alike.
+#:   ``tree`` verifiers wrote alike. And ``api.non_negative(owner)``, the option validator beside ``positive_int`` and
+#:   ``unit_interval`` that P-EAGLE and DSpark's drafter and scheduled verifier each wrote by hand (P-EAGLE's let NaN
+#:   through).
 API_VERSION = "15"
 
 __all__ = [
@@ -215,6 +217,7 @@ __all__ = [
     "full_mask_bytes",
     "full_grid",
     "hookimpl",
+    "non_negative",
     "positive_int",
     "query_block_bytes",
     "one_dtype",

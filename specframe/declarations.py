@@ -33,6 +33,17 @@ def positive_int_or_null(owner: str) -> Any:
     return check
 
 
+def non_negative(owner: str) -> Any:
+    """An attrs validator for options that must be a number >= 0 (not a bool, not NaN); errors name ``owner``'s
+    option (API 15: the check three plugins wrote by hand)."""
+
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if not is_number(value) or not value >= 0:
+            raise UsageError(f"{owner} option '{attribute.name}' must be a non-negative number, got {value!r}")
+
+    return check
+
+
 def unit_interval(owner: str) -> Any:
     """An attrs validator for options that must be a number in [0, 1] (ratios); errors name ``owner``'s option."""
 

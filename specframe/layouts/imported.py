@@ -135,13 +135,6 @@ def with_shared_target_weights(imported: Imported, target_config: Any) -> Import
 # -------------------------------------------------------------------------------------------- into a drafter
 
 
-def drafter_options(imported: Imported, cls: type) -> Any:
-    """The drafter plugin options that give ``cls`` the folder's shape (layers, aux layers, draft vocabulary, ...):
-    what the drafter declares for it (``Drafter.import_options``, API 6)."""
-    return cls.Options(**cls.import_options(imported))
-
-
-
 def missing_embedding(imported: Imported, target_config: Any) -> torch.Tensor:
     """The embedding an EAGLE folder without ``embed_tokens`` shares with the target (vLLM does the same)."""
     emb = target_embedding(target_config)

@@ -46,7 +46,6 @@ from specframe.layouts.formats.specforge_dspark import layer_ids as _specforge_l
 from specframe.layouts.imported import (  # noqa: F401 (re-exported: what callers and plugins' imports reach)
     Imported,
     check_shape,
-    drafter_options,
     eagle_state,
     missing_embedding,
     with_shared_target_weights,

@@ -39,9 +39,7 @@ _fields = api.eagle.FamilyFields("peagle")  # the options the EAGLE family share
 _positive = _fields.positive
 
 
-def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise api.UsageError(f"peagle option '{attribute.name}' must be a number >= 0, got {value!r}")
+_non_negative = api.non_negative("peagle")
 
 
 @attrs.define

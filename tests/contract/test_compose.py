@@ -196,11 +196,7 @@ def test_components_are_built_only_by_compose_component():
     """One constructor (issue 55, item 2): the core and the benchmark scripts build a registered component from a
     name and options only through ``compose.component``, the test kit (``specframe.testing``) included: a contract
     checks a component built as a run builds it (``compose.component`` takes the class a test hands it too)."""
-    allowed = {
-        "specframe/compose.py",
-        # Imported.drafter_options: no caller since drafter_folders builds imported drafters through compose
-        "specframe/layouts/imported.py",
-    }
+    allowed = {"specframe/compose.py"}
     offenders = {}
     for path in [*sorted((ROOT / "specframe").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]:
         rel = path.relative_to(ROOT).as_posix()

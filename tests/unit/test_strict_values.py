@@ -49,3 +49,13 @@ def test_the_core_spells_the_idiom_only_in_values():
             continue
         offenders += [f"{rel}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1) if IDIOM.search(line)]
     assert offenders == []
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan"), True, "1", None])
+def test_a_non_negative_option_refuses_what_is_not_a_number_at_least_zero(value):
+    """``api.non_negative`` (API 15), the validator P-EAGLE's and DSpark's options share (P-EAGLE's own let NaN in)."""
+    from specframe import api, plugins
+
+    with pytest.raises(api.UsageError, match="peagle option 'mask_hidden_std' must be a non-negative number"):
+        plugins.get("drafter", "peagle").Options(mask_hidden_std=value)
+    assert plugins.get("drafter", "peagle").Options(mask_hidden_std=0.0).mask_hidden_std == 0.0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from specframe import api
@@ -12,11 +10,7 @@ HEAD_TYPES = ("vanilla", "rnn")
 #: the verification rules a confidence can be calibrated for (the 'scheduled' verifier's rules)
 RULES = ("greedy", "sampling")
 _positive = api.positive_int("dspark")
-
-
-def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise api.UsageError(f"dspark option '{attribute.name}' must be a non-negative number, got {value!r}")
+_non_negative = api.non_negative("dspark")
 
 
 @attrs.define

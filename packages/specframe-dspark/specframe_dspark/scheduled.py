@@ -38,9 +38,7 @@ from specframe import api
 RULES = ("greedy", "sampling")
 
 
-def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise api.UsageError(f"scheduled option '{attribute.name}' must be a non-negative number, got {value!r}")
+_non_negative = api.non_negative("scheduled")
 
 
 _sampling = api.SamplingFields("scheduled")
