@@ -54,19 +54,20 @@ def serve(
     source = None
     if drafter is None or target is not None:
         source = target_source(target or "default")
-    manifest = None
+    manifest = config = None
     if drafter is not None:
-        from specframe.layouts.export import check_export, read_manifest
+        from specframe.layouts.export import check_export, manifest_of, read_config
 
-        manifest = read_manifest(drafter)
+        config = read_config(Path(drafter))  # read once: the manifest, both checks and the command come from it
+        manifest = manifest_of(config, drafter)
         if source is None and not manifest.speculators:
             source = target_source("default")
         if source is None:
-            check_export(drafter, _local_config(_verifier(drafter, manifest.verifier)), manifest)
+            check_export(drafter, _local_config(_verifier(drafter, manifest.verifier)), manifest, config=config)
         else:
-            check_export(drafter, _local_config(source), manifest)
+            check_export(drafter, _local_config(source), manifest, config=config)
     argv, env = serve_command(
-        source, drafter, k, manifest=manifest, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
+        source, drafter, k, manifest=manifest, config=config, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
         kv_cache_gib=kv_cache_gib, enforce_eager=eager, extra=vllm_args,
     )
     if print_command:

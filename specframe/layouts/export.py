@@ -74,10 +74,12 @@ SPECULATORS = table.speculators()
 
 
 def check_layout(
-    directory: str | os.PathLike, target_config: Any = None, manifest: Manifest | None = None
+    directory: str | os.PathLike, target_config: Any = None, manifest: Manifest | None = None, *,
+    config: dict | None = None,
 ) -> tuple[Manifest, dict, dict]:
     """Read and validate the export at ``directory`` (for a target with ``target_config``, when given): returns its
-    manifest (``manifest`` when the caller read it already), its tensors under the layout's names and its flat config;
+    manifest (``manifest`` when the caller read it already; ``config`` its ``config.json`` likewise), its tensors under
+    the layout's names and its flat config;
     one ``SpecframeError`` (without the folder prefix) names the problem otherwise. Reads weights through safetensors
     only; the layout's own check is its table row's."""
     from safetensors.torch import load_file
@@ -85,11 +87,11 @@ def check_layout(
     from specframe.files import check_safetensors
 
     directory = Path(directory)
-    manifest = manifest if manifest is not None else read_manifest(directory)
+    cfg = config if config is not None else read_config(directory)
+    manifest = manifest if manifest is not None else manifest_of(cfg, directory)
     weights_path = directory / WEIGHTS
     if not weights_path.is_file():
         raise SpecframeError(f"{WEIGHTS} is missing (re-run `specframe export`)")
-    cfg = read_config(directory)
     check_safetensors(weights_path)
     tensors = load_file(str(weights_path))
     tensors, flat = table.get(manifest.layout).check(tensors, cfg, getattr(target_config, "num_hidden_layers", None))
@@ -98,10 +100,11 @@ def check_layout(
     return manifest, tensors, flat
 
 
-def check_export(directory: str | os.PathLike, target_config: Any = None, manifest: Manifest | None = None) -> Manifest:
+def check_export(directory: str | os.PathLike, target_config: Any = None, manifest: Manifest | None = None, *,
+                 config: dict | None = None) -> Manifest:
     """Check that vLLM can load the export at ``directory`` (for a target with ``target_config``, when given) and
-    return its manifest (``manifest`` when the caller read it already); raise one ``SpecframeError`` naming the
-    problem otherwise.
+    return its manifest (``manifest`` and ``config`` when the caller read them already); raise one ``SpecframeError``
+    naming the problem otherwise.
 
     vLLM meets a damaged or mismatched drafter folder with a long traceback from deep inside model loading, often
     after minutes of start-up; this runs the writers' own shape and id checks on what is on disk instead."""
@@ -110,6 +113,6 @@ def check_export(directory: str | os.PathLike, target_config: Any = None, manife
     if (Path(directory) / WEIGHTS).is_file():
         check_safetensors(Path(directory) / WEIGHTS)  # its message names the file already
     try:
-        return check_layout(directory, target_config, manifest)[0]
+        return check_layout(directory, target_config, manifest, config=config)[0]
     except SpecframeError as e:
         raise SpecframeError(f"{directory} cannot be served by vLLM: {e}") from None

@@ -4,7 +4,7 @@ folder names its verifier and draft tokens, ``k`` overrides the number); with a 
 only beside one (PARD, ParallelSpec), the target is the model and the export goes in an explicit
 ``--speculative-config`` built from its manifest.
 
-The caller reads the export's manifest once and hands it here (``specframe serve`` checks the folder with it first).
+The caller reads the export's config.json and manifest once and hands them here (``specframe serve`` checks the folder with it first).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 from specframe.errors import SpecframeError
-from specframe.layouts.export import DEFAULT_SPECULATIVE_TOKENS, Manifest, read_manifest
+from typing import Any
+
+from specframe.layouts.export import DEFAULT_SPECULATIVE_TOKENS, Manifest, manifest_of, read_config
 
 
 def serve_command(
@@ -24,6 +26,7 @@ def serve_command(
     k: int | None = None,
     *,
     manifest: Manifest | None = None,
+    config: dict[str, Any] | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     dtype: str = "auto",
@@ -33,17 +36,19 @@ def serve_command(
     extra: tuple[str, ...] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment additions that start vLLM's OpenAI server for ``target`` with the export at
-    ``drafter`` (``specframe export`` output; ``manifest`` its manifest when the caller read it, else it is read
-    here) drafting ``k`` tokens per step (None: the export's own number). A speculators export with ``target`` None
+    ``drafter`` (``specframe export`` output; ``manifest`` and ``config``, its manifest and ``config.json``, when the
+    caller read them, else they are read here) drafting ``k`` tokens per step (None: the export's own number). A speculators export with ``target`` None
     is vLLM's ``model`` itself."""
     from specframe.vllm import support
     from specframe.vllm.engine import DEFAULT_ENV
 
+    if drafter is not None and config is None:
+        config = read_config(Path(drafter))
     if drafter is not None and manifest is None:
-        manifest = read_manifest(drafter)
+        manifest = manifest_of(config, drafter)
     # vLLM would fail after minutes of start-up (a DSpark runner it lacks, a target without SupportsEagle3, a RoPE its
     # drafter models cannot take): the check every command runs before vLLM starts says so first
-    support.prestart(target, drafter)
+    support.prestart(target, drafter, config=config)
     folder_alone = manifest is not None and manifest.speculators and target is None
     if folder_alone:
         model = str(Path(drafter).resolve())

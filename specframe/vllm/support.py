@@ -51,18 +51,19 @@ def problems(layout: str, target_architectures: Sequence[str], drafter_hidden_ac
 
 
 def prestart(target: str | os.PathLike | None, export_dir: str | os.PathLike | None = None, *,
-             extract_states: bool = False) -> None:
+             extract_states: bool = False, config: Mapping[str, Any] | None = None) -> None:
     """The one check every command runs before it starts vLLM (``bench acceptance --engine vllm`` and the engines of
     ``specframe.vllm.engine``, ``serve``, ``prepare`` / ``regenerate --engine vllm``, ``regenerate --capture``,
     ``train --feature-engine vllm``): refuse, in one line naming every reason, what the installed vLLM is known not
     to start, instead of its traceback minutes into start-up. ``target``: the target's folder or hub id (None: the
-    verifier the export names); ``export_dir``: the exported drafter served beside it (``check``);
-    ``extract_states``: the target hands out its hidden states (vLLM's ``extract_hidden_states`` method)."""
+    verifier the export names); ``export_dir``: the exported drafter served beside it (``check``; ``config`` its
+    ``config.json`` when the caller read it already); ``extract_states``: the target hands out its hidden states
+    (vLLM's ``extract_hidden_states`` method)."""
     if export_dir is not None:
         from specframe.layouts.export import manifest_of, read_config
 
         # the folder is read once: its manifest is what its config.json says, and check reads that same config
-        config = read_config(Path(export_dir))
+        config = config if config is not None else read_config(Path(export_dir))
         check(export_dir, manifest_of(config, export_dir).layout, target, config=config)
     if extract_states:
         problem = extraction_problem(str(target))

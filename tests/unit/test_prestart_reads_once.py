@@ -70,3 +70,31 @@ def test_an_engine_job_reads_the_exports_config_once(tmp_path, monkeypatch):
     job = drafter_job(out, 2, str(tmp_path / "target"))
     assert reads == ["config.json"]
     assert job.speculative_config["num_speculative_tokens"] == 2 and job.target == str(tmp_path / "target")
+
+
+def test_serve_reads_the_exports_config_once(tmp_path, monkeypatch):
+    """``specframe serve``: the manifest, the layout check, the pre-start check and the command from one read of
+    ``config.json`` (it was read three times)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specframe.cli import main
+
+    out = _export(tmp_path)
+    target = tmp_path / "target"
+    monkeypatch.setattr(support, "_model_class", lambda arch: None)
+    reads = []
+    read_text = Path.read_text
+
+    def counted(self, *args, **kwargs):
+        if self.parent == out:
+            reads.append(self.name)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    result = CliRunner().invoke(main, ["serve", "--drafter", str(out), "--target", str(target), "--print-command",
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    assert reads == ["config.json"]
+    assert "--speculative-config" in json.loads(result.output)["argv"]

@@ -175,13 +175,15 @@ def test_serve_builds_its_command_from_the_manifest_it_is_handed(tmp_path, monke
 
     target = build_target(tmp_path / "target")
     out = build_drafter("pard", target, tmp_path / "pard")
-    manifest = export.read_manifest(out)
+    config = export.read_config(out)
+    manifest = export.manifest_of(config, out)
 
-    def no_read(directory):
-        raise AssertionError("the command builder read the manifest again")
+    def no_read(*args):
+        raise AssertionError("the command builder read the export again")
 
-    monkeypatch.setattr(serving, "read_manifest", no_read)
-    argv, _ = serving.serve_command(str(target), out, 3, manifest=manifest)
+    monkeypatch.setattr(serving, "read_config", no_read)
+    monkeypatch.setattr(serving, "manifest_of", no_read)
+    argv, _ = serving.serve_command(str(target), out, 3, manifest=manifest, config=config)
     assert json.loads(argv[argv.index("--speculative-config") + 1]) == manifest.speculative_config(out, 3)
 
 
