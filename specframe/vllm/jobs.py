@@ -42,8 +42,7 @@ def drafter_job(export_dir: str | os.PathLike, k: int, target: str | os.PathLike
     config = read_config(Path(export_dir))  # read once: the manifest, the check and the job all come from it
     manifest = manifest_of(config, export_dir)
     manifest.check_tokens(k)  # a K the drafter cannot be served at (DFlash below block_size - 1), with the reason
-    # prestart's check, before minutes of engine start-up, with the reason
-    support.check(export_dir, manifest.layout, target, config=config)
+    support.prestart(target, export_dir, config=config)  # before minutes of engine start-up, with the reason
     if target is None:
         if not manifest.speculators:
             raise SpecframeError(f"{export_dir} is a {manifest.layout} export: vLLM needs the target beside it")

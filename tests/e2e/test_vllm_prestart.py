@@ -31,7 +31,7 @@ def guarded(monkeypatch):
     checked: list[tuple] = []
     started: list[str] = []
 
-    def refuse(target, export_dir=None, *, extract_states=False):
+    def refuse(target, export_dir=None, *, extract_states=False, config=None):
         checked.append((str(target) if target is not None else None, export_dir, extract_states))
         raise SpecframeError(REFUSAL)
 
