@@ -116,10 +116,8 @@ def read(directory: str | os.PathLike, target_config: Any = None) -> Imported:
 def _read(directory: Path, target_config: Any) -> Imported:
     fmt = _format(directory)
     if fmt is None:
-        raise SpecframeError(
-            "not a drafter folder specframe imports (config.json with speculators_config, a LlamaForCausalLMEagle3, "
-            "PEagleDraftModel, Qwen3DSparkModel or DSparkDraftModel architecture, or pard_token)"
-        )
+        raise SpecframeError("not a drafter folder specframe imports (a config.json with "
+                             + "; ".join(f"{f.sign} ({f.name})" for f in _FORMATS) + ")")
     _refuse_pickles(directory)
     _check_safetensors(directory)
     imported = fmt.read(directory, target_config)

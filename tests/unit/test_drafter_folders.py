@@ -176,3 +176,16 @@ def test_export_notes_a_verifier_named_by_this_machines_path(tmp_path):
     hub = CliRunner().invoke(main, [*source, str(tmp_path / "b"), "--verifier", "HuggingFaceTB/SmolLM2-135M-Instruct"])
     assert hub.exit_code == 0, hub.output
     assert "note:" not in hub.stderr
+
+
+def test_the_refusal_of_an_unknown_folder_names_every_import_format(tmp_path):
+    """What a folder must look like to be imported is read off the format table (``imports._FORMATS``), so a format
+    added there is named in the refusal too (it listed 4 of 7 by hand)."""
+    from specframe.errors import SpecframeError
+    from specframe.layouts import imports
+
+    (tmp_path / "config.json").write_text('{"architectures": ["SomethingElse"]}')
+    with pytest.raises(SpecframeError) as info:
+        imports._read(tmp_path, None)
+    for fmt in imports._FORMATS:
+        assert fmt.sign and f"{fmt.sign} ({fmt.name})" in str(info.value), fmt.name

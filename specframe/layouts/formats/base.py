@@ -20,7 +20,8 @@ from specframe.layouts.imported import Imported
 @attrs.frozen
 class Format:
     """One drafter folder format: its name (``Imported.format``), whether a ``config.json`` is in it, and its reader
-    (``read(directory, target_config)``, one ``SpecframeError`` naming the field or tensor it refuses)."""
+    (``read(directory, target_config)``, one ``SpecframeError`` naming the field or tensor it refuses); ``sign``: what
+    its ``config.json`` shows, in words (the refusal of a folder no format recognises lists every format's)."""
 
     name: str
     recognise: Callable[[Mapping[str, Any]], bool]
@@ -28,6 +29,7 @@ class Format:
     #: the layer config is the folder's ``transformer_layer_config`` (not the config itself), and a sliding window in
     #: it is read into the drafter's ``sliding_window`` rather than refused (speculators)
     nested_layer: bool = False
+    sign: str = ""
 
 
 def read_json(directory: Path) -> dict[str, Any]:

@@ -62,4 +62,5 @@ def _read(directory: Path, target_config: Any) -> Imported:
 
 
 # a speculators dspark folder (the same architecture) is the speculators format's, which is tried first
-DEEPSPEC = Format("deepspec", lambda cfg: DEEPSPEC_DSPARK_ARCHITECTURE in (cfg.get("architectures") or []), _read)
+DEEPSPEC = Format("deepspec", lambda cfg: DEEPSPEC_DSPARK_ARCHITECTURE in (cfg.get("architectures") or []), _read,
+                  sign=f"architecture {DEEPSPEC_DSPARK_ARCHITECTURE}")

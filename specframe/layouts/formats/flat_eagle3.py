@@ -71,6 +71,6 @@ def _read_flat_eagle3(directory: Path, target_config: Any, fmt: str, peagle: boo
 
 
 EAGLE3_FLAT = Format("eagle3-flat", lambda cfg: FLAT_EAGLE3_ARCHITECTURE in (cfg.get("architectures") or []),
-                     _reader("eagle3-flat", peagle=False))
+                     _reader("eagle3-flat", peagle=False), sign=f"architecture {FLAT_EAGLE3_ARCHITECTURE}")
 PEAGLE_FLAT = Format("peagle-flat", lambda cfg: FLAT_PEAGLE_ARCHITECTURE in (cfg.get("architectures") or []),
-                     _reader("peagle-flat", peagle=True))
+                     _reader("peagle-flat", peagle=True), sign=f"architecture {FLAT_PEAGLE_ARCHITECTURE}")

@@ -23,6 +23,6 @@ def _reader(fmt: str):
 
 
 PARALLELSPEC = Format("parallelspec", lambda cfg: PARALLELSPEC_ARCHITECTURE in (cfg.get("architectures") or []),
-                      _reader("parallelspec"))
+                      _reader("parallelspec"), sign=f"architecture {PARALLELSPEC_ARCHITECTURE}")
 #: tried after ParallelSpec, whose config carries ``pard_token`` too
-PARD = Format("pard", lambda cfg: "pard_token" in cfg, _reader("pard"))
+PARD = Format("pard", lambda cfg: "pard_token" in cfg, _reader("pard"), sign="pard_token")

@@ -140,4 +140,5 @@ def _read(directory: Path, target_config: Any) -> Imported:
     return Imported(directory, "specforge-dspark", "dspark", flat, {**tensors, **recurrent}, None, None)
 
 
-SPECFORGE_DSPARK = Format("specforge-dspark", _recognise, _read)
+SPECFORGE_DSPARK = Format("specforge-dspark", _recognise, _read, sign=(
+    f"architecture {SPECFORGE_DSPARK_ARCHITECTURE}, or {SPECFORGE_DFLASH_ARCHITECTURE} with projector_type dspark"))

@@ -58,4 +58,4 @@ def _read_rnn_dspark(directory: Path, target_config: Any) -> Imported:
 
 
 SPECULATORS = Format("speculators", lambda cfg: "speculators_config" in cfg or "speculators_model_type" in cfg, _read,
-                     nested_layer=True)
+                     nested_layer=True, sign="speculators_config")
