@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specframe.layouts.export import check_layout
+from specframe.layouts.export_check import check_layout
 from specframe.layouts.formats.base import Format
 from specframe.layouts.imported import Imported
 from specframe.layouts.manifest import PARALLELSPEC_ARCHITECTURE

@@ -13,7 +13,7 @@ from typing import Any
 from specframe.errors import SpecframeError
 from specframe.layouts.block import dspark_parts
 from specframe.layouts.checks import require_ints
-from specframe.layouts.export import check_layout
+from specframe.layouts.export_check import check_layout
 from specframe.layouts.formats.base import Format, read_json, recurrence
 from specframe.layouts.imported import Imported
 from specframe.layouts.manifest import WEIGHTS, read_manifest
