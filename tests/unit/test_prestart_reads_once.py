@@ -25,19 +25,25 @@ def _export(tmp_path: Path) -> Path:
     return tmp_path / "out"
 
 
-def test_prestart_reads_the_exports_config_once(tmp_path, monkeypatch):
-    out = _export(tmp_path)
-    monkeypatch.setattr(support, "_model_class", lambda arch: None)  # vLLM's registry: a minute to import on a CPU
-    reads, manifests = [], []
+def count_reads(monkeypatch, folder: Path) -> list[str]:
+    """The names of the files in ``folder`` read (``Path.read_text``) from now on, in order."""
+    reads: list[str] = []
     read_text = Path.read_text
 
     def counted(self, *args, **kwargs):
-        if self.parent == out:
+        if self.parent == folder:
             reads.append(self.name)
         return read_text(self, *args, **kwargs)
 
-    read_manifest = manifest.read_manifest
     monkeypatch.setattr(Path, "read_text", counted)
+    return reads
+
+
+def test_prestart_reads_the_exports_config_once(tmp_path, monkeypatch):
+    out = _export(tmp_path)
+    monkeypatch.setattr(support, "_model_class", lambda arch: None)  # vLLM's registry: a minute to import on a CPU
+    reads, manifests = count_reads(monkeypatch, out), []
+    read_manifest = manifest.read_manifest
     monkeypatch.setattr(manifest, "read_manifest", lambda d: manifests.append(d) or read_manifest(d))
     for target in (str(tmp_path / "target"), None):  # None: the verifier the export names, from the same read
         reads.clear()
@@ -58,15 +64,7 @@ def test_an_engine_job_reads_the_exports_config_once(tmp_path, monkeypatch):
 
     out = _export(tmp_path)
     monkeypatch.setattr(support, "_model_class", lambda arch: None)
-    reads = []
-    read_text = Path.read_text
-
-    def counted(self, *args, **kwargs):
-        if self.parent == out:
-            reads.append(self.name)
-        return read_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", counted)
+    reads = count_reads(monkeypatch, out)
     job = drafter_job(out, 2, str(tmp_path / "target"))
     assert reads == ["config.json"]
     assert job.speculative_config["num_speculative_tokens"] == 2 and job.target == str(tmp_path / "target")
@@ -84,15 +82,7 @@ def test_serve_reads_the_exports_config_once(tmp_path, monkeypatch):
     out = _export(tmp_path)
     target = tmp_path / "target"
     monkeypatch.setattr(support, "_model_class", lambda arch: None)
-    reads = []
-    read_text = Path.read_text
-
-    def counted(self, *args, **kwargs):
-        if self.parent == out:
-            reads.append(self.name)
-        return read_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", counted)
+    reads = count_reads(monkeypatch, out)
     result = CliRunner().invoke(main, ["serve", "--drafter", str(out), "--target", str(target), "--print-command",
                                        "--json"])
     assert result.exit_code == 0, result.output
