@@ -97,7 +97,8 @@ def vllm_jobs(
     plugin's n-gram sizes). A checkpoint whose export vLLM cannot serve at the method's K (a DFlash drafter below
     its block, ``Manifest.refusal``) raises that reason, or, given ``refused``, is left out with its reason there;
     so is one the installed vLLM cannot serve at any K (``specframe.vllm.support.prestart``, the check every engine
-    runs before it starts: DSpark on a vLLM without its V2 runner), found here instead of in the first engine's start-up.
+    runs before it starts: DSpark on a vLLM without its V2 runner), found here instead of in the first engine's
+    start-up.
     Given ``manifests``, each checkpoint's export manifest is put there (checkpoint -> ``Manifest``: the K range it
     serves), so a caller needs no export of its own to ask."""
     from specframe.drafter_folders import export_checkpoint

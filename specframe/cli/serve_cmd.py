@@ -67,8 +67,8 @@ def serve(
         else:
             check_export(drafter, _local_config(source), manifest, config=config)
     argv, env = serve_command(
-        source, drafter, k, manifest=manifest, config=config, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
-        kv_cache_gib=kv_cache_gib, enforce_eager=eager, extra=vllm_args,
+        source, drafter, k, manifest=manifest, config=config, host=host, port=port, dtype=dtype,
+        max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, enforce_eager=eager, extra=vllm_args,
     )
     if print_command:
         if as_json:

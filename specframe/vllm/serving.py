@@ -4,7 +4,8 @@ folder names its verifier and draft tokens, ``k`` overrides the number); with a 
 only beside one (PARD, ParallelSpec), the target is the model and the export goes in an explicit
 ``--speculative-config`` built from its manifest.
 
-The caller reads the export's config.json and manifest once and hands them here (``specframe serve`` checks the folder with it first).
+The caller reads the export's config.json and manifest once and hands them here (``specframe serve`` checks the
+folder with them first).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def serve_command(
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment additions that start vLLM's OpenAI server for ``target`` with the export at
     ``drafter`` (``specframe export`` output; ``manifest`` and ``config``, its manifest and ``config.json``, when the
-    caller read them, else they are read here) drafting ``k`` tokens per step (None: the export's own number). A speculators export with ``target`` None
-    is vLLM's ``model`` itself."""
+    caller read them, else they are read here) drafting ``k`` tokens per step (None: the export's own number). A
+    speculators export with ``target`` None is vLLM's ``model`` itself."""
     from specframe.vllm import support
     from specframe.vllm.engine import DEFAULT_ENV
 

@@ -74,7 +74,8 @@ def cases():
 @pytest.mark.parametrize("drafter,options", cases())
 def test_a_drafter_starts_alike_from_the_layers_it_declares(assets, cache, tmp_path, drafter, options):
     def trainer(out, target=None):
-        cfg = TrainConfig(drafter=drafter, output=str(tmp_path / out), target=str(assets[0]), data=None, cache=str(cache),
+        cfg = TrainConfig(drafter=drafter, output=str(tmp_path / out), target=str(assets[0]), data=None,
+                          cache=str(cache),
                           seq_len=48, max_steps=1, batch_size=1, val_examples=1, mask_builder="dense", depth=3,
                           drafter_options=dict(options))
         return Trainer(cfg, target=target, log=lambda *a: None)

@@ -1,6 +1,6 @@
-"""A drafter the installed vLLM serves at no K (``specframe.vllm.support.prestart``: DSpark on vLLM's CPU build) is found
-when the benchmark builds its engine jobs (``bench.vllm_jobs``), so a per-drafter job or the vLLM suite skips those
-parts with the reason instead of failing in the first engine's start-up after hours of training."""
+"""A drafter the installed vLLM serves at no K (``specframe.vllm.support.prestart``: DSpark on vLLM's CPU build) is
+found when the benchmark builds its engine jobs (``bench.vllm_jobs``), so a per-drafter job or the vLLM suite skips
+those parts with the reason instead of failing in the first engine's start-up after hours of training."""
 
 from __future__ import annotations
 
