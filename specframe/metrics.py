@@ -19,6 +19,7 @@ independent of the shallower depths', and the engine reports it beside the chain
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -180,3 +181,23 @@ def chain_acceptance(hits: Any) -> ChainAcceptance:
         reached=tuple(reached),
         accepted=tuple(int(prefix[:, d].sum()) for d in range(k)),
     )
+
+
+def bootstrap_al(prompts: Sequence[PromptMetrics], *, resamples: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """A percentile bootstrap interval of the pooled acceptance length, resampling prompts with replacement."""
+    if not prompts:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    emitted = [p.emitted for p in prompts]
+    forwards = [p.forwards for p in prompts]
+    n = len(prompts)
+    stats = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        f = sum(forwards[i] for i in idx)
+        stats.append(sum(emitted[i] for i in idx) / f if f else float("nan"))
+    stats.sort()
+    lo = stats[int((1 - level) / 2 * (resamples - 1))]
+    hi = stats[int((1 + level) / 2 * (resamples - 1))]
+    return lo, hi

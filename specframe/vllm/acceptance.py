@@ -11,20 +11,19 @@ conversation. Whether an engine's output equals plain vLLM's is counted per requ
 different reduction order at a near tie, so this share is reported beside the figures, and losslessness is asserted
 on the batch-1 runs, where each request runs alone.
 
-Intervals: a percentile bootstrap over prompts (``bootstrap_al``) of the pooled acceptance length (all emitted
-tokens over all decode forwards), the figure the point estimate is.
+Intervals: a percentile bootstrap over prompts (``specframe.metrics.bootstrap_al``) of the pooled acceptance length
+(all emitted tokens over all decode forwards), the figure the point estimate is.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from specframe.errors import SpecframeError
-from specframe.metrics import PromptMetrics, aggregate
+from specframe.metrics import PromptMetrics, aggregate, bootstrap_al
 from specframe.vllm.counters import VllmGeneration
 from specframe.vllm.engine import EngineOptions
 from specframe.vllm.interleaved import Conversation
@@ -43,26 +42,6 @@ class SetAcceptance:
 
     def prompt_metrics(self) -> list[PromptMetrics]:
         return [g.prompt_metrics() for g in self.generations.values()]
-
-
-def bootstrap_al(prompts: Sequence[PromptMetrics], *, resamples: int = 2000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
-    """A percentile bootstrap interval of the pooled acceptance length, resampling prompts with replacement."""
-    if not prompts:
-        return float("nan"), float("nan")
-    rng = random.Random(seed)
-    emitted = [p.emitted for p in prompts]
-    forwards = [p.forwards for p in prompts]
-    n = len(prompts)
-    stats = []
-    for _ in range(resamples):
-        idx = [rng.randrange(n) for _ in range(n)]
-        f = sum(forwards[i] for i in idx)
-        stats.append(sum(emitted[i] for i in idx) / f if f else float("nan"))
-    stats.sort()
-    lo = stats[int((1 - level) / 2 * (resamples - 1))]
-    hi = stats[int((1 + level) / 2 * (resamples - 1))]
-    return lo, hi
 
 
 def prompt_contexts(
