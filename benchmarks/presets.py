@@ -100,6 +100,10 @@ class Preset:
     keep_drafter_at: tuple[int, ...] = ()
     #: the sets the served learning curve is measured on at each kept step
     curve_datasets: tuple[str, ...] = ("mt-bench", "gsm8k")
+    #: per-drafter jobs, for a drafter the installed vLLM serves at no K (DSpark on vLLM's CPU build, which has no V2
+    #: model runner): the verifiers its whole block is also verified through on the reference engine, beside greedy
+    #: (``--also-verifier`` names, options inline). Only a drafter's own entry is part of its job key
+    reference_verifiers: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
 
     def train_options(self, drafter: str, depth: int | None = None) -> dict:
         """The drafter's options: its architecture from ``drafters``, plus the preset's shared draft vocabulary,
@@ -184,6 +188,8 @@ PRESETS = {
         # 3 (and dspark 1): the loss is divided by the summed weights of the trained elements, the references'
         # sum(w * CE) / sum(w), not by the charged count (issue 54, D5)
         job_revisions={"dflash": 3, "dspark": 1},
+        # DSpark's block through its confidence schedule as well as whole, where vLLM cannot serve it (issue 57)
+        reference_verifiers={"dspark": ("scheduled",)},
     ),
     "cpu": Preset(
         name="cpu", description="SmolLM2-135M-Instruct, the committed self-distilled set; about 2.5 hours on 2 cores",
@@ -220,6 +226,8 @@ PRESETS = {
         # 3 (and dspark 1): the loss is divided by the summed weights of the trained elements, the references'
         # sum(w * CE) / sum(w), not by the charged count (issue 54, D5)
         job_revisions={"dflash": 3, "dspark": 1},
+        # DSpark's block through its confidence schedule as well as whole, where vLLM cannot serve it (issue 57)
+        reference_verifiers={"dspark": ("scheduled",)},
     ),
     "gpu": Preset(
         name="gpu", description="SmolLM2 target, about 30x the cpu preset's training tokens, 8 GiB budget, 64K memory search",

@@ -133,7 +133,8 @@ def variant_key(p: Preset, drafter: str, schedule: dict[str, Any]) -> str:
     """What decides whether a variant's finished results still stand: the preset (the variant's options and lr
     already in it), the drafter, the schedule, the ablation's revision and ``SCHEMA``."""
     ablation = ABLATIONS[p.name]
-    shared = attrs.asdict(p, filter=lambda a, v: a.name not in ("drafters", "plugin_drafters", "job_revisions"))
+    shared = attrs.asdict(p, filter=lambda a, v: a.name not in ("drafters", "plugin_drafters", "job_revisions",
+                                                                "reference_verifiers"))
     return fingerprint([shared, drafter, p.train_options(drafter), sorted(schedule.items()),
                         attrs.asdict(ablation, filter=lambda a, v: a.name != "variants"), SCHEMA])
 

@@ -102,8 +102,9 @@ def contexts(workspace, dataset: str) -> tuple[dict[str, list[int]], dict[str, A
 
 def _acceptance(workspace, target, dataset: str, jobs: dict, path: Path, config: dict, provenance: dict) -> dict:
     """Whole-set acceptance of ``jobs`` (label -> (vLLM job, K)) on ``dataset``, or the saved figures."""
+    from specframe.metrics import bootstrap_al
     from specframe.results import write_results
-    from specframe.vllm.acceptance import bootstrap_al, measure, summary
+    from specframe.vllm.acceptance import measure, summary
 
     p = workspace.preset
     ctx, plain = contexts(workspace, dataset)
@@ -198,9 +199,13 @@ def job_key(p, drafter: str) -> str:
     revision (``Preset.job_revisions``), and what a job measures (``JOB_SCHEMA``)."""
     # the other drafters' entries stay out: adding a drafter, or rerunning another, leaves this one's job standing
     # keep_drafter_at joined the preset later: a preset without kept steps keeps the key it had
-    shared = attrs.asdict(p, filter=lambda a, v: a.name not in ("drafters", "plugin_drafters", "job_revisions")
+    # reference_verifiers: only the drafter's own entry, and only where it has one (the others' keys stay as they were)
+    shared = attrs.asdict(p, filter=lambda a, v: a.name not in ("drafters", "plugin_drafters", "job_revisions",
+                                                                "reference_verifiers")
                           and not (a.name == "keep_drafter_at" and not v))
-    return fingerprint([shared, drafter, p.train_options(drafter), p.job_revisions.get(drafter, 0), JOB_SCHEMA])
+    verifiers = list(p.reference_verifiers.get(drafter, ()))
+    return fingerprint([shared, drafter, p.train_options(drafter), p.job_revisions.get(drafter, 0), JOB_SCHEMA,
+                        *([verifiers] if verifiers else [])])
 
 
 def finished_job(results: Path, key: str) -> dict | None:
@@ -250,6 +255,83 @@ def _speed(workspace, target, record: dict, drafter: str, path: Path, provenance
     metrics = {**bench.json_safe(served.summary()), "beside_cores": load, "quiet": load is not None and load <= QUIET_CORES,
                "concurrency": concurrency, "engine": "vllm"}
     write_results(path, kind="bench.speed", metrics=metrics, per_prompt=bench.json_safe(served.per_prompt()),
+                  provenance=provenance, config={**config, "key": key})
+    return metrics
+
+
+def _reference_methods(record: dict, target, drafter: str, verifiers: tuple[str, ...]) -> list:
+    """The trained drafter at its own K (the block it was trained with), verified greedily, then once more through
+    each of ``verifiers`` (``--also-verifier`` names, options inline), side by side in one comparison."""
+    drafted = bench.checkpoint_method(record["run"], target.config, label=drafter).drafter
+    # its training depth (``Drafter.training``): DSpark's and DFlash's block less the anchor, what a schedule cuts
+    block = type(drafted).training(drafted.options).depth
+    whole = bench.checkpoint_method(record["run"], target.config, k=block, label=f"{drafter}/k{block}")
+    others = dict(bench.verifier_spec(text) for text in dict.fromkeys(verifiers))
+    return [whole, *(attrs.evolve(whole, label=f"{whole.label}+{name}", verifier=v) for name, v in others.items())]
+
+
+def _reference_config(workspace, drafter: str, methods: list, dataset: str, prompts: list) -> dict:
+    p = workspace.preset
+    return {"preset": p.name, "drafter": drafter, "dataset": dataset, "prompts": [q.id for q in prompts],
+            "k": methods[0].k, "verifier": "greedy", "also_verifiers": [m.label for m in methods[1:]],
+            "max_new_tokens": p.speed_max_new_tokens, "engine": "reference", "threads": p.threads}
+
+
+def _reference_acceptance(workspace, target, drafter: str, dataset: str, methods: list, path: Path,
+                          provenance: dict) -> dict:
+    """Acceptance on the reference engine on ``Preset.speed_prompts`` prompts of ``dataset`` (spread over its
+    categories), once: greedy decoding is deterministic, so one pass gives the AL; the interval is a bootstrap over
+    prompt turns. Kind ``bench.acceptance.subset``: the report ranks it beside the whole sets served in vLLM, saying
+    the engine and the number of prompt turns of each row."""
+    from specframe.metrics import bootstrap_al
+    from specframe.results import write_results
+
+    p = workspace.preset
+    every = bench.load_prompts(dataset)
+    prompts = bench.spread_over_categories(every, p.speed_prompts)
+    config = {**_reference_config(workspace, drafter, methods, dataset, prompts), "subset_of": len(every)}
+    key = fingerprint([config, methods[0].checkpoint_hash, JOB_SCHEMA])
+    saved = saved_metrics(path, key)
+    if saved is not None:
+        return saved
+    result = bench.compare(target.model, target.tokenizer, prompts, methods, bench.make_verifier("greedy"),
+                           repeats=1, max_new_tokens=p.speed_max_new_tokens)
+    metrics = bench.json_safe(result.summary())
+    for label, m in metrics["methods"].items():
+        lo, hi = bootstrap_al([r.metrics for r in result.by_repeat(label, 0)])
+        m["acceptance_length_interval"] = {"low": lo, "high": hi, "level": 0.95}
+        m["prompt_turns"] = metrics["prompt_turns"]
+    metrics.update(dataset=dataset, engine="reference", subset_of=len(every))
+    write_results(path, kind="bench.acceptance.subset", metrics=bench.json_safe(metrics),
+                  per_prompt=bench.json_safe(result.per_prompt()), provenance=provenance,
+                  config={**config, "key": key})
+    return metrics
+
+
+def _reference_speed(workspace, target, drafter: str, methods: list, path: Path, provenance: dict) -> dict:
+    """Batch-1 speed on the reference engine: plain, n-gram at the drafter's K and the drafter under each verifier,
+    interleaved repeats (``bench.compare``) on the MT-Bench turns vLLM speed is timed on, with the load beside it;
+    saved figures are reused only if they were measured quietly."""
+    from specframe.results import write_results
+
+    p = workspace.preset
+    prompts = bench.spread_over_categories(bench.load_prompts("mt-bench"), p.speed_prompts)
+    k = methods[0].k
+    timed = [bench.plugin_method("ngram", target.config, k=k, label=f"ngram/k{k}"), *methods]
+    config = {**_reference_config(workspace, drafter, methods, "mt-bench", prompts), "repeats": p.vllm_repeats,
+              "concurrency": 1, "ngram_ks": [k]}
+    key = fingerprint([config, methods[0].checkpoint_hash, JOB_SCHEMA])
+    saved = saved_metrics(path, key)
+    if saved is not None and saved.get("quiet"):
+        return saved
+    busy, cpu, started = busy_cpu_seconds(), _cpu_seconds(), time.perf_counter()
+    result = bench.compare(target.model, target.tokenizer, prompts, timed, bench.make_verifier("greedy"),
+                           repeats=p.vllm_repeats, max_new_tokens=p.speed_max_new_tokens)
+    seconds = time.perf_counter() - started
+    load = beside_cores(busy, busy_cpu_seconds(), _cpu_seconds() - cpu, seconds)
+    metrics = {**bench.json_safe(result.summary()), "beside_cores": load,
+               "quiet": load is not None and load <= QUIET_CORES, "concurrency": 1, "engine": "reference"}
+    write_results(path, kind="bench.speed", metrics=metrics, per_prompt=bench.json_safe(result.per_prompt()),
                   provenance=provenance, config={**config, "key": key})
     return metrics
 
@@ -314,6 +396,7 @@ def test_drafter_job(benchmark, workspace, target, drafter):
         # label -> why vLLM cannot serve the drafter at that K (DFlash below its block), or at all (DSpark on a vLLM
         # without its V2 runner): those parts are skipped with the reason, kept in job.json's vllm_refused
         refused: dict[str, str] = {}
+        ks: list[int] = []
         if exportable(drafter) and p.vllm and vllm_available():
             served = [bench.checkpoint_method(record["run"], target.config, k=k, label=f"{drafter}/k{k}")
                       for k in p.vllm_ks]
@@ -352,6 +435,21 @@ def test_drafter_job(benchmark, workspace, target, drafter):
                 box[name] = _speed(workspace, target, record, drafter, out / name, prov, concurrency, ks)
                 files.append(name)
                 quiet = quiet and bool(box[name]["quiet"])
+        if refused and not ks:
+            # the installed vLLM serves the drafter at no K (DSpark on vLLM's CPU build): its acceptance and batch-1
+            # speed on the reference engine instead, its whole block verified greedily and through each of the
+            # preset's reference_verifiers, on the prompts speed is timed on (a subset: plain decoding of every set on
+            # the reference engine would take hours); the files say so, and the report names the engine of each row
+            methods = _reference_methods(record, target, drafter, p.reference_verifiers.get(drafter, ()))
+            for dataset in p.datasets:
+                name = f"reference-{dataset}.json"
+                box[f"reference-{dataset}"] = _reference_acceptance(workspace, target, drafter, dataset, methods,
+                                                                    out / name, prov)
+                files.append(name)
+            box["speed-reference.json"] = _reference_speed(workspace, target, drafter, methods,
+                                                           out / "speed-reference.json", prov)
+            files.append("speed-reference.json")
+            quiet = quiet and bool(box["speed-reference.json"]["quiet"])
         state = {"drafter": drafter, "checkpoint_hash": ckpt, "files": files, "commit": git_commit(),
                  "train_tokens": record.get("train_tokens"), "complete": quiet, "vllm_refused": refused,
                  "waiting": None if quiet else "speed measured beside other load: the next run measures it again"}
@@ -374,4 +472,10 @@ def test_drafter_job(benchmark, workspace, target, drafter):
     for dataset in p.datasets:
         for label, m in box.get(dataset, {}).get("methods", {}).items():
             assert 1.0 <= m["acceptance_length"] <= m["k"] + 1, (dataset, label)
+    for name in [f"reference-{dataset}" for dataset in p.datasets] + ["speed-reference.json"]:
+        for label, m in box.get(name, {}).get("methods", {}).items():
+            assert 1.0 <= m["acceptance_length"] <= m["k"] + 1, (name, label)
+            # greedy: the whole block verified greedily must give plain decoding's tokens; a scheduled verifier
+            # with a greedy rule too (it only chooses how much of the block to verify)
+            assert m.get("lossless", True), f"{label} changed plain decoding's greedy output ({name})"
     benchmark.extra_info.update({"job": box["state"]})

@@ -3,10 +3,12 @@ folder holds per-drafter jobs, merging whatever drafters have finished and namin
 
 - which drafters are done (their checkpoint hash and training tokens), which are waiting (and why), which the run
   expects and has not reached;
-- per evaluation set, the ranking by whole-set acceptance length in vLLM (each method's best K, with the bootstrap
-  interval over prompt turns), n-gram among them;
+- per evaluation set, the ranking by acceptance length (each method's best K, with the bootstrap interval over
+  prompt turns), n-gram among them: whole sets in vLLM, and for a drafter vLLM serves at no K (DSpark on vLLM's CPU
+  build) a subset on the reference engine, each row naming its engine and prompt turns;
 - per drafter, speed in vLLM at batch 1 and at 4 concurrent requests, at each K, over plain vLLM and over n-gram
-  (95% intervals over interleaved repeats), from quiet measurements only; the fastest method at each;
+  (95% intervals over interleaved repeats), from quiet measurements only; the fastest method at each; speed on the
+  reference engine in its own table, for the drafters measured there;
 - the learning curves as (training tokens, validation AL) points on the shared token axis.
 """
 
@@ -35,6 +37,7 @@ def jobs_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Markdown lines for the per-drafter jobs in ``documents`` (relative name, document); [] when there are none."""
     jobs = {d["metrics"]["drafter"]: d for _, d in documents if d["kind"] == "bench.job"}
     whole = [(n, d) for n, d in documents if d["kind"] == "bench.acceptance.whole-set"]
+    subset = [(n, d) for n, d in documents if d["kind"] == "bench.acceptance.subset"]
     if not jobs and not whole:
         return []
     expected: list[str] = []
@@ -61,7 +64,7 @@ def jobs_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
         preset = next((d["config"]["preset"] for _, d in whole if d.get("config", {}).get("preset")), "<preset>")
         lines.append("- **Not yet run:** " + ", ".join(missing) + f" (`make bench PRESET={preset}` continues)")
     lines.append("")
-    lines += _ranking(whole)
+    lines += _ranking(whole + subset)
     lines += _speed(documents, done)
     lines += _served_curves(documents)
     lines += _curves(documents)
@@ -90,47 +93,72 @@ def _tokens(job: dict[str, Any]) -> str:
     return f"{tokens:,}" if isinstance(tokens, int) else "?"
 
 
-def _ranking(whole: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Per set: every method at its best K, highest whole-set AL first."""
-    best: dict[str, dict[str, tuple[str, dict[str, Any]]]] = defaultdict(dict)
-    for _, d in whole:
+def _ranking(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Per set: every method at its best K, highest AL first, each row with its engine (vLLM's whole set, or the
+    reference engine's subset for a drafter vLLM serves at no K) and prompt turns."""
+    best: dict[str, dict[str, tuple[str, dict[str, Any], str]]] = defaultdict(dict)
+    for _, d in documents:
         dataset = d["metrics"].get("dataset") or d.get("config", {}).get("dataset")
+        engine = _engine(d)
         for label, m in d["metrics"].get("methods", {}).items():
             if label == "plain":
                 continue
-            method = label.split("/")[0]
+            # one row per method: a drafter at its best K, and again under each other verifier ("+scheduled")
+            method = label.split("/")[0] + ("+" + label.split("+", 1)[1] if "+" in label else "")
             if method not in best[dataset] or m["acceptance_length"] > best[dataset][method][1]["acceptance_length"]:
-                best[dataset][method] = (label, m)
+                best[dataset][method] = (label, m, engine)
     lines = []
     for dataset in sorted(best):
         ranked = sorted(best[dataset].values(), key=lambda item: -item[1]["acceptance_length"])
-        lines += [f"**{dataset}: whole-set acceptance length in vLLM** (each method at its best K; 95% bootstrap "
-                  "interval over prompt turns)", "", "| rank | method | AL | prompt turns | output equal to plain vLLM |",
-                  "|---|---|---|---|---|"]
-        for i, (label, m) in enumerate(ranked, 1):
+        lines += [f"**{dataset}: acceptance length** (each method at its best K; 95% bootstrap interval over prompt "
+                  "turns; vLLM: the whole set; reference: a subset on specframe's reference engine, for a drafter vLLM "
+                  "serves at no K, its prompt turns not the whole set's)", "",
+                  "| rank | method | engine | AL | prompt turns | output equal to plain |", "|---|---|---|---|---|---|"]
+        for i, (label, m, engine) in enumerate(ranked, 1):
             iv = m.get("acceptance_length_interval") or {}
-            same = m.get("equal_to_plain")
-            lines.append(f"| {i} | {label} | {_band(m['acceptance_length'], iv.get('low'), iv.get('high'))} | "
-                         f"{m.get('prompt_turns')} | {'n/a' if same is None else f'{same:.1%}'} |")
+            lines.append(f"| {i} | {label} | {engine} | "
+                         f"{_band(m['acceptance_length'], iv.get('low'), iv.get('high'))} | "
+                         f"{m.get('prompt_turns')} | {_equal(m)} |")
         lines.append("")
     return lines
 
 
+def _engine(document: dict[str, Any]) -> str:
+    if document["metrics"].get("engine") != "reference":
+        return "vLLM"
+    of = document["metrics"].get("subset_of")
+    return f"reference ({len(document.get('config', {}).get('prompts', []))} of {of} prompts)" if of else "reference"
+
+
+def _equal(m: dict[str, Any]) -> str:
+    """The share of prompt turns whose output equals plain decoding's (vLLM's whole sets count it per request;
+    the reference engine checks every turn and says whether all were)."""
+    if m.get("equal_to_plain") is not None:
+        return f"{m['equal_to_plain']:.1%}"
+    if m.get("lossless") is not None:
+        return "all" if m["lossless"] else "not all"
+    return "n/a"
+
+
 def _speed(documents: list[tuple[str, dict[str, Any]]], done: list[str]) -> list[str]:
     """One table per number of requests at once (batch 1 first), quiet measurements only."""
-    by_concurrency: dict[int, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    by_run: dict[tuple[bool, int], list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for name, d in documents:
         if d["kind"] == "bench.speed" and d["metrics"].get("quiet"):
-            by_concurrency[int(d["metrics"].get("concurrency") or 1)].append((name, d))
+            # vLLM's tables first; the reference engine's (drafters vLLM serves at no K) after them, never mixed in
+            reference = d["metrics"].get("engine") == "reference"
+            by_run[(reference, int(d["metrics"].get("concurrency") or 1))].append((name, d))
     lines: list[str] = []
-    for concurrency in sorted(by_concurrency):
-        lines += _speed_table(by_concurrency[concurrency], concurrency)
+    for reference, concurrency in sorted(by_run):
+        lines += _speed_table(by_run[(reference, concurrency)], concurrency,
+                              "on the reference engine" if reference else "in vLLM")
     return lines
 
 
-def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int) -> list[str]:
+def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int, engine: str) -> list[str]:
     rows, fastest, machines = [], None, {}
     where = "at batch 1" if concurrency == 1 else f"at {concurrency} concurrent requests"
+    plain = "plain vLLM" if engine == "in vLLM" else "plain decoding"
     for name, d in documents:
         drafter = d.get("config", {}).get("drafter") or _drafter_folder(name)
         methods = d["metrics"]["methods"]
@@ -150,9 +178,9 @@ def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int) 
     if not rows:
         return []
     per = "" if concurrency == 1 else " (each request's own tokens/s)"
-    lines = [f"**Speed in vLLM {where}** (MT-Bench turns, interleaved repeats; speedup = tokens/s{per} over plain "
-             "vLLM's, 95% interval over prompt turns and repeats together where the file has it, else over repeats; "
-             "over n-gram: against the fastest n-gram K of the same run; quiet measurements only)", "",
+    lines = [f"**Speed {engine} {where}** (MT-Bench turns, interleaved repeats; speedup = tokens/s{per} over "
+             f"{plain}'s, 95% interval over prompt turns and repeats together where the file has it, else over "
+             "repeats; over n-gram: against the fastest n-gram K of the same run; quiet measurements only)", "",
              "| drafter | method | AL | R (round / plain step) | speedup over plain | over n-gram |",
              "|---|---|---|---|---|---|"]
     for drafter, label, m, s, vs in rows:
@@ -167,8 +195,8 @@ def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int) 
         drafter, label, m, s = fastest
         verdict = "faster than" if (s.get("low") or 0) > 1 else (
             "slower than" if s.get("high") is not None and s["high"] < 1 else "not separable from")
-        lines += [f"- **Fastest drafter in vLLM {where}:** {label}, "
-                  f"{_band(s.get('mean'), s.get('low'), s.get('high'))}x plain vLLM: {verdict} plain decoding", ""]
+        lines += [f"- **Fastest drafter {engine} {where}:** {label}, "
+                  f"{_band(s.get('mean'), s.get('low'), s.get('high'))}x {plain}: {verdict} plain decoding", ""]
     return lines
 
 
@@ -198,7 +226,8 @@ def _machine(document: dict[str, Any]) -> str:
         parts.append(f"{machine['cpu_count']} cores")
     step = document["metrics"].get("target_seconds_per_forward")
     text = ", ".join(parts)
-    return text + (f"; plain vLLM step {step * 1000:.1f} ms" if isinstance(step, (int, float)) else "")
+    plain = "plain decoding" if document["metrics"].get("engine") == "reference" else "plain vLLM"
+    return text + (f"; {plain} step {step * 1000:.1f} ms" if isinstance(step, (int, float)) else "")
 
 
 def _over(ratios: dict[str, Any], label: str, ngram: str) -> dict[str, Any] | None:

@@ -45,6 +45,8 @@ KINDS = (
          jobs_section, place="before", in_summary=True),
     Kind("bench.acceptance.whole-set", "benchmarks/test_jobs.py: whole-set acceptance in vLLM per evaluation set",
          jobs_section, place="before", in_summary=True),
+    Kind("bench.acceptance.subset", "benchmarks/test_jobs.py: acceptance on the reference engine on a subset of "
+         "each set, for a drafter vLLM serves at no K", jobs_section, place="before", in_summary=True),
     Kind("bench.ablation", "benchmarks/test_ablations.py: one lever against the baseline", ablations_section,
          place="before", in_summary=True),
     Kind("bench.peer", "benchmarks/test_peer.py: speculators' trainer beside specframe's", peer_section,

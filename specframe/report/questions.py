@@ -112,11 +112,15 @@ def _prompt_interval(document: dict[str, Any], method: str) -> tuple[float | Non
 
 def acceptance_by_dataset(documents: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
     """drafter -> dataset -> its best AL there (``al``, ``low`` / ``high`` interval, ``setting``); reference engine,
-    plain decoding and chain-only drafters' "tree" rows left out."""
+    plain decoding and chain-only drafters' "tree" rows left out. A per-drafter job's reference-engine subset (a
+    drafter vLLM serves at no K) is left out too: the others of its run are measured in vLLM, so it would rank alone;
+    the job's own ranking shows it beside them with its engine (``jobs._ranking``)."""
     best: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for document, key, m in all_runs(documents):
         al, dataset = m.get("acceptance_length", m.get("al")), dataset_of(document)
         if not dataset or not is_finite_number(al) or not on_reference_engine(document) or key == "plain":
+            continue
+        if document.get("kind") == "bench.acceptance.subset":
             continue
         if false_tree(key, m):
             continue
@@ -156,7 +160,8 @@ def speedup_by_k(documents: list[tuple[str, dict[str, Any]]],
             kind, drafter = document.get("kind"), document.get("config", {}).get("drafter")
             if kind == "bench.vllm":
                 match = re.fullmatch(r"vllm/k(\d+)", key)
-            elif kind == "bench.speed" and _quiet_batch1(document) and drafter:
+            elif (kind == "bench.speed" and _quiet_batch1(document) and drafter
+                  and document["metrics"].get("engine") != "reference"):  # a job's speed file is vLLM's unless it says
                 # a per-drafter job's speed file: its own rows are "<drafter>/k<K>" (n-gram is the baseline)
                 match = re.fullmatch(re.escape(str(drafter)) + r"/k(\d+)", key)
             elif (kind == "bench.acceptance" and not on_reference_engine(document) and not is_baseline(m)

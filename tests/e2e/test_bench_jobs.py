@@ -16,6 +16,7 @@ import pytest
 from specframe.vllm import vllm_available
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _job(work: Path, results: Path, drafter: str) -> list[str]:
@@ -62,3 +63,46 @@ def test_a_killed_drafter_job_resumes_from_its_checkpoint_and_a_finished_one_is_
         third = subprocess.run(_job(work, results, "peagle"), cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert third.returncode == 0 and "complete in" in third.stdout
         assert (run / "metrics.jsonl").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="the job asks vLLM first (make setup VLLM=cpu|gpu)")
+def test_a_drafter_vllm_serves_at_no_k_is_measured_on_the_reference_engine(tmp_path):
+    """DSpark on vLLM's CPU build (no V2 model runner): every K is refused before an engine starts, and the job
+    measures its whole block on the reference engine instead, verified greedily and through its confidence schedule:
+    acceptance on a subset of each set and batch-1 speed beside plain decoding and n-gram, all lossless."""
+    from presets import resolve
+
+    from specframe.vllm.support import dspark_runner_problem
+
+    if dspark_runner_problem() is None:
+        pytest.skip("this vLLM serves DSpark itself (its V2 model runner)")
+    work, results = tmp_path / "work", tmp_path / "results"
+    run = subprocess.run(_job(work, results, "dspark"), cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    p = resolve("ci-jobs")
+    job = json.loads((results / "dspark" / "job.json").read_text())["metrics"]
+    assert {f"dspark/k{k}" for k in p.vllm_ks} <= set(job["vllm_refused"])
+    assert not any(name.startswith(("acceptance-", "speed-batch", "curve-")) for name in job["files"])
+    block = p.depth  # DSpark's block less its anchor: the depth it was trained at
+    for dataset in p.datasets:
+        document = json.loads((results / "dspark" / f"reference-{dataset}.json").read_text())
+        assert document["kind"] == "bench.acceptance.subset" and document["metrics"]["engine"] == "reference"
+        assert document["config"]["k"] == block and len(document["config"]["prompts"]) == p.speed_prompts
+        methods = document["metrics"]["methods"]
+        assert set(methods) == {"plain", f"dspark/k{block}", f"dspark/k{block}+scheduled"}
+        assert methods[f"dspark/k{block}+scheduled"]["verifier"] == "scheduled"
+        for label in (f"dspark/k{block}", f"dspark/k{block}+scheduled"):
+            m = methods[label]
+            assert m["lossless"] and 1.0 <= m["acceptance_length"] <= block + 1
+            iv = m["acceptance_length_interval"]
+            assert iv["low"] <= m["acceptance_length"] <= iv["high"]
+    speed = json.loads((results / "dspark" / "speed-reference.json").read_text())
+    assert speed["kind"] == "bench.speed" and speed["metrics"]["engine"] == "reference"
+    assert speed["metrics"]["concurrency"] == 1 and speed["metrics"]["repeats"] == p.vllm_repeats
+    assert set(speed["metrics"]["methods"]) == {"plain", f"ngram/k{block}", f"dspark/k{block}",
+                                                f"dspark/k{block}+scheduled"}
+    assert all(m.get("lossless", True) for m in speed["metrics"]["methods"].values())
+    hashes = {json.loads((results / "dspark" / f).read_text())["provenance"]["drafter_checkpoint_hash"]
+              for f in job["files"]}
+    assert hashes == {job["checkpoint_hash"]}

@@ -72,7 +72,8 @@ def test_a_partial_run_reports_what_finished_and_names_what_is_missing(partial):
     assert "**Not yet run:** pard (`make bench PRESET=cpu-large` continues)" in section
     assert "- **Not served by vLLM:** peagle/k2 (served only at K = 7)" in section
     # the ranking: each method at its best K, best first, with its interval
-    assert "| 1 | peagle/k3 | 2.10 [2.00, 2.20] |" in section and "| 2 | ngram/k5 | 1.31 [1.25, 1.37] |" in section
+    assert "| 1 | peagle/k3 | vLLM | 2.10 [2.00, 2.20] | 160 | 100.0% |" in section
+    assert "| 2 | ngram/k5 | vLLM | 1.31 [1.25, 1.37] | 160 | 100.0% |" in section
     # speed: quiet measurements only; over n-gram is the inverse of the stored n-gram / drafter ratio
     assert "| peagle | peagle/k3 | 2.00 |  | 1.50 [1.40, 1.60]x | 1.25 [1.15, 1.36]x |" in section
     assert "9.90" not in section
@@ -83,6 +84,46 @@ def test_a_partial_run_reports_what_finished_and_names_what_is_missing(partial):
     assert "| peagle | peagle/k3 | 2.00 |  | 1.30 [1.20, 1.40]x |" in four
     assert "**Fastest drafter in vLLM at 4 concurrent requests:** peagle/k3, 1.30 [1.20, 1.40]x" in four
     assert "1.30 [1.20, 1.40]x" not in section[:section.index("**Speed in vLLM at 4 concurrent")]
+
+
+def reference_subset(rows: dict[str, tuple[float, bool]], dataset="mt-bench") -> dict:
+    """What a job writes for a drafter vLLM serves at no K: acceptance on the reference engine on a subset."""
+    return {"dataset": dataset, "engine": "reference", "subset_of": 80, "prompt_turns": 4, "methods": {
+        "plain": {"k": 0, "acceptance_length": 1.0},
+        **{label: {"k": 7, "prompt_turns": 4, "acceptance_length": al, "lossless": same,
+                   "acceptance_length_interval": {"low": al - 0.05, "high": al + 0.05}}
+           for label, (al, same) in rows.items()}}}
+
+
+def test_a_drafter_vllm_cannot_serve_is_ranked_and_timed_on_the_reference_engine_and_says_so(partial):
+    """DSpark on vLLM's CPU build: its rows name the reference engine and their prompt turns, its scheduled
+    verifier is a row of its own, and its reference-engine speed has a table of its own, never vLLM's."""
+    write(partial / "dspark" / "reference-mt-bench.json", "bench.acceptance.subset",
+          reference_subset({"dspark/k7": (1.12, True), "dspark/k7+scheduled": (1.09, True)}),
+          {"drafter": "dspark", "dataset": "mt-bench", "prompts": ["81", "91"], "engine": "reference"})
+    ref_speed = speed("dspark/k7", 0.4)
+    ref_speed["engine"] = "reference"
+    write(partial / "dspark" / "speed-reference.json", "bench.speed", ref_speed,
+          {"drafter": "dspark", "engine": "reference"})
+    res = CliRunner().invoke(main, ["report", str(partial)])
+    assert res.exit_code == 0, res.output
+    section = (partial / "report.md").read_text()
+    section = section[section.index("## The answer (one job per drafter)"):]
+    assert "| 3 | dspark/k7 | reference (2 of 80 prompts) | 1.12 [1.07, 1.17] | 4 | all |" in section
+    assert "| 4 | dspark/k7+scheduled | reference (2 of 80 prompts) | 1.09 [1.04, 1.14] | 4 | all |" in section
+    vllm_speed = section[section.index("**Speed in vLLM at batch 1**"):section.index("**Speed in vLLM at 4")]
+    assert "dspark" not in vllm_speed
+    reference = section[section.index("**Speed on the reference engine at batch 1**"):]
+    assert "| dspark | dspark/k7 | 2.00 |  | 0.40 [0.30, 0.50]x |" in reference
+    assert "**Fastest drafter on the reference engine at batch 1:** dspark/k7, 0.40 [0.30, 0.50]x plain decoding" \
+        in reference
+    # the answers' vLLM speed reads vLLM's files only
+    from specframe.report import load_results
+    from specframe.report.questions import speedup_by_k
+
+    assert "dspark" not in speedup_by_k(load_results(partial), engine="vllm")
+    # nor does it rank alone among the answers' reference-engine figures (P-EAGLE's are vLLM's)
+    assert "**Highest AL on" not in (partial / "report.md").read_text()
 
 
 def test_the_summary_prints_the_answer_and_writes_nothing(partial):
@@ -96,7 +137,7 @@ def test_the_summary_prints_the_answer_and_writes_nothing(partial):
 
 
 def test_a_finished_job_is_skipped_only_under_its_own_key(tmp_path):
-    from presets import PRESETS
+    from presets import PRESETS, resolve
     from test_jobs import finished_job, job_key
 
     p = PRESETS["cpu-large"]
@@ -107,6 +148,11 @@ def test_a_finished_job_is_skipped_only_under_its_own_key(tmp_path):
     assert key != job_key(attrs.evolve(p, steps=p.steps + 1), "peagle")
     assert key != job_key(attrs.evolve(p, keep_drafter_at=(100,)), "peagle")  # other kept steps: another command
     assert key != job_key(attrs.evolve(p, drafters={**p.drafters, "peagle": {"layers": 2}}), "peagle")
+    # the reference engine's verifiers: only the drafter's own entry is part of its key
+    assert key == job_key(attrs.evolve(p, reference_verifiers={"dspark": ("scheduled",)}), "peagle")
+    assert key == job_key(attrs.evolve(p, reference_verifiers={}), "peagle")
+    installed = resolve("cpu-large")  # DSpark is a plugin drafter: in the preset once installed
+    assert job_key(installed, "dspark") != job_key(attrs.evolve(installed, reference_verifiers={}), "dspark")
     write(tmp_path / "job.json", "bench.job", {"drafter": "peagle", "complete": True, "checkpoint_hash": "h"},
           {"key": key})
     assert finished_job(tmp_path, key)["checkpoint_hash"] == "h"
