@@ -48,6 +48,8 @@ class ProbeSpec:
     target_layers: int = 4
     drafter_options: dict[str, Any] = attrs.field(factory=dict)
     mask_builder_options: dict[str, Any] = attrs.field(factory=dict)
+    #: the partitioner's options, as ``train --config``'s ``partitioner_options`` (the estimate costs the same)
+    partitioner_options: dict[str, Any] = attrs.field(factory=dict)
     #: budget handed to the engine (None: no budget, no guard); the pre-check is skipped with ``skip_check``
     memory_budget: str | None = None
     skip_check: bool = False
@@ -138,7 +140,8 @@ def child(spec: ProbeSpec) -> dict[str, Any]:
             spec.seq_len)), seq_len=spec.seq_len, depth=spec.depth, mask_builder=spec.mask_builder,
             partitioner=spec.partitioner, partitions=spec.partitions, memory_budget=spec.memory_budget,
             max_steps=spec.steps, batch_size=1, max_examples=1, val_examples=0, drafter_options=spec.drafter_options,
-            mask_builder_options=spec.mask_builder_options, device=spec.device, dtype=spec.dtype,
+            mask_builder_options=spec.mask_builder_options, partitioner_options=spec.partitioner_options,
+            device=spec.device, dtype=spec.dtype,
         )
         if spec.skip_check:
             os.environ["SPECFRAME_SKIP_MEMORY_CHECK"] = "1"

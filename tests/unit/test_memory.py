@@ -220,3 +220,25 @@ def test_memory_command_json(assets, tmp_path):
     assert doc["breakdown"]["attention"] > 0 and doc["largest_segment"]["forwarded"] == doc["elements"]
     big = subprocess.run([*cmd, "--memory-budget", "64GiB"], capture_output=True, text=True, cwd=ROOT)
     assert json.loads(big.stdout)["fits"] is True and json.loads(big.stdout)["advice"] == []
+
+
+def test_the_probe_trains_with_the_partitioner_options_it_is_given(monkeypatch):
+    """A probe measures the step the run would take: its partitioner options reach the run config (they were dropped,
+    so a partitioner with options was measured at its defaults while the estimate costed the run's)."""
+    from specframe import memory_probe
+    from specframe.engine import loop
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def trainer(cfg, **kwargs):
+        seen["cfg"] = cfg
+        raise Stop
+
+    monkeypatch.setattr(loop, "Trainer", trainer)
+    spec = ProbeSpec(seq_len=64, depth=2, partitioner="peagle", partitions=2, partitioner_options={"k": 1}, **SMALL)
+    with pytest.raises(Stop):
+        memory_probe.child(spec)
+    assert seen["cfg"].partitioner_options == {"k": 1} and seen["cfg"].partitioner == "peagle"
