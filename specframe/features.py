@@ -15,7 +15,7 @@ import attrs
 
 from specframe.errors import SpecframeError
 # the head and the decoder trunk as the target's forward runs them (one way: target_head imports nothing of this)
-from specframe.target_head import TargetHead, _base_model
+from specframe.target_head import TargetHead, decoder
 
 
 def low_mid_high_layers(num_layers: int) -> tuple[int, ...]:
@@ -80,7 +80,7 @@ def capture_features(
     import torch
 
     model = target.model if hasattr(target, "model") and hasattr(target, "tokenizer") else target
-    base = _base_model(model)
+    base = decoder(model)
     layers = base.layers
     spec.validate(len(layers))
     aux_ids = tuple(spec.aux_layers or ())
@@ -136,7 +136,7 @@ def apply_final_norm(target: Any, last_layer_output: Any) -> Any:
     import torch
 
     model = target.model if hasattr(target, "model") and hasattr(target, "tokenizer") else target
-    norm = getattr(_base_model(model), "norm", None)
+    norm = getattr(decoder(model), "norm", None)
     if norm is None:
         raise SpecframeError(f"{type(model).__name__}: cannot find the final norm (expected .model.norm), so the "
                              "final hidden state cannot be formed from the last layer's output")

@@ -12,6 +12,7 @@ logits are not what its head gives (a transform this module does not know), so n
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import attrs
@@ -104,13 +105,26 @@ def as_target_head(head: TargetHead | torch.Tensor) -> TargetHead:
     return head if isinstance(head, TargetHead) else TargetHead(weight=head)
 
 
-def _base_model(model: Any) -> Any:
+def find_decoder(model: Any) -> Any:
+    """A transformers causal LM's decoder, the module holding its ``layers`` and final ``norm`` that returns
+    ``last_hidden_state``: ``get_decoder()`` where the model has one, else its ``base_model`` or ``.model``; None when
+    none of them holds layers. The one finder: the loader drops layers in it (``targets.keep_layers``), the head check
+    and the feature capture run it."""
+    candidates = []
+    if hasattr(model, "get_decoder"):
+        with contextlib.suppress(AttributeError, NotImplementedError):  # a model that names none of its own
+            candidates.append(model.get_decoder())
     base = getattr(model, "base_model", None)
-    if base is None or base is model:
-        base = getattr(model, "model", None)
-    if base is None or not hasattr(base, "layers"):
+    candidates += [None if base is model else base, getattr(model, "model", None)]
+    return next((c for c in candidates if c is not None and c is not model and hasattr(c, "layers")), None)
+
+
+def decoder(model: Any) -> Any:
+    """``find_decoder``, or a ``SpecframeError`` naming the model's class when it has none."""
+    found = find_decoder(model)
+    if found is None:
         raise SpecframeError(f"{type(model).__name__}: cannot find the decoder layers (expected .model.layers)")
-    return base
+    return found
 
 
 def target_head(target: Any) -> TargetHead:
@@ -123,8 +137,8 @@ def target_head(target: Any) -> TargetHead:
     if entry.device.type == "meta":  # a skeleton (no weights): nothing to run, nothing a teacher could read either
         return head
     ids = (torch.arange(1, _PROBE_TOKENS + 1) % entry.shape[0]).to(entry.device)[None]
-    with torch.no_grad(), loaded_layers_only(_base_model(model)):
-        final = _base_model(model)(input_ids=ids, use_cache=False).last_hidden_state
+    with torch.no_grad(), loaded_layers_only(decoder(model)):
+        final = decoder(model)(input_ids=ids, use_cache=False).last_hidden_state
         theirs = model(input_ids=ids, use_cache=False).logits.float()
         ours = head.logits(final.to(device=head.device, dtype=head.dtype)).float().to(theirs.device)
     # the same operations in the same dtype: equal up to the rounding of a differently shaped product

@@ -307,9 +307,10 @@ def load_target(
 
 
 def decoder_layers(model: Any) -> Any:
-    """The ``ModuleList`` of a transformers causal LM's decoder layers (``get_decoder().layers``), or None."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    layers = getattr(decoder, "layers", None)
+    """The ``ModuleList`` of a transformers causal LM's decoder layers (``target_head.find_decoder``), or None."""
+    from specframe.target_head import find_decoder
+
+    layers = getattr(find_decoder(model), "layers", None)
     return layers if layers is not None and hasattr(layers, "__setitem__") else None
 
 

@@ -147,3 +147,31 @@ def test_a_drafter_that_declares_nothing_keeps_the_whole_target(assets, cache, t
         assert not any(is_absent(layer) for layer in trainer.target.model.model.layers)
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
+def test_one_decoder_finder_for_the_loader_the_head_check_and_the_capture(tmp_path, family):
+    """``keep_layers`` drops layers in the decoder the head check and the feature capture run (one finder,
+    ``target_head.find_decoder``): a layer dropped there is the one the capture would have hooked."""
+    from specframe.features import FeatureSpec, capture_features
+    from specframe.target_head import decoder, find_decoder
+    from specframe.targets import decoder_layers, tiny_target
+
+    model = load_target(tiny_target(tmp_path / family, family=family, seed=0)).model
+    assert find_decoder(model) is model.model and decoder_layers(model) is model.model.layers
+    keep_layers(model, [], family)
+    assert all(is_absent(layer) for layer in decoder(model).layers)
+    with pytest.raises(SpecframeError, match="decoder layer 0"):
+        capture_features(model, torch.tensor([[1, 2, 3]]), FeatureSpec(aux_layers=(1,), final_hidden=True))
+
+
+def test_a_model_without_decoder_layers_is_named():
+    from specframe.target_head import decoder, find_decoder
+    from specframe.targets import decoder_layers
+
+    class Bare(torch.nn.Module):
+        pass
+
+    assert find_decoder(Bare()) is None and decoder_layers(Bare()) is None
+    with pytest.raises(SpecframeError, match="Bare: cannot find the decoder layers"):
+        decoder(Bare())
