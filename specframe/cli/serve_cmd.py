@@ -40,17 +40,23 @@ def serve(
     target: str | None, drafter: str | None, k: int | None, host: str, port: int, dtype: str, max_model_len: int | None,
     kv_cache_gib: float, eager: bool, print_command: bool, as_json: bool, vllm_args: tuple[str, ...],
 ) -> None:
-    """Serve TARGET with vLLM's OpenAI-compatible API, speculating with an exported drafter.
+    """Serve a target (--target) with vLLM's OpenAI-compatible API, speculating with an exported drafter (--drafter).
 
-    Arguments after the options go to vLLM unchanged (e.g. `-- --max-num-seqs 4`).
+    Arguments after the options go to vLLM unchanged, as options (e.g. `-- --max-num-seqs 4`).
     """
     from specframe.targets import target_source
-    from specframe.errors import SpecframeError
+    from specframe.errors import SpecframeError, UsageError
     from specframe.vllm import vllm_available
     from specframe.vllm.serving import serve_command
 
     if k is not None and k < 1:
         raise SpecframeError(f"--k must be positive, got {k}")
+    if vllm_args and not vllm_args[0].startswith("-"):
+        # vLLM's server takes a stray word beside --model and serves the target plainly: `specframe serve EXPORT`
+        # would start a server without the drafter the user meant
+        raise UsageError(f"serve takes no argument '{vllm_args[0]}': a drafter export goes after --drafter, a target "
+                         "after --target, and what follows the options goes to vLLM as its options (e.g. -- "
+                         "--max-num-seqs 4)")
     source = None
     if drafter is None or target is not None:
         source = target_source(target or "default")

@@ -412,6 +412,10 @@ CASES = [
          "error: --device 'tpu' is not a torch device (cpu, cuda, cuda:N, auto)", lambda c: train(c, "--device", "tpu")),
     Case("serve-target-missing", "serve --target a folder that does not exist",
          "error: target path {tmp}/gone does not exist", lambda c: ["serve", "--target", "{tmp}/gone", "--print-command"]),
+    Case("serve-bare-folder", "serve FOLDER: a drafter export named without --drafter",
+         "error: serve takes no argument '{tmp}': a drafter export goes after --drafter, a target after --target, and "
+         "what follows the options goes to vLLM as its options (e.g. -- --max-num-seqs 4)",
+         lambda c: ["serve", "--print-command", "{tmp}"]),
     Case("export-truncated", "serve --drafter an exported folder whose weights are truncated",
          "error: {out}/model.safetensors is not a complete safetensors file (truncated or corrupt: 100 bytes)",
          lambda c: serve("--target", "{target}"), truncated_export),
