@@ -155,7 +155,7 @@ def _speed(documents: list[tuple[str, dict[str, Any]]], done: list[str]) -> list
     return lines
 
 
-def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int, engine: str) -> list[str]:
+def _speed_table(documents: list[tuple[str, dict[str, Any]]], concurrency: int, engine: str = "in vLLM") -> list[str]:
     rows, fastest, machines = [], None, {}
     where = "at batch 1" if concurrency == 1 else f"at {concurrency} concurrent requests"
     plain = "plain vLLM" if engine == "in vLLM" else "plain decoding"
