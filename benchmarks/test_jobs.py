@@ -373,6 +373,8 @@ def test_drafter_job(benchmark, workspace, target, drafter):
         print(f"\n{drafter}: complete in {out} (checkpoint {done['checkpoint_hash']}), skipped")
         return
     box: dict[str, Any] = {}
+    for text in p.reference_verifiers.get(drafter, ()):  # a bad name fails here, not after hours of training
+        bench.verifier_spec(text)
 
     def job():
         record = workspace.trained(drafter)

@@ -36,6 +36,14 @@ def test_preset_settings_are_valid(name):
         if cls.parallel:  # one forward drafts each trained depth: at most the declared depth a round (API 6)
             assert cls.training(options).depth >= max(*p.ks, p.speed_k), (name, drafter)
     assert p.steps * p.batch_size <= p.train_examples * 4  # at most a few epochs over the shared sequences
+    # the reference engine's extra verifiers of a drafter vLLM cannot serve: each one a verifier that is installed
+    # whenever its drafter is (a bad name would fail a job only after hours of training)
+    from specframe.bench import verifier_spec
+
+    for drafter, verifiers in p.reference_verifiers.items():
+        if drafter in p.drafters:
+            for text in verifiers:
+                verifier_spec(text)
 
 
 @pytest.fixture
