@@ -210,10 +210,37 @@ def read_jsonl(path: str | os.PathLike, *, skip_bad_lines: bool = False, stats: 
         raise SpecframeError(f"{p}: not a complete gzip file ({exc})") from None
 
 
+#: the longest JSONL line read (characters): far past any conversation, and it bounds what one line holds in memory.
+#: A file without line breaks (a binary or a JSON array saved as .jsonl) is refused at this length instead of being
+#: read whole, however large it is
+MAX_LINE_CHARS = 64 * 1024 * 1024
+
+
+def _lines(f: Any, p: Path, skip_bad_lines: bool, stats: dict | None) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a text file, none longer than ``MAX_LINE_CHARS``: a longer one is refused naming it, or
+    with ``skip_bad_lines`` read past in pieces (never held whole) and counted as bad."""
+    lineno = 0
+    while True:
+        line = f.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        lineno += 1
+        if len(line.rstrip("\n")) <= MAX_LINE_CHARS:
+            yield lineno, line
+            continue
+        if not skip_bad_lines:
+            raise SpecframeError(f"{p}:{lineno}: a line longer than {MAX_LINE_CHARS:,} characters (JSONL holds one "
+                                 "record per line; is this a JSON array or a binary file?)")
+        while line and not line.endswith("\n"):
+            line = f.readline(MAX_LINE_CHARS)
+        if stats is not None:
+            stats["bad_lines"] = stats.get("bad_lines", 0) + 1
+
+
 def _jsonl_objects(p: Path, skip_bad_lines: bool, stats: dict | None) -> Iterator[dict]:
     opener = gzip.open if p.suffix == ".gz" else open
     with opener(p, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in _lines(f, p, skip_bad_lines, stats):
             if not line.strip():
                 continue
             try:

@@ -41,6 +41,13 @@ def train(ctx, *extra, data="{chat}", drafter="peagle", output="{out}"):
             "--max-examples", 6, *extra]
 
 
+def lower_line_cap(ctx, name: str, text: str) -> None:
+    import specframe.data.sources as sources
+
+    ctx["monkeypatch"].setattr(sources, "MAX_LINE_CHARS", 100)
+    write(name, text)(ctx)
+
+
 def write(name: str, text: str | bytes) -> Callable[[dict], None]:
     def prepare(ctx):
         p = ctx["tmp"] / name
@@ -211,6 +218,12 @@ CASES = [
          "error: {tmp}/bad.jsonl:1: malformed JSON line (Expecting value: line 2 column 1 (char 15))",
          lambda c: train(c, data="{tmp}/bad.jsonl"),
          write("bad.jsonl", "{\"messages\": [\n")),
+    Case("data-line-too-long", "a --data line longer than the cap (a file without line breaks; the test lowers the "
+         "cap of 67,108,864 characters to 100)",
+         "error: {tmp}/long.jsonl:1: a line longer than 100 characters (JSONL holds one record per line; is this a "
+         "JSON array or a binary file?)",
+         lambda c: train(c, data="{tmp}/long.jsonl"),
+         lambda c: lower_line_cap(c, "long.jsonl", "[" + "1," * 200 + "1]")),
     Case("data-binary", "random bytes as --data",
          "error: {tmp}/bin.jsonl: not UTF-8 text (invalid start byte at byte 128 of a line)",
          lambda c: train(c, data="{tmp}/bin.jsonl"),

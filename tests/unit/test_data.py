@@ -109,6 +109,43 @@ def test_chat_jsonl_and_malformed_line(tmp_path):
         load_data("nope.jsonl")
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_line_past_the_cap_is_refused_or_skipped_without_being_held_whole(tmp_path, monkeypatch, gz):
+    """One line is read at most ``MAX_LINE_CHARS`` characters at a time: a file with no line breaks (a binary, a JSON
+    array saved as .jsonl) is refused at that length, naming the line, instead of being read whole; with
+    ``skip_bad_lines`` the long line is read past in pieces and the next record still loads."""
+    import specframe.data.sources as sources
+
+    monkeypatch.setattr(sources, "MAX_LINE_CHARS", 200)
+    good = json.dumps({"id": "a", "messages": CONV[1:3]})
+    assert len(good) <= 200
+    text = good + "\n" + json.dumps({"id": "long", "messages": [{"role": "user", "content": "x" * 1000}]}) + "\n" + \
+        json.dumps({"id": "b", "messages": CONV[1:3]}) + "\n"
+    p = tmp_path / ("long.jsonl.gz" if gz else "long.jsonl")
+    p.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+    with pytest.raises(SpecframeError, match=f"^{p}:2: a line longer than 200 characters"):
+        load_chat_file(p)
+    stats: dict = {}
+    ds = load_chat_file(p, skip_bad_lines=True, stats=stats)
+    assert stats == {"bad_lines": 1} and [r["id"] for r in ds] == ["a", "b"]
+    seen = []
+    real = sources._lines
+
+    def spy(f, *args):
+        reads = []
+        original = f.readline
+        f.readline = lambda size=-1: reads.append(size) or original(size)
+        yield from real(f, *args)
+        seen.extend(reads)
+
+    monkeypatch.setattr(sources, "_lines", spy)
+    list(sources.read_jsonl(p, skip_bad_lines=True))
+    assert seen and all(0 < size <= 201 for size in seen)  # never an unbounded read
+    exact = tmp_path / "exact.jsonl"  # a line of exactly the cap is read
+    exact.write_text(json.dumps({"id": "e", "messages": CONV[1:3]}).ljust(200) + "\n")
+    assert [r["id"] for r in load_chat_file(exact)] == ["e"]
+
+
 def test_bad_conversations_are_skipped_and_counted(tiny):  # noqa: F811
     recs = chat_records(3) + [
         {"source": "toy", "id": "empty", "messages": []},
