@@ -8,8 +8,8 @@ whether a config is checked without a target (``run_config.resolve``, ``--print-
 engine, from the ``Plan``), costed (``specframe.memory``), a checkpoint reopened (``specframe.drafter_folders``), a
 comparison set up (``specframe.bench``) or an option typed inline (``--drafter peagle:layers=4``: ``named``).
 
-One ``train`` resolves its names once: ``plan`` gives a ``Plan``, which the CLI hands to the engine
-(``specframe.engine.assembly`` builds the parts from it) and the engine to the memory estimate. This module stays
+One ``train`` resolves its names once: ``ResolvedRun.of`` gives the resolved config beside its ``Plan``, which the CLI
+hands to the engine (``specframe.engine.assembly`` builds the parts from it) and the engine to the memory estimate. This module stays
 below the engine: it reads a run config through ``RunNames`` (what ``TrainConfig`` and ``memory.MemoryConfig`` both
 hold), never imports it.
 """
@@ -144,6 +144,31 @@ class Plan:
                                   else unstructure(self.builder_options)),
             partitioner_options=unstructure(self.partitioner_options),
         )
+
+
+@attrs.frozen
+class ResolvedRun:
+    """A run config with every decided value written in (``Plan.resolved``) beside the ``Plan`` it was resolved from,
+    as one record: what one ``train`` hands from the CLI to the resume check and the engine, and the engine to its
+    parts and the memory estimate, so a config and a plan that disagree never travel together."""
+
+    config: Any
+    plan: Plan
+
+    @classmethod
+    def of(cls, cfg: RunNames, device: torch.device | str | None = None, where: str | None = None) -> ResolvedRun:
+        """``cfg``'s names resolved (``plan``) and written into it."""
+        resolved = plan(cfg, device, where)
+        return cls(resolved.resolved(cfg), resolved)
+
+    def for_device(self, device: torch.device | str) -> ResolvedRun:
+        """This run with its mask builder decided for ``device`` where it was left to the machine (``auto``)."""
+        decided = self.plan.for_device(device)
+        return self if decided is self.plan else ResolvedRun(decided.resolved(self.config), decided)
+
+    def on(self, device: torch.device | str) -> ResolvedRun:
+        """This run with ``device`` written into its config (the device ``auto`` became), its plan as it is."""
+        return attrs.evolve(self, config=attrs.evolve(self.config, device=str(device)))
 
 
 def plan(cfg: RunNames, device: torch.device | str | None = None, where: str | None = None) -> Plan:

@@ -183,9 +183,10 @@ def train(ctx: click.Context, resume: str | None, allow_changed_settings: bool, 
     placeholder = print_config and values.get("output") is None
     if placeholder:  # --print-config needs no output directory; the printed file then has none
         values["output"] = ""
-    # the run's names are resolved here, once: the plan goes on to the engine, and from it to the memory estimate
-    cfg, plan = run_config.resolve_plan(run_config.build(values, where),
-                                        f"--config {config_file}" if config_file else None)
+    # the run's names are resolved here, once: the resolved run goes on to the engine, and from it to the memory
+    # estimate
+    run = run_config.resolve_run(run_config.build(values, where), f"--config {config_file}" if config_file else None)
+    cfg = run.config
     if print_config:
         data = run_config.as_dict(cfg)
         if placeholder:
@@ -198,7 +199,7 @@ def train(ctx: click.Context, resume: str | None, allow_changed_settings: bool, 
         raise UsageError(f"{run_config.ALLOW_CHANGED} continues a run under new settings: give it with --resume")
     if resume is not None:
         # refused here, before the cache or the target is opened; the engine checks again (its Python callers)
-        _, _, changes = run_config.check_resume(resume, cfg, allow_changed_settings, plan)
+        _, _, changes = run_config.check_resume(resume, run, allow_changed_settings)
         if changes:
             click.echo(f"warning: --resume {resume} continues under changed settings (kept in config.json as "
                        f"{run_config.CHANGED_RECORD}): {run_config.describe_changes(changes)}", err=True)
@@ -216,7 +217,7 @@ def train(ctx: click.Context, resume: str | None, allow_changed_settings: bool, 
         engine_record = FeatureCache(cfg.cache).engine
         if engine_record is not None:
             click.echo(f"cache {cfg.cache}: {describe_engine(engine_record)}", err=as_json)
-    result = run_training(cfg, plan=plan, resume=resume, progress=bar, log_lines=lines, profile=profile,
+    result = run_training(run, resume=resume, progress=bar, log_lines=lines, profile=profile,
                           allow_changed=allow_changed_settings)
     summary = {
         "steps": result.steps,

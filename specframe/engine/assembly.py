@@ -1,7 +1,8 @@
 """A run's parts, assembled from its plan beside the engine that trains them.
 
-``specframe.compose.plan`` resolves a run config's names once (classes, typed options, the drafter's training
-declaration); the engine is handed that ``Plan`` and builds here what it trains with: the target, the drafter, mask
+``specframe.compose.ResolvedRun`` holds a run config's names resolved once (classes, typed options, the drafter's
+training declaration) beside the config they were written into; the engine is handed that run and builds here what
+it trains with: the target, the drafter, mask
 builder and partitioner for the target and device (``build``), the source of features (``feature_source``), the
 memory budget's guard (``memory_guard``), the DDP / FSDP wrapper and the optimizer. The composition root stays below
 the engine and never reaches up into it.
@@ -26,7 +27,9 @@ from specframe.errors import UsageError
 class Components:
     """A training run's parts, built for its target and device."""
 
-    plan: compose.Plan
+    #: the run as built: its mask builder decided for the device, and the full resolved config (every plugin option,
+    #: defaults included), what OUTPUT/config.json records
+    run: compose.ResolvedRun
     drafter: api.Drafter
     depth: int
     builder: Any
@@ -34,12 +37,10 @@ class Components:
     #: fastest for small calls in front of it for the small calls (``engine.attention.SizedMaskBuilder``)
     attention_builder: Any
     partitioner: Any
-    #: the full resolved config (every plugin option, defaults included), what OUTPUT/config.json records
-    resolved: TrainConfig
 
     @property
     def training(self) -> api.Training:
-        return self.plan.training
+        return self.run.plan.training
 
 
 def load_run_target(cfg: TrainConfig) -> Any:
@@ -51,10 +52,14 @@ def load_run_target(cfg: TrainConfig) -> Any:
                        chat_template=cfg.chat_template, device_map=cfg.device_map)
 
 
-def build(plan: compose.Plan, cfg: TrainConfig, target_config: Any, device: torch.device) -> Components:
-    """The drafter, mask builder and partitioner of ``plan`` (``cfg``'s) for a target of ``target_config`` training
-    on ``device``, each refused here when it cannot train so (before any data is read or file written)."""
-    p = plan.for_device(device)
+def build(run: compose.ResolvedRun, target_config: Any, device: torch.device, *, small_calls: bool = False,
+          ) -> Components:
+    """The drafter, mask builder and partitioner of ``run`` for a target of ``target_config`` training on ``device``,
+    each refused here when it cannot train so (before any data is read or file written). ``small_calls``: put the
+    builder declared fastest for small calls in front of the run's for the calls it fits (``SizedMaskBuilder``;
+    the engine asks for it when no builder was named, on the CPU)."""
+    run = run.for_device(device)
+    p, cfg = run.plan, run.config
     if not p.depth:
         raise UsageError(f"drafter '{cfg.drafter}' has no default training depth: pass --depth")
     if device.type not in p.builder_cls.devices:
@@ -62,7 +67,7 @@ def build(plan: compose.Plan, cfg: TrainConfig, target_config: Any, device: torc
     made = p.drafter_cls(target_config, p.drafter_options)
     builder = p.builder_cls(p.builder_options)
     attention_builder: Any = builder
-    if cfg.mask_builder is None and not p.builder_cls.small_calls and device.type == "cpu":
+    if small_calls and not p.builder_cls.small_calls and device.type == "cpu":
         from specframe.engine.attention import SizedMaskBuilder
         from specframe.masks import small_call_builder
 
@@ -73,7 +78,7 @@ def build(plan: compose.Plan, cfg: TrainConfig, target_config: Any, device: torc
                                                  int(target_config.num_attention_heads))
     parts = p.partitioner_cls(p.partitioner_options)
     made.check_training(p.depth, p.builder_name, cfg.partitioner)
-    return Components(p, made, p.depth, builder, attention_builder, parts, p.resolved(cfg))
+    return Components(run, made, p.depth, builder, attention_builder, parts)
 
 
 def feature_source(cfg: TrainConfig, target: Any, spec: Any) -> Any:
@@ -114,13 +119,13 @@ def feature_engine(cfg: TrainConfig, target: Any, spec: Any) -> Any:
         kv_cache_gib=cfg.vllm_kv_cache_gib))
 
 
-def memory_guard(resolved: TrainConfig, plan: compose.Plan, target_config: Any,
+def memory_guard(run: compose.ResolvedRun, target_config: Any,
                  sequences: int | None = None) -> memory.MemoryGuard | None:
-    """The training engine's memory budget: refuse a resolved ``TrainConfig`` whose estimate cannot fit
-    ``resolved.memory_budget`` (unless ``SPECFRAME_SKIP_MEMORY_CHECK`` is set), and return the in-run guard.
-    ``plan`` is the run's own, so the estimate costs the drafter, mask builder and partitioner with the run's options
-    and resolves no name again. ``sequences``: how many sequences' online features the run keeps in memory (default:
-    from the config)."""
+    """The training engine's memory budget: refuse a run whose estimate cannot fit its ``memory_budget`` (unless
+    ``SPECFRAME_SKIP_MEMORY_CHECK`` is set), and return the in-run guard. The estimate costs the drafter, mask builder
+    and partitioner with the run's own plan and options, resolving no name again. ``sequences``: how many sequences'
+    online features the run keeps in memory (default: from the config)."""
+    resolved = run.config
     if resolved.memory_budget is None:
         return None
     budget = memory.parse_size(resolved.memory_budget)
@@ -129,8 +134,8 @@ def memory_guard(resolved: TrainConfig, plan: compose.Plan, target_config: Any,
             sequences = (resolved.max_steps or 1) * resolved.batch_size
             if resolved.max_examples is not None:
                 sequences = min(sequences, resolved.max_examples)
-        memory.check_budget(memory.MemoryConfig.from_plan(
-            plan, resolved, target_config, features="cache" if resolved.cache is not None else "online",
+        memory.check_budget(memory.MemoryConfig.from_run(
+            run, target_config, features="cache" if resolved.cache is not None else "online",
             sequences=sequences,
             shards=int(os.environ.get("WORLD_SIZE", "1")) if resolved.fsdp else 1,
         ), budget)

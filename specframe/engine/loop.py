@@ -59,15 +59,17 @@ class TrainResult:
 
 
 class Trainer:
-    """One training run: set up from its config and plan (``engine.assembly``), then ``run`` to the end.
+    """One training run: set up from its config (``engine.assembly``), then ``run`` to the end.
 
-    ``plan``: the run's names already resolved (``specframe.compose.plan``, as the CLI does once for the whole
-    ``train``), with ``cfg`` the config it resolved (``Plan.resolved``); None resolves ``cfg`` here."""
+    ``cfg``: a ``TrainConfig``, resolved here, or a ``compose.ResolvedRun`` (the config with its names already
+    resolved beside their plan, as the CLI hands it once for the whole ``train``)."""
 
-    def __init__(self, cfg: TrainConfig, *, plan: compose.Plan | None = None, resume: str | None = None,
+    def __init__(self, cfg: TrainConfig | compose.ResolvedRun, *, resume: str | None = None,
                  target: Any = None, log: Callable = print, profile: bool = False, allow_changed: bool = False):
+        #: the run as it was handed over resolved (the CLI's), None for a config resolved here
+        self.handed = cfg if isinstance(cfg, compose.ResolvedRun) else None
+        cfg = cfg.config if isinstance(cfg, compose.ResolvedRun) else cfg
         self.cfg = cfg
-        self.plan = plan
         self.allow_changed = allow_changed
         self.log = log
         self.profile_requested = profile
@@ -126,7 +128,7 @@ class Trainer:
             return None
         from specframe.engine import run_config
 
-        directory, saved, changes = run_config.check_resume(resume, self.cfg, self.allow_changed, plan=self.plan)
+        directory, saved, changes = run_config.check_resume(resume, self.handed or self.cfg, self.allow_changed)
         # every resume that changed settings stays in the run's record (allow_changed), so a reader of config.json
         # sees the run was not one schedule from start to end
         self.changed_on_resume = list(saved.get(run_config.CHANGED_RECORD) or [])
@@ -141,16 +143,21 @@ class Trainer:
             target = assembly.load_run_target(cfg)
         # the names in the config become the run's parts once (specframe.compose.plan: the same classes, defaults and
         # errors as --print-config); the parts are built from that plan, which the memory estimate reuses
-        plan = self.plan if self.plan is not None else compose.plan(cfg, self.device)
-        parts = assembly.build(plan, cfg, target.config, self.device)
-        self.plan = parts.plan
+        run = self.handed if self.handed is not None else compose.ResolvedRun.of(cfg, self.device)
+        # the small-call builder only for a config resolved here that named no builder: the CLI's run comes with the
+        # builder written in, so a `specframe train` never gets it (noted for the defaults' adoption, issue 54: fixing
+        # it changes short packed sequences' kernel, which the running comparison jobs must not see mid-way)
+        parts = assembly.build(run, target.config, self.device,
+                               small_calls=self.handed is None and cfg.mask_builder is None)
+        #: the run as built (its mask builder decided for the device): the resolved config and its plan
+        self.resolved_run = parts.run
         self.drafter: api.Drafter = parts.drafter
         self.training = parts.training  # what the drafter declares (API 6), whatever its options call it
         self.depth = parts.depth
         self.builder = parts.builder
         self.attention_builder: Any = parts.attention_builder
         self.partitioner = parts.partitioner
-        self.resolved = parts.resolved
+        self.resolved = parts.run.config
         declared = validate.check_target_layers(self.drafter.target_layers(target.num_layers), cfg.drafter,
                                                 target.num_layers)
         if loaded and cfg.cache is not None and declared is not None:
@@ -184,8 +191,7 @@ class Trainer:
         if self.prefetch:
             kept += min(cfg.batch_size, len(self.train_ids))  # the next step's, computed while this one trains
         # refuse a configuration that cannot fit --memory-budget before any feature is computed or file written
-        self.memory_guard = assembly.memory_guard(attrs.evolve(self.resolved, device=str(self.device)), self.plan,
-                                                  target.config, sequences=kept)
+        self.memory_guard = assembly.memory_guard(self.resolved_run.on(self.device), target.config, sequences=kept)
         self.drafter.prepare(target, [self.source.tokens(i) for i in self.train_ids])
         if cfg.init_from is not None and self.resume_from is None:
             from specframe.layouts import imports
@@ -544,16 +550,15 @@ class Trainer:
 
 
 def train(
-    cfg: TrainConfig, *, plan: compose.Plan | None = None, resume: str | None = None, target: Any = None,
-    progress: bool = True,
+    cfg: TrainConfig | compose.ResolvedRun, *, resume: str | None = None, target: Any = None, progress: bool = True,
     log_lines: Callable[[str], None] | None = None, profile: bool = False, allow_changed: bool = False,
 ) -> TrainResult:
     """Train (or, with ``resume``, continue) a drafter as ``cfg`` says; returns where the last checkpoint is.
     ``log_lines`` receives a plain progress line every ``cfg.log_every`` steps (see ``Trainer.run``); ``profile``
     times every phase and returns the table in ``TrainResult.profile``; ``allow_changed`` resumes under settings
-    other than the run's recorded ones (``engine.run_config.check_resume``), recording that it did. ``plan``: ``cfg``'s names
-    already resolved (``compose.plan``; the CLI resolves them once per ``train``), else resolved here."""
-    trainer = Trainer(cfg, plan=plan, resume=resume, target=target, profile=profile, allow_changed=allow_changed)
+    other than the run's recorded ones (``engine.run_config.check_resume``), recording that it did. ``cfg`` may come
+    resolved already (``run_config.resolve_run``: the CLI resolves its names once per ``train``)."""
+    trainer = Trainer(cfg, resume=resume, target=target, profile=profile, allow_changed=allow_changed)
     try:
         return trainer.run(progress=progress, log_lines=log_lines)
     finally:

@@ -27,7 +27,7 @@ from specframe.errors import UsageError, did_you_mean
 from specframe.structuring import structure, unstructure
 
 if TYPE_CHECKING:
-    from specframe.compose import Plan
+    from specframe.compose import ResolvedRun
 
 #: option tables of the three trained plugin kinds: TrainConfig field -> the older table name (an alias)
 PLUGIN_TABLES = {
@@ -176,16 +176,22 @@ def resolve(cfg: TrainConfig, where: str | None = None) -> TrainConfig:
     """What the plugin classes decide, filled in without loading the target (``specframe.compose.plan``): every
     plugin option (checked: an unknown option or a bad value is a ``UsageError``, prefixed with ``where``), the
     training depth and the mask builder for the device."""
-    return resolve_plan(cfg, where)[0]
+    return resolve_run(cfg, where).config
 
 
-def resolve_plan(cfg: TrainConfig, where: str | None = None) -> tuple[TrainConfig, Plan]:
-    """``resolve``'s config and the ``Plan`` it was resolved from, which a run hands on (to the engine, and the engine
-    to the memory estimate) so that one ``train`` resolves its names once."""
+def resolve_run(cfg: TrainConfig, where: str | None = None) -> ResolvedRun:
+    """``resolve``'s config beside the ``Plan`` it was resolved from (``compose.ResolvedRun``), which a run hands on
+    (to the resume check and the engine, and the engine to the memory estimate) so that one ``train`` resolves its
+    names once."""
     from specframe import compose
 
-    plan = compose.plan(cfg, where=where)
-    return plan.resolved(cfg), plan
+    return compose.ResolvedRun.of(cfg, where=where)
+
+
+def _resolved(run: TrainConfig | ResolvedRun) -> ResolvedRun:
+    from specframe import compose
+
+    return run if isinstance(run, compose.ResolvedRun) else resolve_run(run)
 
 
 def as_dict(cfg: TrainConfig) -> dict[str, Any]:
@@ -238,14 +244,13 @@ def _same(name: str, old: Any, new: Any) -> bool:
     return False
 
 
-def resume_changes(recorded: dict[str, Any], cfg: TrainConfig, plan: Plan | None = None,
-                   ) -> list[tuple[str, Any, Any]]:
+def resume_changes(recorded: dict[str, Any], cfg: TrainConfig | ResolvedRun) -> list[tuple[str, Any, Any]]:
     """(setting, recorded value, new value) for every setting outside ``RESUME_FREE`` in which ``cfg`` differs from a
     run's recorded config (a checkpoint's config.json). Plugin options are compared one by one (``drafter_options.
     layers``). ``cfg`` is resolved first, as the run's record was (the depth, every option's default), so the same
     flags, or a --config file or the record itself, compare equal. A setting the record lacks (added to specframe
-    after the run started) is not compared. ``plan``: ``cfg``'s names already resolved (``resolve_plan``)."""
-    new = json.loads(json.dumps(as_dict(resolve(cfg) if plan is None else plan.resolved(cfg))))
+    after the run started) is not compared. ``cfg`` may come resolved already (``resolve_run``)."""
+    new = json.loads(json.dumps(as_dict(_resolved(cfg).config)))
     changes: list[tuple[str, Any, Any]] = []
     for name in fields():
         if name in RESUME_FREE or name not in recorded:
@@ -270,11 +275,11 @@ def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
     return ", ".join(f"{label(name)} {json.dumps(old)} -> {json.dumps(new)}" for name, old, new in changes)
 
 
-def check_resume(resume: str | Path, cfg: TrainConfig, allow_changed: bool = False, plan: Plan | None = None,
+def check_resume(resume: str | Path, cfg: TrainConfig | ResolvedRun, allow_changed: bool = False,
                  ) -> tuple[Path, dict[str, Any], list[tuple[str, Any, Any]]]:
     """The checkpoint ``resume`` names, its recorded config and how ``cfg`` changes it; refused (before a target is
     loaded or a file written) when it is another drafter's, or when it changes a setting outside ``RESUME_FREE``
-    without ``allow_changed``. ``plan``: ``cfg``'s names already resolved, else resolved here."""
+    without ``allow_changed``. ``cfg`` may come resolved already (``resolve_run``), else it is resolved here."""
     from specframe.engine import checkpoint
     from specframe.errors import SpecframeError, read_json
 
@@ -282,12 +287,13 @@ def check_resume(resume: str | Path, cfg: TrainConfig, allow_changed: bool = Fal
     checkpoint.check_files(directory)
     record = directory / RUN_RECORD
     saved = read_json(record, "the checkpoint's run config")
-    if saved.get("drafter") != cfg.drafter:
+    run = _resolved(cfg)
+    if saved.get("drafter") != run.config.drafter:
         raise SpecframeError(
-            f"--resume {resume} is a checkpoint of drafter '{saved.get('drafter')}', not '{cfg.drafter}' "
+            f"--resume {resume} is a checkpoint of drafter '{saved.get('drafter')}', not '{run.config.drafter}' "
             "(nothing was overwritten)"
         )
-    changes = resume_changes(saved, cfg, plan)
+    changes = resume_changes(saved, run)
     if changes and not allow_changed:
         # a resume continues the run as it was started (its schedule, data and drafter); a new run from its weights
         # is a warm start

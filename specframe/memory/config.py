@@ -1,5 +1,5 @@
 """What a training step's peak depends on (``MemoryConfig``), the estimate's answer (``Estimate``) and the run's
-resolved plan behind both: a run hands its own (``MemoryConfig.from_plan``), a config costed by name is resolved once
+resolved plan behind both: a run hands its own (``MemoryConfig.from_run``), a config costed by name is resolved once
 per estimate (``resolved_plan``), and a change of name or option drops it (``vary``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import attrs
 @attrs.define
 class MemoryConfig:
     """What a training step's peak depends on: the run's components by name (``TrainConfig``'s fields of the same
-    names) or, from a run, by its resolved ``compose.Plan`` (``from_plan``), and the shape of its step."""
+    names) or, from a run, by its resolved ``compose.Plan`` (``from_run``), and the shape of its step."""
 
     drafter: str
     target_config: Any
@@ -40,9 +40,10 @@ class MemoryConfig:
     plan: Any = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
-    def from_plan(cls, plan: Any, cfg: Any, target_config: Any, **shape: Any) -> MemoryConfig:
-        """The step of a resolved run config ``cfg`` (a ``TrainConfig``, ``Plan.resolved``) costed with its ``plan``:
-        the same classes and options (the partitioner's included) the run builds, no name resolved again."""
+    def from_run(cls, run: Any, target_config: Any, **shape: Any) -> MemoryConfig:
+        """The step of a ``compose.ResolvedRun`` (its config, a ``TrainConfig``, costed with its plan): the same
+        classes and options (the partitioner's included) the run builds, no name resolved again."""
+        cfg, plan = run.config, run.plan
         return cls(drafter=cfg.drafter, target_config=target_config, seq_len=cfg.seq_len, depth=cfg.depth,
                    mask_builder=cfg.mask_builder, partitioner=cfg.partitioner, partitions=cfg.partitions,
                    drafter_options=cfg.drafter_options, mask_builder_options=cfg.mask_builder_options,

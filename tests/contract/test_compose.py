@@ -84,18 +84,39 @@ def test_build_gives_the_named_parts_with_their_defaults(assets):
     cfg = config(assets, "unused", mask_builder=None, device="cpu", partitioner="peagle",
                  partitioner_options={})
     target_config = AutoConfig.from_pretrained(assets[0])
-    plan = compose.plan(cfg, torch.device("cpu"))
-    parts = assembly.build(plan, cfg, target_config, torch.device("cpu"))
+    run = compose.ResolvedRun.of(cfg, torch.device("cpu"))
+    plan = run.plan
+    parts = assembly.build(run, target_config, torch.device("cpu"), small_calls=True)
     assert parts.depth == plan.depth == 4  # k_train=4 in the options: the drafter's declared depth
     assert type(parts.drafter) is plan.drafter_cls and parts.drafter.options == plan.drafter_options
-    assert type(parts.builder) is plan.builder_cls and parts.resolved.mask_builder == plan.builder_name
+    assert type(parts.builder) is plan.builder_cls and parts.run.config.mask_builder == plan.builder_name
     assert parts.partitioner.name == "peagle"
-    assert parts.resolved.drafter_options == run_config.resolve(cfg).drafter_options
-    # no builder named on the CPU: small calls go to the builder declared fastest for them, in front of the default
+    assert parts.run.config.drafter_options == run_config.resolve(cfg).drafter_options
+    # small calls asked for (no builder named, on the CPU): they go to the builder declared fastest for them, in
+    # front of the default; not asked for, the run's builder takes every call
     assert parts.attention_builder is not parts.builder
-    dense = config(assets, "unused", mask_builder="dense")
-    named = assembly.build(compose.plan(dense), dense, target_config, torch.device("cpu"))
-    assert named.attention_builder is named.builder
+    plain = assembly.build(run, target_config, torch.device("cpu"))
+    assert plain.attention_builder is plain.builder
+
+
+def test_one_resolved_run_from_the_cli_to_the_estimate(assets, tmp_path, monkeypatch):
+    """The CLI resolves a run once and hands that one record on: the engine builds its parts and costs its memory
+    with the plan it was handed, and never resolves the names again."""
+    from specframe.engine import loop
+
+    cfg = config(assets, tmp_path / "run", mask_builder="dense", device="cpu", max_steps=1)
+    run = run_config.resolve_run(cfg)
+    built, costed = [], []
+    real_build, real_guard = assembly.build, assembly.memory_guard
+    monkeypatch.setattr(assembly, "build", lambda r, *a, **k: built.append(r) or real_build(r, *a, **k))
+    monkeypatch.setattr(assembly, "memory_guard", lambda r, *a, **k: costed.append(r) or real_guard(r, *a, **k))
+    monkeypatch.setattr(compose, "plan", lambda *a, **k: pytest.fail("a handed-over run resolved its names again"))
+    trainer = loop.Trainer(run, log=lambda *a: None)
+    try:
+        assert built == [run] and costed[0].plan is run.plan and costed[0].config.device == "cpu"
+        assert trainer.resolved_run.plan is run.plan and trainer.resolved == run.config
+    finally:
+        trainer.close()
 
 
 def test_device_auto_leaves_the_builder_to_the_machine(assets):
