@@ -2,9 +2,9 @@
 
 ``specframe.compose.ResolvedRun`` holds a run config's names resolved once (classes, typed options, the drafter's
 training declaration) beside the config they were written into; the engine is handed that run and builds here what
-it trains with: the target, the drafter, mask
-builder and partitioner for the target and device (``build``), the source of features (``feature_source``), the
-memory budget's guard (``memory_guard``), the DDP / FSDP wrapper and the optimizer. The composition root stays below
+it trains with: the target, the drafter, mask builder and partitioner for the target and device (``build``), the
+source of features (``feature_source``), the memory budget's guard (``memory_guard``), the DDP / FSDP wrapper and the
+optimizer. The composition root stays below
 the engine and never reaches up into it.
 """
 
