@@ -22,20 +22,20 @@ declares, and why (docs/plugins/dspark.md has the sources):
 - Loss per charged element, weighted ``exp(-d / gamma)``: ``ce_weight * CE(data token) + l1_weight * ||p_draft -
   p_target||_1 + confidence_weight * BCE``, as DeepSpec's ``compute_dspark_loss`` (the l1 term is the L1 distance of
   the two distributions, i.e. twice their total variation). It is computed in row chunks over the target's
-  vocabulary, each chunk recomputed in backward (activation checkpointing), never as a whole [rows, V] block. The
-  elements DeepSpec does not train (``trained_elements``) weigh 0, and the engine divides the step's sum by the sum
-  of the weights (``element_weights``, API 14), as DeepSpec divides each term by ``sum(w)``.
+  vocabulary, each chunk's gradients formed in its forward (``loss.chunked_terms``), never as a whole [rows, V]
+  block. The elements DeepSpec does not train (``trained_elements``) weigh 0, and the engine divides the step's sum
+  by the sum of the weights (``element_weights``, API 14), as DeepSpec divides each term by ``sum(w)``.
 """
 
 from specframe import api
 
 from .drafter import AUX, FINAL, DSparkDrafter
-from .loss import chunk_terms
+from .loss import chunk_terms, chunked_terms
 from .model import INIT_STD, ConfidenceHead, DSparkModel, MarkovHead, RNNHead
 from .options import HEAD_TYPES, RULES, DSparkOptions
 
 __all__ = ["AUX", "FINAL", "HEAD_TYPES", "INIT_STD", "RULES", "ConfidenceHead", "DSparkDrafter", "DSparkModel",
-           "DSparkOptions", "MarkovHead", "RNNHead", "chunk_terms"]
+           "DSparkOptions", "MarkovHead", "RNNHead", "chunk_terms", "chunked_terms"]
 
 # The classes keep the home they had before the package was split by idea: ``specframe plugins --options dspark``
 # reports a component's class by its module, and a pickle or a doc names it there.

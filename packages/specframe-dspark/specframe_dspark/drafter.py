@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from specframe import api
 
 from . import sts
-from .loss import chunk_terms
+from .loss import chunked_terms
 from .model import DSparkModel
 from .options import DSparkOptions
 
@@ -126,27 +125,16 @@ class DSparkDrafter(api.block.BlockDrafter, api.eagle.QueuedInference, api.Draft
         weight = api.block.element_weights(example.loss_mask, sup, anchor, depth,
                                            opts.loss_decay_gamma).to(dtype).to(device)
         teacher = self._teacher(device, dtype)
-        total = hidden.new_zeros(())
-        hits, greedy, accepts, confidences = [], [], [], []
-        n, chunk = int(rows.numel()), opts.loss_chunk
-        for lo in range(0, n, chunk):
-            sl = slice(lo, lo + chunk)
-            args = (h_rows[sl], latent_rows[sl], None if conf_feats is None else conf_feats[sl], target_hidden[sl],
-                    labels[sl], weight[sl], model.lm_head.weight, model.markov_head.markov_w2.weight, conf_w, conf_b,
-                    teacher, opts.ce_weight, opts.l1_weight, opts.confidence_weight)
-            # recomputed in backward: only one chunk's [chunk, V] logits, softmaxes and gradients live at a time
-            part, hit, verdict, accept, confidence = checkpoint(chunk_terms, *args, use_reentrant=False) if torch.is_grad_enabled() \
-                else chunk_terms(*args)
-            total = total + part
-            hits.append(hit)
-            greedy.append(verdict)
-            accepts.append(accept)
-            confidences.append(confidence)
-        hit = torch.cat(hits).cpu()
-        logit = torch.cat(confidences).cpu()
+        # one call over every row: each chunk's gradients are formed in its forward (loss.chunked_terms), so only one
+        # chunk's [chunk, V] logits, softmaxes and gradients live at a time and none is recomputed in backward
+        total, hit, verdict, accept, logit = chunked_terms(
+            h_rows, latent_rows, conf_feats, target_hidden, labels, weight, model.lm_head.weight,
+            model.markov_head.markov_w2.weight, conf_w, conf_b, teacher, opts.ce_weight, opts.l1_weight,
+            opts.confidence_weight, opts.loss_chunk)
+        hit, logit = hit.cpu(), logit.cpu()
         # per charged element: the analytical acceptance 1 - TV and the confidence head's (calibrated) estimate of it
         # (NaN without the head)
-        self.last_acceptance = torch.cat(accepts).detach().cpu()
+        self.last_acceptance = accept.detach().cpu()
         self.last_confidence_estimate = torch.sigmoid(logit.double() / self.confidence_temperature[depth]).float()
         self.last_trained = trained
         correct, count_total = api.eagle.per_depth(depth, hit, k)
@@ -155,7 +143,7 @@ class DSparkDrafter(api.block.BlockDrafter, api.eagle.QueuedInference, api.Draft
         # (those are situations drafting never meets)
         # what the confidence is calibrated against (API 12): the acceptance under the rule that will verify, not the
         # top-1 hit against the data token (the same only when the data is the target's own greedy output)
-        acceptance = (torch.cat(greedy).cpu().double() if opts.calibration_rule == "greedy"
+        acceptance = (verdict.cpu().double() if opts.calibration_rule == "greedy"
                       else self.last_acceptance.double())
         return api.LossTerms(total, int(anchor.numel()), correct, count_total, hit=hit,
                              confidence=logit.masked_fill(~trained, float("nan"))

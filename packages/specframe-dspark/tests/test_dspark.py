@@ -168,7 +168,7 @@ def test_blocks_are_anchored_on_answer_tokens_and_stop_at_their_first_unsupervis
 
 
 def test_the_chunked_loss_is_the_unchunked_one(target):
-    """Row chunks recomputed in backward (activation checkpointing) give the same loss and gradients."""
+    """Row chunks (each forming its gradients in its forward) give the same loss and gradients as one chunk."""
     drafter, ex = make(target)
     elems, sup = grid(drafter, ex)
     whole, g_whole, _ = run(drafter, ex, elems, sup)
