@@ -12,6 +12,12 @@ is not timed. Writes ``benchmarks/results/throughput_cpu.json`` after every old 
 complete pairs): tokens/s per run, per drafter the median and the range of the paired new / old ratios, the commits,
 threads and this command. ``--from-log LOG`` rebuilds the file from the per-run lines a stopped run printed.
 
+``--preset NAME`` takes another preset's training settings (seq-len, depth, batch, lr, packing, drafter options; the
+default is ``cpu``); ``--drafters`` may name a plugin package's drafter (``dspark``, ``dflash``): each side runs its own
+checkout's ``packages/specframe-*`` ahead of the installed ones, and the child reports the drafter module it imported,
+so a side that ran the other's plugin is refused. With ``--cache`` an existing feature cache (a job's) is used as it
+is: no ``prepare``.
+
 ``--teacher-top-k K`` gives the new side a second cache of the same conversations prepared with ``--teacher-top-k K``
 (the compact teacher): with ``--old`` a checkout of the same commit, the pair measures what the compact teacher
 saves against the head-computed one, every other setting equal.
@@ -46,7 +52,7 @@ def child(spec: dict) -> None:
     cfg = TrainConfig(drafter=spec["drafter"], output=out + "/run", target=spec["target"], data=None,
                       cache=spec["cache"], seq_len=spec["seq_len"], depth=spec["depth"], max_steps=spec["steps"] + 1,
                       batch_size=spec["batch_size"], lr=spec["lr"], val_examples=1, max_examples=spec["examples"],
-                      pack=False, seed=0, device="cpu", drafter_options=spec["options"])
+                      pack=spec.get("pack", False), seed=0, device="cpu", drafter_options=spec["options"])
     trainer = Trainer(cfg, log=lambda *a: None)
     try:
         trainer.train_step()  # warm-up: first-step plugin checks, allocator and kernel caches
@@ -59,7 +65,9 @@ def child(spec: dict) -> None:
     finally:
         trainer.close()
     print(json.dumps({"tokens": tokens, "seconds": seconds, "threads": torch.get_num_threads(),
-                      "specframe": specframe.__file__, "builder": trainer.resolved.mask_builder,
+                      "specframe": specframe.__file__,
+                      "drafter_module": sys.modules[type(trainer.drafter).__module__].__file__,
+                      "builder": trainer.resolved.mask_builder,
                       # the new engine sizes attention when no builder is named (specframe.engine.attention)
                       "attention": type(getattr(trainer, "attention_builder", trainer.builder)).__name__}))
 
@@ -75,14 +83,18 @@ def measure(root: Path, spec: dict) -> dict:
     link = root / "specframe_plugins"
     if root != ROOT and not link.exists():
         link.symlink_to("plugins")
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": str(spec["threads"])}
+    # a plugin package's drafter (DSpark, DFlash) is imported from the side's own checkout, ahead of the editable
+    # install of this one's
+    path = [str(root), *(str(d) for d in sorted((root / "packages").glob("specframe-*")) if d.is_dir())]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": str(spec["threads"])}
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)], env=env,
                           capture_output=True, text=True, cwd=tempfile.gettempdir())
     if proc.returncode != 0:
         raise RuntimeError(f"measurement failed under {root}: {proc.stderr[-2000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if not result["specframe"].startswith(str(root)):
-        raise RuntimeError(f"the run under {root} imported {result['specframe']}")
+    for module in ("specframe", "drafter_module"):
+        if not result[module].startswith(str(root)):
+            raise RuntimeError(f"the run under {root} imported {result[module]}")
     return result
 
 
@@ -91,6 +103,7 @@ def main() -> None:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--old", type=Path, help="checkout of the commit to compare against")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "sf-throughput-cache")
+    parser.add_argument("--preset", default="cpu", help="the preset whose training settings both sides use")
     parser.add_argument("--examples", type=int, default=24, help="conversations in the shared cache")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per run (after one warm-up step)")
     parser.add_argument("--repeats", type=int, default=2, help="old / new pairs per drafter")
@@ -109,7 +122,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.presets import PRESETS
 
-    preset = PRESETS["cpu"]
+    preset = PRESETS[args.preset]
     threads = 1
     roots = {"old": args.old.resolve(), "new": ROOT}
     runs: dict[str, dict[str, list]] = {}
@@ -137,7 +150,7 @@ def main() -> None:
             spec = {"drafter": drafter, "target": preset.target, "seq_len": preset.seq_len,
                     "depth": preset.depth, "batch_size": preset.batch_size, "lr": preset.lr,
                     "examples": args.examples, "options": preset.train_options(drafter), "steps": args.steps,
-                    "threads": threads}
+                    "threads": threads, "pack": preset.pack}
             order = ("old", "new") if repeat % 2 == 0 else ("new", "old")
             for side in order:
                 r = measure(roots[side], {**spec, "cache": str(caches[side])})
@@ -152,13 +165,16 @@ def write(args: argparse.Namespace, roots: dict[str, Path], runs: dict[str, dict
               "commits": {side: commit(root) for side, root in roots.items()},
               # the last commit that changed what training runs (later ones touched other files)
               "new_training_code": subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%H", "--",
-                                                   "specframe", "plugins"], capture_output=True,
+                                                   "specframe", "specframe_plugins", "packages"],
+                                                  capture_output=True,
                                                   text=True).stdout.strip(),
               "worktree_dirty": bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--",
-                                                     "specframe", "plugins"], capture_output=True,
+                                                     "specframe", "specframe_plugins", "packages"],
+                                                    capture_output=True,
                                                     text=True).stdout.strip()),
               "teacher_top_k": {"old": 0, "new": args.teacher_top_k},
-              "preset": "cpu", "steps_per_run": args.steps, "repeats_asked": args.repeats, "examples": args.examples,
+              "preset": args.preset, "steps_per_run": args.steps, "repeats_asked": args.repeats,
+              "examples": args.examples,
               "note": "machine shared with other work while measuring (2 cores, other processes running); runs "
                       "interleaved old/new so load falls on both", "drafters": {}}
     for drafter, sides in runs.items():
