@@ -122,7 +122,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.presets import PRESETS
 
-    preset = PRESETS[args.preset]
+    preset = PRESETS[args.preset].with_installed()  # a plugin package's drafter at the preset's settings for it
     threads = 1
     roots = {"old": args.old.resolve(), "new": ROOT}
     runs: dict[str, dict[str, list]] = {}
