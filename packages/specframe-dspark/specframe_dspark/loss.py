@@ -67,8 +67,11 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
     need = [torch.is_grad_enabled() and x is not None and x.requires_grad for x in inputs]
     need_h, need_latent, need_conf_feats, need_lm, need_w2, need_conf_w, need_conf_b = need
     dtype = torch.promote_types(hidden.dtype, torch.float32)
-    grads = [torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device) if n else None
-             for x, n in zip(inputs, need)]
+    # the rows' gradients (each chunk writes its own rows) in the rows' dtype, as autograd's would be; the weights'
+    # (summed over every chunk) in at least fp32
+    grads = [None if not n else torch.zeros_like(x) if i < 3 else
+             torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+             for i, (x, n) in enumerate(zip(inputs, need))]
     g_h, g_latent, g_conf_feats, g_lm, g_w2, g_conf_w, g_conf_b = grads
     total = torch.zeros((), dtype=dtype, device=hidden.device)
     hits, verdicts, accepts, confidences = [], [], [], []
@@ -97,7 +100,7 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
                     gcd = _grad_dtype(cf.dtype)
                     with torch.autocast(cf.device.type, enabled=False):
                         if need_conf_feats:
-                            g_conf_feats[sl] += gc.to(gcd) @ conf_w.to(gcd)
+                            g_conf_feats[sl] = gc.to(gcd) @ conf_w.to(gcd)
                         if need_conf_w:
                             g_conf_w += gc.T.to(gcd) @ cf.to(gcd)
                     if need_conf_b:
@@ -118,9 +121,9 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
                 g = g.to(gd)
                 with torch.autocast(z.device.type, enabled=False):
                     if need_h:
-                        g_h[sl] += g @ lm_w.to(gd)
+                        g_h[sl] = g @ lm_w.to(gd)
                     if need_latent:
-                        g_latent[sl] += g @ w2.to(gd)
+                        g_latent[sl] = g @ w2.to(gd)
                     if need_lm:
                         g_lm += g.T @ h.to(gd)
                     if need_w2:
