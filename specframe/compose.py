@@ -124,6 +124,9 @@ class Plan:
     builder_options: Any
     partitioner_cls: type
     partitioner_options: Any
+    #: small attention calls go to the small-call builder (``TrainConfig.sized_attention``; None there: whether the
+    #: run named no builder)
+    sized_attention: bool = False
 
     def for_device(self, device: torch.device | str, where: str | None = None) -> Plan:
         """This plan with the mask builder decided for ``device`` where it was left to the machine (device
@@ -138,7 +141,7 @@ class Plan:
         """``cfg`` (a ``TrainConfig``) with every decided value written in, as OUTPUT/config.json records it (and
         reads back as is)."""
         return attrs.evolve(
-            cfg, depth=self.depth, mask_builder=self.builder_name,
+            cfg, depth=self.depth, mask_builder=self.builder_name, sized_attention=self.sized_attention,
             drafter_options=unstructure(self.drafter_options),
             mask_builder_options=(self.builder_options if self.builder_cls is None
                                   else unstructure(self.builder_options)),
@@ -181,5 +184,8 @@ def plan(cfg: RunNames, device: torch.device | str | None = None, where: str | N
     if builder_name is not None:
         builder_cls, builder_options = mask_builder(builder_name, cfg.mask_builder_options, where)
     partitioner_cls, partitioner_options = partitioner(cfg.partitioner, cfg.partitioner_options, where)
+    # a config that predates the field (or the memory command's, which has none) sizes as a run naming no builder did
+    sized = getattr(cfg, "sized_attention", None)
     return Plan(drafter_cls, drafter_options, training, cfg.depth or training.depth, builder_name, builder_cls,
-                builder_options, partitioner_cls, partitioner_options)
+                builder_options, partitioner_cls, partitioner_options,
+                cfg.mask_builder is None if sized is None else bool(sized))

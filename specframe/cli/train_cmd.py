@@ -66,7 +66,8 @@ def _steps(value: str | None) -> tuple[int, ...] | None:
     depth="Training depth K (elements per anchor). Default: the drafter's own k_train (`specframe plugins --options "
           "DRAFTER`; peagle and pard 8, eagle3 7, parallelspec 5).",
     mask_builder="Mask builder plugin, its options inline as NAME:KEY=VALUE,... (chunked:chunk_size=256). Default: "
-                 "the fastest that trains on the device (chunked on CPU, flex on CUDA, else dense).",
+                 "the fastest that trains on the device (chunked on CPU, flex on CUDA, else dense); on the CPU "
+                 "its small calls then go to dense (sized_attention in --print-config).",
     partitioner="Sequence partitioner plugin (none, peagle), its options inline as NAME:KEY=VALUE,...",
     partitions="Segments per sequence (gradient accumulation within a sequence; exact).",
     memory_budget="Memory budget (8GiB, 8G, 512MiB, 1.5GB or bytes). Enforced: a configuration whose estimated peak "

@@ -52,12 +52,11 @@ def load_run_target(cfg: TrainConfig) -> Any:
                        chat_template=cfg.chat_template, device_map=cfg.device_map)
 
 
-def build(run: compose.ResolvedRun, target_config: Any, device: torch.device, *, small_calls: bool = False,
-          ) -> Components:
+def build(run: compose.ResolvedRun, target_config: Any, device: torch.device) -> Components:
     """The drafter, mask builder and partitioner of ``run`` for a target of ``target_config`` training on ``device``,
-    each refused here when it cannot train so (before any data is read or file written). ``small_calls``: put the
-    builder declared fastest for small calls in front of the run's for the calls it fits (``SizedMaskBuilder``;
-    the engine asks for it when no builder was named, on the CPU)."""
+    each refused here when it cannot train so (before any data is read or file written). With the run's
+    ``sized_attention`` (a run that names no builder, unless its config says otherwise), on the CPU, the builder
+    declared fastest for small calls is put in front of the run's for the calls it fits (``SizedMaskBuilder``)."""
     run = run.for_device(device)
     p, cfg = run.plan, run.config
     if not p.depth:
@@ -67,7 +66,7 @@ def build(run: compose.ResolvedRun, target_config: Any, device: torch.device, *,
     made = p.drafter_cls(target_config, p.drafter_options)
     builder = p.builder_cls(p.builder_options)
     attention_builder: Any = builder
-    if small_calls and not p.builder_cls.small_calls and device.type == "cpu":
+    if p.sized_attention and not p.builder_cls.small_calls and device.type == "cpu":
         from specframe.engine.attention import SizedMaskBuilder
         from specframe.masks import small_call_builder
 

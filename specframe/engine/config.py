@@ -104,6 +104,11 @@ class TrainConfig:
     #: linear warmup as a share of the run's steps (DeepSpec's 0.04), rounded to whole steps: what a run whose
     #: length comes from --epochs cannot say in steps beforehand; at most one of warmup_steps and warmup_ratio
     warmup_ratio: float | None = attrs.field(default=None, validator=lambda i, a, v: _check_warmup_ratio(v))
+    #: on the CPU, each attention call small enough (``engine.attention.DENSE_ATTENTION_BYTES``) goes to the builder
+    #: declared fastest for small calls (dense) and the rest to ``mask_builder``: every builder builds the same
+    #: visibility, so only time changes. None: when the run names no mask builder (the machine chooses), which the
+    #: resolved config records as true or false
+    sized_attention: bool | None = None
 
     def __attrs_post_init__(self) -> None:
         if (self.data is None) == (self.cache is None):

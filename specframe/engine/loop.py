@@ -144,11 +144,9 @@ class Trainer:
         # the names in the config become the run's parts once (specframe.compose.plan: the same classes, defaults and
         # errors as --print-config); the parts are built from that plan, which the memory estimate reuses
         run = self.handed if self.handed is not None else compose.ResolvedRun.of(cfg, self.device)
-        # the small-call builder only for a config resolved here that named no builder: the CLI's run comes with the
-        # builder written in, so a `specframe train` never gets it (noted for the defaults' adoption, issue 54: fixing
-        # it changes short packed sequences' kernel, which the running comparison jobs must not see mid-way)
-        parts = assembly.build(run, target.config, self.device,
-                               small_calls=self.handed is None and cfg.mask_builder is None)
+        # small attention calls go to the small-call builder as the run's plan says (sized_attention: a run that
+        # named no builder, the CLI's as a Python caller's)
+        parts = assembly.build(run, target.config, self.device)
         #: the run as built (its mask builder decided for the device): the resolved config and its plan
         self.resolved_run = parts.run
         self.drafter: api.Drafter = parts.drafter

@@ -220,7 +220,7 @@ CHANGED_RECORD = "changed_on_resume"
 #: FSDP or DDP at any world size: batch_size counts sequences over all ranks and checkpoints are in the one-process
 #: format), how fast (data_workers, prefetch, the vLLM engine's size), what is logged, saved and guarded (output,
 #: log_every, report_to, save_every, eval_every, keep_drafter_at, memory_budget), or how the same loss is computed:
-#: every mask builder builds the same visibility and a partition's segments add up to the one-pass gradient
+#: every mask builder (and sized_attention's choice among them) builds the same visibility and a partition's segments add up to the one-pass gradient
 #: (docs/design.md section 3), so those, like the device, change only the order of floating-point sums.
 #: trust_remote_code only lets the same target load; init_from is read only when a run starts, never on resume.
 #: Every other setting, a new one included, is compared: the features' engine too (vLLM's states pass a parity gate,
@@ -229,7 +229,7 @@ RESUME_FREE = frozenset({
     "output", "device", "device_map", "fsdp", "data_workers", "prefetch", "log_every", "report_to", "save_every",
     "eval_every", "keep_drafter_at", "memory_budget", "trust_remote_code", "init_from", "mask_builder",
     "mask_builder_options", "partitioner", "partitions", "partitioner_options", "gate_sequences", "vllm_kv_cache_gib",
-    "vllm_tensor_parallel_size", "vllm_gpu_memory_utilization",
+    "vllm_tensor_parallel_size", "vllm_gpu_memory_utilization", "sized_attention",
 })
 #: settings that name a file or folder: the same path written another way is the same setting
 PATH_SETTINGS = frozenset({"target", "data", "cache", "chat_template"})

@@ -9,6 +9,7 @@ import ast
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from transformers import AutoConfig
@@ -86,17 +87,47 @@ def test_build_gives_the_named_parts_with_their_defaults(assets):
     target_config = AutoConfig.from_pretrained(assets[0])
     run = compose.ResolvedRun.of(cfg, torch.device("cpu"))
     plan = run.plan
-    parts = assembly.build(run, target_config, torch.device("cpu"), small_calls=True)
+    parts = assembly.build(run, target_config, torch.device("cpu"))
     assert parts.depth == plan.depth == 4  # k_train=4 in the options: the drafter's declared depth
     assert type(parts.drafter) is plan.drafter_cls and parts.drafter.options == plan.drafter_options
     assert type(parts.builder) is plan.builder_cls and parts.run.config.mask_builder == plan.builder_name
     assert parts.partitioner.name == "peagle"
     assert parts.run.config.drafter_options == run_config.resolve(cfg).drafter_options
-    # small calls asked for (no builder named, on the CPU): they go to the builder declared fastest for them, in
-    # front of the default; not asked for, the run's builder takes every call
+    # no builder named, on the CPU: small calls go to the builder declared fastest for them, in front of the
+    # default; a run that names its builder, or turns sized_attention off, gives the builder every call
+    assert plan.sized_attention and run.config.sized_attention is True
     assert parts.attention_builder is not parts.builder
-    plain = assembly.build(run, target_config, torch.device("cpu"))
-    assert plain.attention_builder is plain.builder
+    for changed in ({"mask_builder": "chunked"}, {"sized_attention": False}):
+        other = compose.ResolvedRun.of(attrs.evolve(cfg, **changed), torch.device("cpu"))
+        plain = assembly.build(other, target_config, torch.device("cpu"))
+        assert plain.attention_builder is plain.builder and other.config.sized_attention is False, changed
+    named = compose.ResolvedRun.of(attrs.evolve(cfg, mask_builder="chunked", sized_attention=True), "cpu")
+    sized = assembly.build(named, target_config, torch.device("cpu"))
+    assert named.plan.sized_attention and sized.attention_builder is not sized.builder
+
+
+def test_a_run_the_cli_resolved_sizes_attention_as_a_python_callers(assets, tmp_path):
+    """`specframe train` resolves its run before the engine starts (the builder's name written in): a run that
+    named no builder still sends its small attention calls to the small-call builder, as a Python caller's does
+    (before, a handed-over run never did), and records the choice."""
+    from specframe.engine.attention import SizedMaskBuilder
+    from specframe.engine.loop import Trainer
+
+    cfg = config(assets, tmp_path / "run", mask_builder=None, device="cpu", max_steps=1)
+    run = run_config.resolve_run(cfg)
+    assert run.config.mask_builder is not None and run.config.sized_attention is True
+    for given in (run, cfg):
+        trainer = Trainer(given, log=lambda *a: None)
+        try:
+            assert isinstance(trainer.attention_builder, SizedMaskBuilder), type(given).__name__
+        finally:
+            trainer.close()
+    named = run_config.resolve_run(attrs.evolve(cfg, mask_builder="chunked"))
+    trainer = Trainer(named, log=lambda *a: None)
+    try:
+        assert trainer.attention_builder is trainer.builder and named.config.sized_attention is False
+    finally:
+        trainer.close()
 
 
 def test_one_resolved_run_from_the_cli_to_the_estimate(assets, tmp_path, monkeypatch):
