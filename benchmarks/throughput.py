@@ -18,6 +18,10 @@ checkout's ``packages/specframe-*`` ahead of the installed ones, and the child r
 so a side that ran the other's plugin is refused. With ``--cache`` an existing feature cache (a job's) is used as it
 is: no ``prepare``.
 
+``--as-cli`` hands the engine the run resolved as ``specframe train`` resolves it before the engine starts
+(``run_config.resolve_run``, the mask builder's name written in) instead of the bare ``TrainConfig`` a Python caller
+passes: the path the benchmark jobs train on, which a checkout without ``resolve_run`` cannot take (refused).
+
 ``--teacher-top-k K`` gives the new side a second cache of the same conversations prepared with ``--teacher-top-k K``
 (the compact teacher): with ``--old`` a checkout of the same commit, the pair measures what the compact teacher
 saves against the head-computed one, every other setting equal.
@@ -53,6 +57,10 @@ def child(spec: dict) -> None:
                       cache=spec["cache"], seq_len=spec["seq_len"], depth=spec["depth"], max_steps=spec["steps"] + 1,
                       batch_size=spec["batch_size"], lr=spec["lr"], val_examples=1, max_examples=spec["examples"],
                       pack=spec.get("pack", False), seed=0, device="cpu", drafter_options=spec["options"])
+    if spec.get("as_cli"):
+        from specframe.engine import run_config
+
+        cfg = run_config.resolve_run(cfg)  # an old checkout without it fails here, named in measure's error
     trainer = Trainer(cfg, log=lambda *a: None)
     try:
         trainer.train_step()  # warm-up: first-step plugin checks, allocator and kernel caches
@@ -104,6 +112,8 @@ def main() -> None:
     parser.add_argument("--old", type=Path, help="checkout of the commit to compare against")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "sf-throughput-cache")
     parser.add_argument("--preset", default="cpu", help="the preset whose training settings both sides use")
+    parser.add_argument("--as-cli", action="store_true",
+                        help="train the run as specframe train resolves it (not a Python caller's TrainConfig)")
     parser.add_argument("--examples", type=int, default=24, help="conversations in the shared cache")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per run (after one warm-up step)")
     parser.add_argument("--repeats", type=int, default=2, help="old / new pairs per drafter")
@@ -150,7 +160,7 @@ def main() -> None:
             spec = {"drafter": drafter, "target": preset.target, "seq_len": preset.seq_len,
                     "depth": preset.depth, "batch_size": preset.batch_size, "lr": preset.lr,
                     "examples": args.examples, "options": preset.train_options(drafter), "steps": args.steps,
-                    "threads": threads, "pack": preset.pack}
+                    "threads": threads, "pack": preset.pack, "as_cli": args.as_cli}
             order = ("old", "new") if repeat % 2 == 0 else ("new", "old")
             for side in order:
                 r = measure(roots[side], {**spec, "cache": str(caches[side])})
@@ -174,7 +184,7 @@ def write(args: argparse.Namespace, roots: dict[str, Path], runs: dict[str, dict
                                                     text=True).stdout.strip()),
               "teacher_top_k": {"old": 0, "new": args.teacher_top_k},
               "preset": args.preset, "steps_per_run": args.steps, "repeats_asked": args.repeats,
-              "examples": args.examples,
+              "examples": args.examples, "as_cli": args.as_cli,
               "note": "machine shared with other work while measuring (2 cores, other processes running); runs "
                       "interleaved old/new so load falls on both", "drafters": {}}
     for drafter, sides in runs.items():
