@@ -80,7 +80,9 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
             sl = slice(lo, lo + chunk)
             h, lat, y, w = hidden[sl], latent[sl], labels[sl], weight[sl].to(dtype)
             z = F.linear(h, lm_w) + F.linear(lat, w2)
+            gd = _grad_dtype(z.dtype)  # the logits' gradient in the logits' dtype (their matmuls under autograd's)
             logq = torch.log_softmax(z.to(dtype), -1)
+            del z  # one [chunk, V] block fewer alive while the chunk's gradient is formed
             top1 = logq.argmax(-1)
             p = torch.softmax(target_head.logits(target_hidden[sl]).to(dtype), -1)
             q = logq.exp()
@@ -117,9 +119,8 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
                 g.add_(logq.exp_(), alpha=ce_w)
                 g[torch.arange(len(y), device=g.device), y] -= ce_w
                 g.mul_(w[:, None])
-                gd = _grad_dtype(z.dtype)
                 g = g.to(gd)
-                with torch.autocast(z.device.type, enabled=False):
+                with torch.autocast(g.device.type, enabled=False):
                     if need_h:
                         g_h[sl] = g @ lm_w.to(gd)
                     if need_latent:
