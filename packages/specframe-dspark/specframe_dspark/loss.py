@@ -75,6 +75,15 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
     g_h, g_latent, g_conf_feats, g_lm, g_w2, g_conf_w, g_conf_b = grads
     total = torch.zeros((), dtype=dtype, device=hidden.device)
     hits, verdicts, accepts, confidences = [], [], [], []
+    casts: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def cast(t: torch.Tensor, to: torch.dtype) -> torch.Tensor:
+        # a weight in the gradient's dtype once per call, not per chunk (under bf16 autocast the fp32 [V, H] head
+        # would otherwise be copied for every chunk); ``to`` returns the tensor itself where the dtype is its own
+        if (id(t), to) not in casts:
+            casts[id(t), to] = t.to(to)
+        return casts[id(t), to]
+
     with torch.no_grad():
         for lo in range(0, int(hidden.shape[0]), chunk):
             sl = slice(lo, lo + chunk)
@@ -102,7 +111,7 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
                     gcd = _grad_dtype(cf.dtype)
                     with torch.autocast(cf.device.type, enabled=False):
                         if need_conf_feats:
-                            g_conf_feats[sl] = gc.to(gcd) @ conf_w.to(gcd)
+                            g_conf_feats[sl] = gc.to(gcd) @ cast(conf_w, gcd)
                         if need_conf_w:
                             g_conf_w += gc.T.to(gcd) @ cf.to(gcd)
                     if need_conf_b:
@@ -122,9 +131,9 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
                 g = g.to(gd)
                 with torch.autocast(g.device.type, enabled=False):
                     if need_h:
-                        g_h[sl] = g @ lm_w.to(gd)
+                        g_h[sl] = g @ cast(lm_w, gd)
                     if need_latent:
-                        g_latent[sl] = g @ w2.to(gd)
+                        g_latent[sl] = g @ cast(w2, gd)
                     if need_lm:
                         g_lm += g.T @ h.to(gd)
                     if need_w2:
