@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -196,19 +196,24 @@ class _PositionTeacher:
 
 
 class _PrecomputedGrad(torch.autograd.Function):
-    """``loss`` whose gradients with respect to ``hidden`` and ``head`` were formed in the forward: backward only
-    scales them by the incoming gradient."""
-
     @staticmethod
-    def forward(ctx, hidden, head, loss, grad_hidden, grad_head):
-        ctx.save_for_backward(grad_hidden, grad_head)
+    def forward(ctx, loss, grads, *inputs):
+        ctx.save_for_backward(*[torch.empty(0) if g is None else g for g in grads])
+        ctx.present = [g is not None for g in grads]
         return loss.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        grad_hidden, grad_head = ctx.saved_tensors
-        scale = (lambda g: None if g is None else (g * grad).to(g.dtype))
-        return scale(grad_hidden), scale(grad_head), None, None, None
+        out = [(g * grad).to(g.dtype) if present else None for g, present in zip(ctx.saved_tensors, ctx.present)]
+        return (None, None, *out)
+
+
+def precomputed_grad(loss: torch.Tensor, pairs: Sequence[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.Tensor:
+    """``loss`` (computed under no_grad) as a differentiable value whose gradient with respect to each ``input`` of
+    ``pairs`` is the ``gradient`` formed beside it in the forward (None: that input gets none): backward only scales
+    each by the incoming gradient, in the gradient's own dtype. How the chunked losses (``chunked_forward_kl``,
+    ``chunked_cross_entropy``, DSpark's) run each chunk's vocabulary products once instead of again in backward."""
+    return _PrecomputedGrad.apply(loss, [g for _, g in pairs], *[x for x, _ in pairs])
 
 
 def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chunk: int,
@@ -254,7 +259,7 @@ def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chu
                     g = logq.exp_().mul_(psum_block[local, None]).sub_(p)
                     if weight is not None:
                         g = g.mul_(weight[:, None])
-                    gd = _grad_dtype(z.dtype)
+                    gd = grad_dtype(z.dtype)
                     g = flush_subnormal(g.to(gd))
                     with _no_autocast(z.device):
                         if need_h:
@@ -262,8 +267,8 @@ def _kl(hidden: torch.Tensor, head: torch.Tensor, teacher: _PositionTeacher, chu
                         if need_head:
                             grad_head += (g.T @ h.to(gd)).float()
     if need_h or need_head:
-        loss = _PrecomputedGrad.apply(hidden, head, loss, grad_h,
-                                      None if grad_head is None else grad_head.to(head.dtype))
+        loss = precomputed_grad(loss, [(hidden, grad_h),
+                                       (head, None if grad_head is None else grad_head.to(head.dtype))])
     return KLResult(loss, correct, dropped)
 
 
@@ -308,7 +313,7 @@ def _cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tenso
                 g[torch.arange(len(y), device=g.device), y] -= 1.0
                 if w is not None:
                     g = g.mul_(w[:, None])
-                gd = _grad_dtype(z.dtype)
+                gd = grad_dtype(z.dtype)
                 g = flush_subnormal(g.to(gd))
                 with _no_autocast(z.device):
                     if need_h:
@@ -316,8 +321,8 @@ def _cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tenso
                     if need_head:
                         grad_head += (g.T @ h.to(gd)).to(wide)
     if need_h or need_head:
-        loss = _PrecomputedGrad.apply(hidden, head, loss, grad_h,
-                                      None if grad_head is None else grad_head.to(head.dtype))
+        loss = precomputed_grad(loss, [(hidden, grad_h),
+                                       (head, None if grad_head is None else grad_head.to(head.dtype))])
     return loss, torch.cat(hits)
 
 
@@ -337,10 +342,10 @@ class CastOnce:
         return self._cast[dtype]
 
 
-def _grad_dtype(logits_dtype: torch.dtype) -> torch.dtype:
+def grad_dtype(logits_dtype: torch.dtype) -> torch.dtype:
     """The dtype the chunked losses form the logits' gradient and its two matmuls in: the logits' own, except fp16.
 
-    The gradient is formed in the forward, before the GradScaler's loss scale reaches it (``_PrecomputedGrad`` applies
+    The gradient is formed in the forward, before the GradScaler's loss scale reaches it (``precomputed_grad`` applies
     the incoming, scaled gradient afterwards), and fp16's smallest normal is 6.1e-5: over a 32K draft vocabulary a
     near-uniform q is ~3e-5, so in fp16 almost every push-down entry would be flushed to zero and the hidden state's
     gradient would become -E_p[head] in place of E_q[head] - E_p[head]. float32 holds it (bf16 has float32's range).
@@ -349,7 +354,7 @@ def _grad_dtype(logits_dtype: torch.dtype) -> torch.dtype:
 
 
 def _no_autocast(device: torch.device):
-    # the gradient's matmuls run in the dtype _grad_dtype chose: fp16 autocast would cast them back to fp16 (under
+    # the gradient's matmuls run in the dtype grad_dtype chose: fp16 autocast would cast them back to fp16 (under
     # bf16 autocast the operands are bf16 already, so nothing changes)
     return torch.autocast(device.type, enabled=False)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specframe import api
+
 
 def chunk_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_w, w2, conf_w, conf_b,
                 target_head, ce_w: float, l1_w: float, c_w: float):
@@ -36,28 +38,6 @@ def chunk_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_w,
     return (per * weight).sum(), top1 == labels, top1 == p.argmax(-1), accept, confidence
 
 
-class _PrecomputedGrad(torch.autograd.Function):
-    """``loss`` whose gradients with respect to ``inputs`` were formed in the forward (None where an input needs
-    none): backward scales them by the incoming gradient. ``loss`` enters the graph only through this node."""
-
-    @staticmethod
-    def forward(ctx, loss, grads, *inputs):
-        ctx.save_for_backward(*[torch.empty(0) if g is None else g for g in grads])
-        ctx.present = [g is not None for g in grads]
-        return loss.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        out = [(g * grad).to(g.dtype) if present else None for g, present in zip(ctx.saved_tensors, ctx.present)]
-        return (None, None, *out)
-
-
-def _grad_dtype(dtype: torch.dtype) -> torch.dtype:
-    # the logits' gradient is formed before a GradScaler's scale reaches it, and fp16's smallest normal (6.1e-5) would
-    # flush most of a near-uniform q over 49K tokens: fp16 runs in fp32; bf16 (fp32's range) and wider keep their own
-    return torch.float32 if dtype == torch.float16 else dtype
-
-
 def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_w, w2, conf_w, conf_b,
                   target_head, ce_w: float, l1_w: float, c_w: float, chunk: int):
     """``chunk_terms`` over every row in chunks of ``chunk``, the loss sum differentiable with respect to ``hidden``,
@@ -75,21 +55,17 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
     g_h, g_latent, g_conf_feats, g_lm, g_w2, g_conf_w, g_conf_b = grads
     total = torch.zeros((), dtype=dtype, device=hidden.device)
     hits, verdicts, accepts, confidences = [], [], [], []
-    casts: dict[tuple[int, torch.dtype], torch.Tensor] = {}
-
-    def cast(t: torch.Tensor, to: torch.dtype) -> torch.Tensor:
-        # a weight in the gradient's dtype once per call, not per chunk (under bf16 autocast the fp32 [V, H] head
-        # would otherwise be copied for every chunk); ``to`` returns the tensor itself where the dtype is its own
-        if (id(t), to) not in casts:
-            casts[id(t), to] = t.to(to)
-        return casts[id(t), to]
+    # each weight in the gradient's dtype once per call, not per chunk (under bf16 autocast the fp32 [V, H] head
+    # would otherwise be copied for every chunk)
+    lm_in, w2_in, conf_in = api.modeling.CastOnce(lm_w), api.modeling.CastOnce(w2), api.modeling.CastOnce(conf_w)
 
     with torch.no_grad():
         for lo in range(0, int(hidden.shape[0]), chunk):
             sl = slice(lo, lo + chunk)
             h, lat, y, w = hidden[sl], latent[sl], labels[sl], weight[sl].to(dtype)
             z = F.linear(h, lm_w) + F.linear(lat, w2)
-            gd = _grad_dtype(z.dtype)  # the logits' gradient in the logits' dtype (their matmuls under autograd's)
+            # the logits' gradient in the logits' dtype (their matmuls under autograd's), fp16's in fp32
+            gd = api.modeling.grad_dtype(z.dtype)
             logq = torch.log_softmax(z.to(dtype), -1)
             del z  # one [chunk, V] block fewer alive while the chunk's gradient is formed
             top1 = logq.argmax(-1)
@@ -108,10 +84,10 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
                 if need_conf_feats or need_conf_w or need_conf_b:
                     # d BCE(c, a) / d c = sigmoid(c) - a; the acceptance a is a constant (detached in the reference)
                     gc = (c_w * (torch.sigmoid(conf) - accept) * w)[:, None]
-                    gcd = _grad_dtype(cf.dtype)
+                    gcd = api.modeling.grad_dtype(cf.dtype)
                     with torch.autocast(cf.device.type, enabled=False):
                         if need_conf_feats:
-                            g_conf_feats[sl] = gc.to(gcd) @ cast(conf_w, gcd)
+                            g_conf_feats[sl] = gc.to(gcd) @ conf_in(gcd)
                         if need_conf_w:
                             g_conf_w += gc.T.to(gcd) @ cf.to(gcd)
                     if need_conf_b:
@@ -131,14 +107,14 @@ def chunked_terms(hidden, latent, conf_feats, target_hidden, labels, weight, lm_
                 g = g.to(gd)
                 with torch.autocast(g.device.type, enabled=False):
                     if need_h:
-                        g_h[sl] = g @ cast(lm_w, gd)
+                        g_h[sl] = g @ lm_in(gd)
                     if need_latent:
-                        g_latent[sl] = g @ cast(w2, gd)
+                        g_latent[sl] = g @ w2_in(gd)
                     if need_lm:
                         g_lm += g.T @ h.to(gd)
                     if need_w2:
                         g_w2 += g.T @ lat.to(gd)
     if any(need):
         grads = [None if g is None else g.to(x.dtype) for g, x in zip(grads, inputs)]
-        total = _PrecomputedGrad.apply(total, grads, *inputs)
+        total = api.modeling.precomputed_grad(total, list(zip(inputs, grads)))
     return total, torch.cat(hits), torch.cat(verdicts), torch.cat(accepts), torch.cat(confidences)
