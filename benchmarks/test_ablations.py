@@ -125,8 +125,9 @@ def resolved_options(options: dict[str, Any], vocab_size: int) -> dict[str, Any]
 
 
 def variant_preset(p: Preset, drafter: str, options: dict[str, Any], schedule: dict[str, Any]) -> Preset:
-    return attrs.evolve(p, drafters={drafter: {**p.drafters[drafter], **options}}, lr=schedule.get("lr", p.lr),
-                        memory_budget=schedule.get("memory_budget", p.memory_budget))
+    pinned = ABLATIONS[p.name].pinned.get(drafter, {})
+    return attrs.evolve(p, drafters={drafter: {**pinned, **p.drafters[drafter], **options}},
+                        lr=schedule.get("lr", p.lr), memory_budget=schedule.get("memory_budget", p.memory_budget))
 
 
 def variant_key(p: Preset, drafter: str, schedule: dict[str, Any]) -> str:
@@ -135,8 +136,11 @@ def variant_key(p: Preset, drafter: str, schedule: dict[str, Any]) -> str:
     ablation = ABLATIONS[p.name]
     shared = attrs.asdict(p, filter=lambda a, v: a.name not in ("drafters", "plugin_drafters", "job_revisions",
                                                                 "reference_verifiers"))
-    return fingerprint([shared, drafter, p.train_options(drafter), sorted(schedule.items()),
-                        attrs.asdict(ablation, filter=lambda a, v: a.name != "variants"), SCHEMA])
+    # a pinned value is the default the suite's finished variants ran at: stating it changes no run
+    pinned = ablation.pinned.get(drafter, {})
+    options = {k: v for k, v in p.train_options(drafter).items() if k not in pinned or pinned[k] != v}
+    return fingerprint([shared, drafter, options, sorted(schedule.items()),
+                        attrs.asdict(ablation, filter=lambda a, v: a.name not in ("variants", "pinned")), SCHEMA])
 
 
 def variant_workspace(ablation: Workspace, drafter: str, name: str, options: dict[str, Any],

@@ -180,7 +180,11 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   ``tree`` verifiers wrote alike. And ``api.non_negative(owner)``, the option validator beside ``positive_int`` and
 #:   ``unit_interval`` that P-EAGLE and DSpark's drafter and scheduled verifier each wrote by hand (P-EAGLE's let NaN
 #:   through).
-#: - "16" (additive): in ``api.modeling``, what the chunked losses wrote alike (DSpark's package had copies):
+#: - "16" (additive): ``api.eagle.FamilyFields.draft_vocab_size(note, default=...)`` takes the default its drafter
+#:   wants; None, which every built-in family drafter now passes (issue 54, deviations row 6), is the target's whole
+#:   vocabulary (the option then reads null), so such a drafter sizes its head ``min(value or vocab_size,
+#:   vocab_size)``. A plugin that passes no default keeps 16,384 and never sees None: a version-15 plugin runs
+#:   unchanged. Also, in ``api.modeling``, what the chunked losses wrote alike (DSpark's package had copies):
 #:   ``precomputed_grad(loss, [(input, gradient or None), ...])`` (a loss computed under no_grad whose gradients
 #:   were formed in the forward; backward only scales them), ``grad_dtype(logits_dtype)`` (the dtype such a
 #:   gradient is formed in: fp16's in fp32) and ``CastOnce`` (a weight cast once per dtype for a whole loss call).

@@ -449,7 +449,8 @@ QueuedInference = QueuedInference
 def shifted_supervision(loss_mask: torch.Tensor, doc: torch.Tensor, bit: str = "predicted") -> torch.Tensor:
     """Which of an EAGLE-family drafter's L - 1 positions carry a loss (docs/design.md section 8 indexing).
 
-    Position i reads x_{i+1} with feature g_i and is charged with x_{i+2}: its bit is x_{i+2}'s loss-mask bit, and
+    Position i reads x_{i+1} with feature g_i and is charged with x_{i+2}: with ``bit`` 'predicted' (this function's
+    default, kept for API 15 callers; the family's option defaults to 'input') its bit is x_{i+2}'s loss-mask bit, and
     x_i, x_{i+1} and x_{i+2} must lie in one document (a packed sequence's first position of a document reads the
     previous document's last feature: it is never charged, see ``specframe.drafting.elements.position_docs``). The last
     position has nothing to predict. ``bit`` 'input' takes x_{i+1}'s bit instead (the token the position reads, as

@@ -58,9 +58,14 @@ class FamilyFields:
         return attrs.field(default=5, validator=self.positive, metadata=self._help(
             "tokens drafted per round at inference", note))
 
-    def draft_vocab_size(self, note: str = "") -> Any:
-        return attrs.field(default=DEFAULT_DRAFT_VOCAB, validator=self.positive, metadata=self._help(
-            "reduced draft vocabulary (most frequent training tokens), clamped to the target's", note))
+    def draft_vocab_size(self, note: str = "", default: int | None = DEFAULT_DRAFT_VOCAB) -> Any:
+        """``default`` None is the target's whole vocabulary: the built-ins' since P-EAGLE's ablations (speculators'
+        default since RFC #979, DeepSpec's, NeMo's and the released P-EAGLE heads'; specframe's 16,384 measured no
+        better at 261K tokens, deviations row 6). A plugin written for API 15 passes none and keeps 16,384: its code
+        may not take None as a size (API 16)."""
+        return attrs.field(default=default, validator=positive_int_or_null(self.owner), metadata=self._help(
+            "draft vocabulary: the most frequent training tokens, clamped to the target's; null: the target's "
+            "whole vocabulary (no mapping)", note))
 
     def aux_layer_ids(self, note: str = "") -> Any:
         return attrs.field(default=None, metadata=self._help(
@@ -91,8 +96,9 @@ class FamilyFields:
             "leave out of the loss the positions whose target top-1 token lies outside the draft vocabulary, as the "
             "EAGLE-3 / P-EAGLE reference trainers do (t2d[argmax] x mask); evaluation reports the share dropped", ""))
 
-    # The training levers of issue 54 (docs/training/deviations.md): each default is today's behaviour, each
-    # alternative a reference trainer's, until a measured ablation decides.
+    # The training levers of issue 54 (docs/training/deviations.md): each default is the one the ablation suite
+    # decided (a reference's where the references agree and specframe's choice measured no better), the other
+    # values the alternatives it measured.
 
     def _choice(self, choices: tuple[str, ...]) -> Any:
         owner = self.owner
@@ -109,7 +115,8 @@ class FamilyFields:
             "as speculators and DeepSpec do: no gradient, not optimised, not counted as trainable", note))
 
     def loss_mask_bit(self) -> Any:
-        return attrs.field(default="predicted", validator=self._choice(LOSS_MASK_BITS), metadata=self._help(
+        # 'input': speculators' alignment, the one reference that states it (deviations row 4)
+        return attrs.field(default="input", validator=self._choice(LOSS_MASK_BITS), metadata=self._help(
             "whose loss-mask bit gates the element that reads x_{i+1} and predicts x_{i+2}: 'predicted' (x_{i+2}'s) "
             "or 'input' (x_{i+1}'s, speculators' shift_batch); one position apart at assistant-turn boundaries", ""))
 

@@ -6,7 +6,9 @@ Token frequencies count loss-masked (assistant) tokens only; ties break towards 
 N distinct tokens occur, the lowest unseen ids fill the rest, so the size is always exactly N.
 Saved as safetensors (``ids``, ``d2t``, ``t2d``, ``counts``) with the N, coverage and target vocab size in metadata.
 
-Default N = 16384 for SmolLM2 (vocab 49,152). Measured with ``examples/draft_vocab_coverage.py`` on the assistant
+The EAGLE family's drafters default to the target's whole vocabulary (``draft_vocab_size`` null, as the reference
+trainers; docs/training/deviations.md row 6); N = 16384 is the size ``specframe prepare`` saves with a cache and was
+the drafters' default before. For SmolLM2 (vocab 49,152), measured with ``examples/draft_vocab_coverage.py`` on the assistant
 tokens of the first 1,000 ShareGPT conversations + 1,000 GSM8K training answers (1.19 M tokens, 25,896 distinct;
 vocabulary built on one half, coverage on the other, held-out): N = 4096: 86.7 %, 8192: 92.6 %, 16384: 96.8 %,
 32000: 99.0 %. A token outside the draft vocabulary can never be accepted, so 8192 would cap per-token acceptance

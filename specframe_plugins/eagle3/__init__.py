@@ -60,8 +60,9 @@ class Eagle3Options:
         "help": "depth d's loss weight is depth_decay ** d (0.8 in the original) unless depth_weights lists them"})
     depth_weights: list[float] | None = attrs.field(default=None, validator=_weights, metadata={
         "help": "explicit loss weight per depth (overrides depth_decay); null: use depth_decay"})
-    draft_vocab_size: int = _fields.draft_vocab_size(
-        "the same default as peagle and parallelspec (EAGLE-3 released 32000 for Llama 3's 128K vocabulary)")
+    draft_vocab_size: int | None = _fields.draft_vocab_size(
+        "the same default as peagle and parallelspec (EAGLE-3 released 32000 for Llama 3's 128K vocabulary)",
+        default=None)
     aux_layer_ids: list[int] | None = _fields.aux_layer_ids("clamped for tiny targets")
     train_embedding: bool = _fields.train_embedding()
     cod_ratio: float = _fields.cod_ratio(1.0, "1 is the EAGLE-3 recipe")
@@ -114,7 +115,7 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
         self.aux_layer_ids = eagle.aux_layer_ids(self.name, opts.aux_layer_ids, int(target_config.num_hidden_layers))
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
-        self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
+        self.draft_vocab_size = min(opts.draft_vocab_size or self.vocab_size, self.vocab_size)
         self.model = eagle.EagleBackbone(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers,
                                          architecture=eagle.Architecture.of(opts))
         self.model.embed_tokens.weight.requires_grad_(opts.train_embedding)

@@ -66,7 +66,7 @@ class ParallelSpecOptions:
     k_infer: int = _fields.k_infer("at most num_masks + 1")
     num_masks: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive), metadata={
         "help": "distinct learned mask tokens; null: k_train - 1"})
-    draft_vocab_size: int = _fields.draft_vocab_size("the same default as peagle and eagle3")
+    draft_vocab_size: int | None = _fields.draft_vocab_size("the same default as peagle and eagle3", default=None)
     aux_layer_ids: list[int] | None = _fields.aux_layer_ids("read by the eagle backbone")
     train_embedding: bool = _fields.train_embedding("the mask embeddings always train")
     cod_ratio: float = _fields.cod_ratio(1.0, "1 gives every position its full group, the paper's group-wise training")
@@ -108,7 +108,7 @@ class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, a
         self.aux_layer_ids = eagle.aux_layer_ids(self.name, opts.aux_layer_ids, n_layers) if self.reads_features else []
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
-        self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
+        self.draft_vocab_size = min(opts.draft_vocab_size or self.vocab_size, self.vocab_size)
         self.model = eagle.EagleBackbone(
             self.shape, self.vocab_size, self.draft_vocab_size, 3 if self.reads_features else 0, opts.layers,
             eagle_input=self.reads_features,

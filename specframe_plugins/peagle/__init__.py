@@ -6,7 +6,8 @@ fused aux features; every deeper slot reads one learned mask-token embedding row
 vocabulary at every retained element, normalised by the element count, no depth decay.
 
 Indexing (section 8): training index i holds input token x_{i+1}, feature g_i, the target distribution at y_{i+1}
-and the loss-mask bit of x_{i+2}; element (a, d) is charged at reference position a + d.
+and the loss-mask bit of x_{i+1} (``loss_mask_bit`` 'input', speculators'; 'predicted': x_{i+2}'s); element (a, d) is
+charged at reference position a + d.
 
 Inference protocol (batch 1): ``start(prompt_ids, features)`` pairs prompt token i+1 with feature row i; the last
 prompt row's features arrive with the first generated token through ``accept([t0], features_at_last_prompt_row)``.
@@ -52,17 +53,18 @@ class PEagleOptions:
         "help": "depths trained (K_train), the default training depth; --depth overrides it. Same as pard's "
                 "(eagle3 trains 7 TTT passes, parallelspec groups of 5: pass --depth for an equal-depth comparison)"})
     k_infer: int = _fields.k_infer("K_infer")
-    draft_vocab_size: int = _fields.draft_vocab_size(
-        "the same default as eagle3 and parallelspec (pard drafts over the full target vocabulary)")
+    draft_vocab_size: int | None = _fields.draft_vocab_size(
+        "the same default as eagle3 and parallelspec (pard drafts over the full target vocabulary)", default=None)
     aux_layer_ids: list[int] | None = _fields.aux_layer_ids()
     cod_ratio: float = _fields.cod_ratio(0.7)
     cod_min_ratio: float = _fields.cod_min_ratio()
     activation_checkpointing: bool = _fields.activation_checkpointing()
     loss_chunk: int = _fields.loss_chunk()
     vocab_position_mask: bool = _fields.vocab_position_mask()
-    mask_hidden_std: float = attrs.field(default=0.02, validator=_non_negative, metadata={
-        "help": "std of the shared hidden state mask_hidden's normal init (the raw 3H aux space before fc); "
-                "speculators, NeMo and SpecForge use 1.0"})
+    # 1.0 as speculators, NeMo and SpecForge; specframe's earlier 0.02 measured no better (deviations row 1)
+    mask_hidden_std: float = attrs.field(default=1.0, validator=_non_negative, metadata={
+        "help": "std of the shared hidden state mask_hidden's normal init (the raw 3H aux space before fc), as "
+                "speculators, NeMo and SpecForge"})
     train_head: bool = _fields.train_head()
     loss_mask_bit: str = _fields.loss_mask_bit()
     loss_normalisation: str = _fields.loss_normalisation()
@@ -88,7 +90,7 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
                                                      int(target_config.num_hidden_layers))
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
-        self.draft_vocab_size = min(opts.draft_vocab_size, self.vocab_size)
+        self.draft_vocab_size = min(opts.draft_vocab_size or self.vocab_size, self.vocab_size)
         self.model = PEagleModel(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers,
                                  mask_hidden_std=float(opts.mask_hidden_std),
                                  architecture=api.eagle.Architecture.of(opts))

@@ -38,7 +38,7 @@ class _Base:
 def test_every_variants_options_reach_its_training_command(preset, tmp_path, monkeypatch):
     import test_ablations as suite
     from harness import Workspace
-    from presets import FULL_VOCAB, PRESETS
+    from presets import ABLATIONS, FULL_VOCAB, PRESETS
 
     monkeypatch.setattr(suite, "cache_workspace", lambda ablation: _Base())
     ablation = Workspace(PRESETS[preset], tmp_path / "work", tmp_path / "results")
@@ -54,6 +54,10 @@ def test_every_variants_options_reach_its_training_command(preset, tmp_path, mon
         for key, value in variant.options.items():
             expected = 49152 if value == FULL_VOCAB else value
             assert f"{key} = {json.dumps(expected)}\n" in table, (drafter, variant.name, table)
+        # the defaults the suite began at, stated where they changed since, unless the variant moves that lever
+        for key, value in ABLATIONS[preset].pinned.get(drafter, {}).items():
+            if key not in variant.options:
+                assert f"{key} = {json.dumps(value)}\n" in table, (drafter, variant.name, table)
         assert float(args[args.index("--lr") + 1]) == variant.schedule.get("lr", PRESETS[preset].lr)
         if "warmup_ratio" in variant.schedule:
             steps = round(variant.schedule["warmup_ratio"] * PRESETS[preset].steps)
@@ -360,3 +364,19 @@ def test_the_evaluation_records_each_held_out_sequences_chain(tmp_path):
     assert len(rows) == 3 and len({i for i, _, _ in rows}) == 3  # one row per held-out sequence
     assert sum(n for _, n, _ in rows) == last["val_chain_anchors"]
     assert 1.0 + sum(acc for _, _, acc in rows) / sum(n for _, n, _ in rows) == pytest.approx(last["val_expected_al"])
+
+
+def test_the_pins_hold_the_defaults_the_suite_began_at():
+    """The suite's baseline is the family as it was when P-EAGLE's variants ran: a default changed since (adopted from
+    the references, deviations rows 1 and 4) is pinned back to that value for every variant, or the baseline still
+    to run (EAGLE-3's) would be compared with levers measured against another one."""
+    from presets import ABLATIONS, PRE_ADOPTION
+
+    from specframe import plugins
+
+    assert ABLATIONS["ablations"].pinned == PRE_ADOPTION
+    for drafter, pins in PRE_ADOPTION.items():
+        today = plugins.get("drafter", drafter).Options()
+        assert all(hasattr(today, key) for key in pins), (drafter, pins)
+        # a pin equal to today's default pins nothing: it would only hide that the default has not changed
+        assert all(getattr(today, key) != value for key, value in pins.items()), (drafter, pins)

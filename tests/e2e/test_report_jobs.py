@@ -143,8 +143,11 @@ def test_a_finished_job_is_skipped_only_under_its_own_key(tmp_path):
     p = PRESETS["cpu-large"]
     key = job_key(p, "peagle")
     assert key == job_key(attrs.evolve(p, drafters={**p.drafters, "new": {}}), "peagle")  # another drafter added
-    assert key == job_key(attrs.evolve(p, job_revisions={"eagle3": 1}), "peagle")  # another drafter rerun
-    assert key != job_key(attrs.evolve(p, job_revisions={"peagle": 1}), "peagle")  # this drafter's change
+    def bumped(drafter: str) -> dict[str, int]:
+        return {**p.job_revisions, drafter: p.job_revisions.get(drafter, 0) + 1}
+
+    assert key == job_key(attrs.evolve(p, job_revisions=bumped("eagle3")), "peagle")  # another drafter rerun
+    assert key != job_key(attrs.evolve(p, job_revisions=bumped("peagle")), "peagle")  # this drafter's change
     assert key != job_key(attrs.evolve(p, steps=p.steps + 1), "peagle")
     assert key != job_key(attrs.evolve(p, keep_drafter_at=(100,)), "peagle")  # other kept steps: another command
     assert key != job_key(attrs.evolve(p, drafters={**p.drafters, "peagle": {"layers": 2}}), "peagle")

@@ -25,6 +25,7 @@ import inspect
 import json
 from types import SimpleNamespace
 
+import attrs
 import pytest
 import torch
 
@@ -167,14 +168,22 @@ def answer_starts(example) -> list[int]:
 # for one drafter each. Missing: what each drafter's loss is actually taught, end to end, with and without packing.
 
 
+def has_mask_bit(name: str) -> bool:
+    """Whether the drafter lets a run choose whose loss-mask bit gates an element (the EAGLE family's
+    ``loss_mask_bit``)."""
+    return any(f.name == "loss_mask_bit" for f in attrs.fields(plugins.get("drafter", name).Options))
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
 @pytest.mark.parametrize("name", ALL)
 def test_the_first_supervised_element_is_taught_the_first_answer_token(target, name, packed):
     """Depth 0 is taught exactly the answer tokens it can reach (every one of a prompt-led answer, the first
     included; a document supervised from its first token loses the ones whose inputs lie before it), never a
-    prompt token; no element of any depth is taught a prompt token."""
+    prompt token; no element of any depth is taught a prompt token. For the EAGLE family this is the
+    ``loss_mask_bit = "predicted"`` rule (the input token's bit, its default, is the next test's)."""
     docs = conversations(target, 3, headless=(1,) if packed else ())
-    drafter, examples = build(target, name, docs, packed=packed)
+    drafter, examples = build(target, name, docs, packed=packed,
+                              **({"loss_mask_bit": "predicted"} if has_mask_bit(name) else {}))
     for ex in examples:
         elems = grid(drafter, ex)
         r = reach(drafter, ex)
@@ -193,6 +202,31 @@ def test_the_first_supervised_element_is_taught_the_first_answer_token(target, n
         every = targets(drafter, ex, elems, torch.ones(len(elems), dtype=torch.bool))
         assert set(every) <= answers, f"{name}: prompt tokens {sorted(set(every) - answers)} are targets"
         assert len(every) > len(depth0)  # the deeper elements are trained too
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
+@pytest.mark.parametrize("name", [n for n in ALL if has_mask_bit(n)])
+def test_under_the_input_bit_the_element_reading_each_first_answer_token_is_taught(target, name, packed):
+    """``loss_mask_bit = "input"`` (the EAGLE family's default: speculators' ``shift_batch``, and SpecForge once #885
+    shifted its mask with the inputs): depth 0 is taught exactly the reachable tokens whose previous token is an
+    answer token. So the element that reads a turn's first answer token, the one a served drafter runs first in
+    every turn (SpecForge #885's bug left it out), is charged; the one taught the first answer token from the
+    prompt's last token, which no served round runs (the target emits that token), is not."""
+    docs = conversations(target, 3, headless=(1,) if packed else ())
+    drafter, examples = build(target, name, docs, packed=packed, loss_mask_bit="input")
+    for ex in examples:
+        elems = grid(drafter, ex)
+        r = reach(drafter, ex)
+        mask, starts = ex.loss_mask, doc_starts(ex)
+        n = mask.numel()
+        taught = [t for t in range(r, n) if mask[t - 1] and t - r >= int(starts[t])]
+        depth0 = targets(drafter, ex, elems, elems.depth == 0)
+        assert sorted(depth0) == taught, name
+        for first in answer_starts(ex):
+            if first + 1 < n and mask[first] and first + 1 - r >= int(starts[first + 1]):
+                assert first + 1 in depth0, f"{name}: the element reading the answer token at {first} is dropped"
+            if first > int(starts[first]):  # a prompt-led answer: its first token follows a prompt token
+                assert first not in depth0, f"{name}: the answer's first token is taught from prompt token {first - 1}"
 
 
 # ------------------------------------------------------------------------------------ 2. packing, per document

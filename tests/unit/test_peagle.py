@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import torch
 
@@ -41,12 +42,17 @@ def dense(sub):
     return plugins.get("mask builder", "dense")().build(sub, sub)
 
 
-def test_supervision_is_the_loss_mask_of_x_i_plus_2(setup):
-    _, drafter, ex = setup
+def test_supervision_is_the_loss_mask_of_x_i_plus_1(setup):
+    """Position i reads x_{i+1} and predicts x_{i+2}; by default (``loss_mask_bit`` 'input', speculators') x_{i+1}'s
+    bit gates it, with 'predicted' x_{i+2}'s."""
+    target, drafter, ex = setup
     sup = drafter.supervision(ex)
     assert sup.shape[0] == ex.input_ids.shape[0] - 1
-    assert torch.equal(sup[:-1], ex.loss_mask[2:])
+    assert torch.equal(sup[:-1], ex.loss_mask[1:-1])
     assert not sup[-1]
+    cls = type(drafter)
+    predicted = cls(target.config, attrs.evolve(drafter.options, loss_mask_bit="predicted")).supervision(ex)
+    assert torch.equal(predicted[:-1], ex.loss_mask[2:]) and not predicted[-1]
 
 
 def test_mask_token_follows_the_vocab_rule_and_is_unseen(setup):

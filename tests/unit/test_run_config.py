@@ -291,7 +291,7 @@ def test_config_json_of_a_run_is_the_resolved_config_and_loads_back(tmp_path):
 def test_plugins_options_shows_type_default_and_help():
     code, text = run("plugins", "--options", "peagle", "--kind", "drafter")
     assert code == 0, text
-    for name, type_, default in (("layers", "int", "4"), ("draft_vocab_size", "int", "16384"),
+    for name, type_, default in (("layers", "int", "4"), ("draft_vocab_size", "int | None", "null"),
                                  ("k_train", "int", "8")):
         row = next(line for line in text.splitlines() if f" {name} " in line)
         assert type_ in row and default in row, row
