@@ -125,7 +125,7 @@ def _with_interval(value: Any, band: Mapping[str, Any] | None) -> dict[str, Any]
 def _changed(metrics: Mapping[str, Any]) -> str:
     parts = [f"{k}={v}" for k, v in sorted((metrics.get("options_changed") or {}).items())]
     parts += [f"--{k.replace('_', '-')} {v}" for k, v in sorted((metrics.get("schedule") or {}).items())]
-    return ", ".join(parts) or "(defaults)"
+    return ", ".join(parts) or "(none)"
 
 
 def ablations_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -137,6 +137,8 @@ def ablations_section(documents: list[tuple[str, dict[str, Any]]]) -> list[str]:
     for d in found:
         by_drafter[d["metrics"]["drafter"]][d["metrics"]["variant"]] = d["metrics"]
     lines = ["## Ablations: each lever alone at one budget", "",
+             "The baseline is the drafters' defaults as they were when the suite began (a default changed since is "
+             "set back for every variant, so every lever is compared with the same run). "
              "Validation AL: teacher-forced chain acceptance on the held-out sequences at the last step, 95% bootstrap "
              "over sequences; the difference against the baseline is paired over the same sequences (served: over "
              "the same prompt turns). The reseeded control is the baseline retrained with another seed: how far "
