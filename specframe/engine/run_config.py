@@ -11,7 +11,8 @@ the file's. Flags the user typed override the file; the file overrides ``TrainCo
 ``resolve`` fills what the plugin classes decide without loading the target: the training depth (the drafter's
 ``Drafter.training``), the mask builder for the device, and every plugin option's default. What only the target or the data
 can decide stays ``null`` (``warmup_steps``: 10% of the steps; a drafter's ``aux_layer_ids``: from the target's layer
-count; ``draft_vocab_size`` is clamped to the target's vocabulary when the run starts).
+count; a ``draft_vocab_size`` of null is the target's whole vocabulary, and any size is clamped to it when the run
+starts).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ RUN_RECORD = "config.json"
 UNRESOLVED_NOTE = (
     "null values are decided when the run starts: warmup_steps (10% of the steps), the run length\n"
     "when max_steps (and epochs) is null, mask_builder with device auto (the machine decides),\n"
-    "plugin options that depend on the target (aux_layer_ids);\n"
+    "plugin options that depend on the target (aux_layer_ids; draft_vocab_size: the target's whole vocabulary);\n"
     "draft_vocab_size is clamped to the target's vocabulary. data is null when a cache gives the features."
 )
 
