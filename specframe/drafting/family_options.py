@@ -115,7 +115,7 @@ class FamilyFields:
             "as speculators and DeepSpec do: no gradient, not optimised, not counted as trainable", note))
 
     def loss_mask_bit(self) -> Any:
-        # 'input': speculators' alignment, the one reference that states it (deviations row 4)
+        # 'input': speculators' alignment, and SpecForge's since its #885 fix (deviations row 4)
         return attrs.field(default="input", validator=self._choice(LOSS_MASK_BITS), metadata=self._help(
             "whose loss-mask bit gates the element that reads x_{i+1} and predicts x_{i+2}: 'predicted' (x_{i+2}'s) "
             "or 'input' (x_{i+1}'s, speculators' shift_batch); one position apart at assistant-turn boundaries", ""))
