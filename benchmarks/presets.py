@@ -154,6 +154,15 @@ def exportable(drafter: str) -> bool:
 
 # The published architectures: P-EAGLE 4 layers, EAGLE-3 1 layer, PARD a 2-layer causal LM, ParallelSpec 1 layer.
 PUBLISHED = {"peagle": {"layers": 4}, "eagle3": {"layers": 1}, "pard": {"layers": 2}, "parallelspec": {"layers": 1}}
+#: the per-drafter job revisions of the presets that run one job per drafter (``ci-jobs``, ``cpu-large``): a bump
+#: reruns that drafter's finished job, since what it trains or measures changed. dflash 1: drafts from its full
+#: block on the reference engine, and vLLM serves it at block_size - 1 only (GPU-path review item 3); 2: starts as
+#: the references' post_init (N(0, 0.02)) and trains only their elements (anchor token and first target supervised,
+#: up to the first unsupervised slot; issue 54); 3 (and dspark 1): the loss is divided by the summed weights of the
+#: trained elements, the references' sum(w * CE) / sum(w), not by the charged count (issue 54, D5); peagle, eagle3,
+#: parallelspec 1: the family's defaults aligned with the references after P-EAGLE's ablations (mask_hidden N(0, 1),
+#: the input token's loss-mask bit; deviations rows 1 and 4)
+JOB_REVISIONS = {"dflash": 3, "dspark": 1, "peagle": 1, "eagle3": 1, "parallelspec": 1}
 
 PRESETS = {
     "ci": Preset(
@@ -183,13 +192,7 @@ PRESETS = {
         speed_k=2, repeats=2, vllm=True, vllm_ks=(2, 3), vllm_repeats=2, eval_every=3, per_drafter_jobs=True,
         acceptance_prompts=3, acceptance_max_new_tokens=16, acceptance_batch=4, acceptance_kv_gib=1, speed_prompts=2,
         speed_max_new_tokens=12, tree_prompts=1, committed=False, speed_concurrency=(1, 2), keep_drafter_at=(3,),
-        # 1: drafts from its full block (GPU-path review item 3); 2: starts as the references' post_init and trains
-        # only their elements (anchor token and first target supervised, up to the first unsupervised slot; issue 54);
-        # 3 (and dspark 1): the loss is divided by the summed weights of the trained elements, the references'
-        # sum(w * CE) / sum(w), not by the charged count (issue 54, D5); peagle, eagle3, parallelspec 1: the
-        # family's defaults aligned with the references after P-EAGLE's ablations (mask_hidden N(0, 1), the input
-        # token's loss-mask bit; deviations rows 1 and 4)
-        job_revisions={"dflash": 3, "dspark": 1, "peagle": 1, "eagle3": 1, "parallelspec": 1},
+        job_revisions=JOB_REVISIONS,
         # DSpark's block through its confidence schedule as well as whole, where vLLM cannot serve it (issue 57)
         reference_verifiers={"dspark": ("scheduled",)},
     ),
@@ -222,14 +225,7 @@ PRESETS = {
         # DFlash trains at block depth + 1 = 8 here, where the references decay its loss with gamma 4 (speculators at
         # block 8, DeepSpec at 7); its default, 7, is SpecForge's at block 16 (deviations D4)
         plugin_drafters={"dflash": {"loss_decay_gamma": 4.0}},
-        # dflash 1: drafts from its full block on the reference engine, and vLLM serves it at block_size - 1 only,
-        # which none of vllm_ks is (GPU-path review item 3); 2: starts as the references' post_init (N(0, 0.02)) and
-        # trains only their elements (anchor token and first target supervised, up to the first unsupervised slot);
-        # 3 (and dspark 1): the loss is divided by the summed weights of the trained elements, the references'
-        # sum(w * CE) / sum(w), not by the charged count (issue 54, D5); peagle, eagle3, parallelspec 1: the
-        # family's defaults aligned with the references after P-EAGLE's ablations (mask_hidden N(0, 1), the input
-        # token's loss-mask bit; deviations rows 1 and 4)
-        job_revisions={"dflash": 3, "dspark": 1, "peagle": 1, "eagle3": 1, "parallelspec": 1},
+        job_revisions=JOB_REVISIONS,
         # DSpark's block through its confidence schedule as well as whole, where vLLM cannot serve it (issue 57)
         reference_verifiers={"dspark": ("scheduled",)},
     ),
