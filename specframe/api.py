@@ -188,7 +188,9 @@ from specframe.sampling import (acceptance_ratio, chain_verification, residual_d
 #:   ``precomputed_grad(loss, [(input, gradient or None), ...])`` (a loss computed under no_grad whose gradients
 #:   were formed in the forward; backward only scales them), ``grad_dtype(logits_dtype)`` (the dtype such a
 #:   gradient is formed in: fp16's in fp32) and ``CastOnce`` (a weight cast once per dtype for a whole loss call).
-API_VERSION = "16"
+#: - "17" (additive): ``api.eagle.draft_vocab_size(option, vocab_size)``, the head's rows for that option (None: the
+#:   whole vocabulary; a larger size clamped to the target's), the rule the three family built-ins each wrote out.
+API_VERSION = "17"
 
 __all__ = [
     "API_VERSION",

@@ -56,6 +56,7 @@ __all__ = [
     "copy_target_layers",
     "default_aux_layers",
     "depth_weights",
+    "draft_vocab_size",
     "draft_vocabulary",
     "family_training",
     "freeze_head",
@@ -319,6 +320,13 @@ def charged_forward_kl(
 def all_token_counts(examples: Iterable[Any], vocab_size: int) -> torch.Tensor:
     """Counts of every token (loss-masked or not) over ``examples``: what the mask-token rule must avoid."""
     return count_tokens(examples, vocab_size, masked_only=False)
+
+
+def draft_vocab_size(option: int | None, vocab_size: int) -> int:
+    """The draft head's rows for a ``draft_vocab_size`` option: None (``FamilyFields.draft_vocab_size`` with
+    ``default=None``) is the target's whole vocabulary, and a size past it is clamped to it (a preset states one
+    size for targets of any vocabulary)."""
+    return min(int(option or vocab_size), int(vocab_size))
 
 
 def draft_vocabulary(

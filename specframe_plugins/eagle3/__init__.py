@@ -115,7 +115,7 @@ class Eagle3Drafter(api.eagle.FamilyDrafter, api.Drafter):
         self.aux_layer_ids = eagle.aux_layer_ids(self.name, opts.aux_layer_ids, int(target_config.num_hidden_layers))
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
-        self.draft_vocab_size = min(opts.draft_vocab_size or self.vocab_size, self.vocab_size)
+        self.draft_vocab_size = api.eagle.draft_vocab_size(opts.draft_vocab_size, self.vocab_size)
         self.model = eagle.EagleBackbone(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers,
                                          architecture=eagle.Architecture.of(opts))
         self.model.embed_tokens.weight.requires_grad_(opts.train_embedding)

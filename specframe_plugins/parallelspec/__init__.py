@@ -108,7 +108,7 @@ class ParallelSpecDrafter(api.eagle.FamilyTraining, api.eagle.QueuedInference, a
         self.aux_layer_ids = eagle.aux_layer_ids(self.name, opts.aux_layer_ids, n_layers) if self.reads_features else []
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
-        self.draft_vocab_size = min(opts.draft_vocab_size or self.vocab_size, self.vocab_size)
+        self.draft_vocab_size = api.eagle.draft_vocab_size(opts.draft_vocab_size, self.vocab_size)
         self.model = eagle.EagleBackbone(
             self.shape, self.vocab_size, self.draft_vocab_size, 3 if self.reads_features else 0, opts.layers,
             eagle_input=self.reads_features,

@@ -90,7 +90,7 @@ class PEagleDrafter(api.eagle.FamilyDrafter, api.eagle.QueuedInference, api.Draf
                                                      int(target_config.num_hidden_layers))
         self.shape = modeling.LayerShape.from_config(target_config)
         self.vocab_size = int(target_config.vocab_size)
-        self.draft_vocab_size = min(opts.draft_vocab_size or self.vocab_size, self.vocab_size)
+        self.draft_vocab_size = api.eagle.draft_vocab_size(opts.draft_vocab_size, self.vocab_size)
         self.model = PEagleModel(self.shape, self.vocab_size, self.draft_vocab_size, 3, opts.layers,
                                  mask_hidden_std=float(opts.mask_hidden_std),
                                  architecture=api.eagle.Architecture.of(opts))

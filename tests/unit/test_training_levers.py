@@ -110,6 +110,17 @@ def test_levers_are_appended_with_help_and_the_decided_defaults(name):
             opts.draft_vocab_size) == (True, "input", "tokens", "kl", False, None)
 
 
+@pytest.mark.parametrize("name", FAMILY)
+def test_the_draft_head_has_the_whole_vocabulary_by_default_and_a_stated_size_clamped(target, name):
+    v = int(target.config.vocab_size)
+    rows = {size: _drafter(target, name, draft_vocab_size=size).module().lm_head.weight.shape[0]
+            for size in (None, v // 2, 10 * v)}
+    # None: the whole vocabulary (row 6); a size under the target's is kept; one past it (a preset states one size
+    # for targets of any vocabulary) is the whole vocabulary, never a head with rows no token maps to
+    assert rows == {None: v, v // 2: v // 2, 10 * v: v}
+    assert api.eagle.draft_vocab_size(None, v) == v and api.eagle.draft_vocab_size(7, v) == 7
+
+
 @pytest.mark.parametrize("bad", [{"loss": "tv"}, {"loss_mask_bit": "output"}, {"loss_normalisation": "batch"},
                                  {"ce_weight": 1.5}, {"train_head": "no"}, {"init_from_target_layers": 1}])
 def test_bad_lever_values_are_usage_errors(bad):
