@@ -135,7 +135,11 @@ def torchrun(tmp_path, cfg, *, port: int, resume: str | None = None, stop: int |
 
 def run_ranks(command: list[str], pids: Path, timeout: float, env: dict[str, str]) -> None:
     """Run a torchrun ``command`` whose ranks write their pids to ``pids``; past ``timeout`` (a deadlock) kill the
-    ranks too, then fail with torchrun's stderr; a non-zero exit fails with it as well."""
+    ranks too, then fail with torchrun's stderr; a non-zero exit fails with it as well. Each rank runs with Python's
+    fault handler: a rank that aborts (the SIGABRT "terminate called without an active exception" a loaded 2-core
+    machine has shown three times, once at a rank's first backward) prints every thread's Python stack, which says
+    what the process was doing when a native thread ended it."""
+    env = {**env, "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         _, stderr = proc.communicate(timeout=timeout)
@@ -145,8 +149,8 @@ def run_ranks(command: list[str], pids: Path, timeout: float, env: dict[str, str
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
         _, stderr = proc.communicate()
-        pytest.fail(f"2-rank run still going after {timeout} s (deadlocked?): {stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-3000:]
+        pytest.fail(f"2-rank run still going after {timeout} s (deadlocked?): {stderr[-8000:]}")
+    assert proc.returncode == 0, stderr[-8000:]
 
 
 def assert_close(a, b):
