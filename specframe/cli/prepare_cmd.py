@@ -40,7 +40,10 @@ from specframe.devices import TARGET_ENGINES
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Skip conversations longer than this (tokens).")
 @click.option("--shard-size", type=int, default=64, show_default=True, help="Conversations per shard file.")
 @click.option("--max-batch-tokens", type=int, default=4096, show_default=True, help="Padded tokens per target forward.")
-@click.option("--draft-vocab", type=int, default=16384, show_default=True, help="Draft vocabulary size saved with the cache (0 = none).")
+@click.option("--draft-vocab", type=int, default=16384, show_default=True,
+              help="The N most frequent assistant tokens and the share of assistant tokens they cover, printed and "
+              "saved as vocab.safetensors beside the cache for inspection (0 = none). A drafter picks its own "
+              "vocabulary from its draft_vocab_size option, never from this.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--teacher-top-k", type=int, default=0, show_default=True,
               help="Also store the target's K most likely next tokens and their log-probabilities per token: a "

@@ -83,7 +83,9 @@ def _batch_done(prog, task, i, n, out, keep_dir) -> None:
 @click.option("--storage-dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16",
               show_default=True, help="--capture: dtype the cache stores the states in.")
 @click.option("--draft-vocab", type=int, default=16384, show_default=True,
-              help="--capture: draft vocabulary size saved with the cache (0 = none).")
+              help="--capture: as prepare's --draft-vocab, the N most frequent assistant tokens and their "
+              "coverage, saved beside the cache for inspection (0 = none); a drafter's vocabulary is its "
+              "draft_vocab_size option.")
 @click.option("--teacher-top-k", type=int, default=0, show_default=True,
               help="--capture: also store the target's K most likely next tokens, as `specframe prepare`.")
 @click.option("--gate-sequences", type=int, default=4, show_default=True,
