@@ -57,6 +57,8 @@ def main() -> None:
 
     from specframe import bench
     from specframe.engine.checkpoint import step_name
+    from specframe.home import specframe_home
+    from specframe.results import portable
 
     with tempfile.TemporaryDirectory(prefix="vocab-head-") as tmp:
         scratch = args.scratch or Path(tmp)
@@ -100,6 +102,8 @@ def main() -> None:
         }
         args.output.parent.mkdir(parents=True, exist_ok=True)
         tmp_out = args.output.with_suffix(".tmp")
+        # the scratch folder as $SPECFRAME_HOME/... (or relative to the checkout): no machine's paths committed
+        document = portable(document, ROOT, home=specframe_home())
         tmp_out.write_text(json.dumps(document, indent=1) + "\n")
         tmp_out.replace(args.output)
     print("\n".join(summary(document)))
