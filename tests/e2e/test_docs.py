@@ -7,6 +7,7 @@ code resolves, and no document points outside the repository.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -248,6 +249,31 @@ def test_readme_answer_quotes_only_what_the_reports_print():
     assert figures, "README's answer quotes no figure"
     stale = [figure for figure in figures if figure not in printed]
     assert not stale, f"README's answer quotes figures no committed report prints: {stale}"
+
+
+def test_deviations_quote_only_what_the_committed_results_give():
+    """The deviations page's decisions rest on figures: each difference it quotes with its interval ("+0.001 [-0.007,
+    +0.009]", validation or served AL against the baseline) is one the committed ablations report prints, and the
+    served cost of the whole-vocabulary head (row 6) is the committed vocab_head_cpu.json's, so a figure left stale
+    by a rerun, or rounded by hand, fails here."""
+    text = (ROOT / "docs" / "training" / "deviations.md").read_text(encoding="utf-8")
+    levers = text[text.index("## The levers"):text.index("## What each option does")]
+    report = (ROOT / "benchmarks" / "results" / "ablations" / "report.md").read_text(encoding="utf-8")
+    differences = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]", levers)
+    assert len(differences) >= 20, "the levers table quotes fewer measured differences than P-EAGLE's suite gave"
+    stale = [figure for figure in differences if figure not in report]
+    assert not stale, f"deviations quote differences the ablations report does not print: {stale}"
+    # row 6's served cost: the 8,192 head's tokens/s over the whole head's at each K, with the interval over repeats
+    metrics = json.loads((ROOT / "benchmarks" / "results" / "vocab_head_cpu.json").read_text())["metrics"]
+    heads = {m["k"]: label for label, m in metrics["methods"].items() if m.get("k")
+             and "/v8192/" in m["checkpoint"]}
+    for k, small in heads.items():
+        whole = next(label for label, m in metrics["methods"].items()
+                     if m.get("k") == k and "/whole/" in str(m.get("checkpoint")))
+        otps = metrics["ratios"][f"{small} / {whole}"]["otps"]
+        quoted = f"{otps['mean']:.2f}x [{otps['low']:.2f}, {otps['high']:.2f}]"
+        assert quoted in levers, f"row 6 does not quote K = {k}'s {quoted}"
+    assert len(heads) == 2, heads  # K = 2 and 3
 
 
 def test_the_api_version_the_docs_give_is_the_codes():
