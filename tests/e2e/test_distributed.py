@@ -4,12 +4,15 @@ different world size, and bf16 / fp16 autocast against fp32."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import attrs
@@ -97,7 +100,13 @@ def step(self):
     return original(self)
 Trainer.train_step = step
 resume = sys.argv[1] if len(sys.argv) > 1 else None
-train(TrainConfig(**{cfg!r}), resume=resume, progress=False)
+try:
+    train(TrainConfig(**{cfg!r}), resume=resume, progress=False)
+except BaseException:  # printed while its frames live: an abort during the unwinding would lose it
+    import traceback
+    traceback.print_exc()
+    sys.stderr.flush()
+    raise
 # a group left for the interpreter's own teardown can abort a finished rank (SIGABRT): the Dist that formed it
 # registered its destruction at exit; run the exit handlers now and see the group gone
 import atexit
@@ -130,15 +139,46 @@ def torchrun(tmp_path, cfg, *, port: int, resume: str | None = None, stop: int |
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--master-port", str(port),
                str(script)] + ([resume] if resume else [])
-    run_ranks(command, pids, timeout, env)
+    out, before = Path(cfg.output), tmp_path / f"output-before-{port}"
+    if out.exists():
+        shutil.copytree(out, before)
+    try:
+        run_ranks(command, pids, timeout, env)
+    except NativeAbort as first:
+        # One retry, from the output folder as it was, for this one failure: a rank's native thread ending the
+        # process with no Python error (NativeAbort). Seen only on a loaded 2-core machine (in 2 of the last 3
+        # suites run beside a long training, in none of 8 runs of this test alone beside it), from a thread of
+        # torch's (gloo or the DDP reducer), not from specframe's Python; its stderr is kept as a warning, so it is
+        # never silent. Any other failure, and a second abort, fail.
+        warnings.warn(f"2-rank run retried once after a rank aborted natively:\n{first}", stacklevel=2)
+        shutil.rmtree(out, ignore_errors=True)
+        if before.exists():
+            shutil.copytree(before, out)
+        pids.unlink(missing_ok=True)
+        run_ranks(command, pids, timeout, env)
+    finally:
+        shutil.rmtree(before, ignore_errors=True)
+
+
+class NativeAbort(AssertionError):
+    """A 2-rank run whose rank died of SIGABRT with "terminate called without an active exception": a std::thread
+    of the process ended it, not a Python error (which prints its traceback and exits 1)."""
+
+    SIGNS = ("terminate called without an active exception", "(SIGABRT)")
+
+    @classmethod
+    def of(cls, stderr: str) -> bool:
+        return all(sign in stderr for sign in cls.SIGNS) and "Traceback (most recent call last)" not in stderr.split(
+            "terminate called without an active exception")[0]
 
 
 def run_ranks(command: list[str], pids: Path, timeout: float, env: dict[str, str]) -> None:
     """Run a torchrun ``command`` whose ranks write their pids to ``pids``; past ``timeout`` (a deadlock) kill the
-    ranks too, then fail with torchrun's stderr; a non-zero exit fails with it as well. Each rank runs with Python's
-    fault handler: a rank that aborts (the SIGABRT "terminate called without an active exception" a loaded 2-core
-    machine has shown three times, once at a rank's first backward) prints every thread's Python stack, which says
-    what the process was doing when a native thread ended it."""
+    ranks too, then fail with torchrun's stderr; a non-zero exit fails with it as well, as ``NativeAbort`` where a
+    rank's native thread ended it (``torchrun`` retries that once). Each rank runs with Python's fault handler, so
+    such a rank prints every thread's Python stack: in a local .ci/run of stop 67 (beside a long training) rank 1 of
+    this file's first launch aborted with its main thread in no Python frame, its DDP forward's warning 0.15 s
+    before and no Python error printed."""
     env = {**env, "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -150,7 +190,50 @@ def run_ranks(command: list[str], pids: Path, timeout: float, env: dict[str, str
                 os.kill(int(pid), signal.SIGKILL)
         _, stderr = proc.communicate()
         pytest.fail(f"2-rank run still going after {timeout} s (deadlocked?): {stderr[-8000:]}")
+    if proc.returncode != 0 and NativeAbort.of(stderr):
+        raise NativeAbort(stderr[-8000:])
     assert proc.returncode == 0, stderr[-8000:]
+
+
+# a rank's native thread calls std::terminate with no exception in flight, as the aborts seen under load did
+NATIVE_TERMINATE = """
+import ctypes, pathlib, time
+marker = pathlib.Path({marker!r})
+if os.environ["RANK"] == "1" and not marker.exists():
+    marker.write_text("aborted")
+    terminate = ctypes.cast(ctypes.CDLL("libstdc++.so.6")._ZSt9terminatev, ctypes.c_void_p)
+    ctypes.CDLL("libc.so.6").pthread_create(ctypes.byref(ctypes.c_ulong()), None, terminate, None)
+    time.sleep(60)
+"""
+
+
+def test_only_a_native_abort_with_no_python_error_before_it_is_told_apart():
+    abort = ("[rank1]: warning\nterminate called without an active exception\nFatal Python error: Aborted\n"
+             "Traceback (most recent call last):\n  torchrun ...\n  exitcode  : -6 (pid: 1)  (SIGABRT)\n")
+    assert NativeAbort.of(abort)
+    python_error = "Traceback (most recent call last):\nRuntimeError: planted\n" + abort
+    assert not NativeAbort.of(python_error)  # a Python error first: specframe's failure, never retried
+    assert not NativeAbort.of(abort.replace("(SIGABRT)", "(SIGSEGV)"))
+    assert not NativeAbort.of("RuntimeError: planted\n  exitcode  : 1 (pid: 1)\n")
+
+
+@pytest.mark.slow
+def test_a_native_abort_is_retried_once_from_the_output_as_it_was_and_said(assets, tmp_path):
+    """Rank 1 of the first launch is ended by a native thread's std::terminate; the launch runs again from the
+    output folder as it was and the trained weights are a single process's, with a warning holding the first
+    launch's stderr. A rank that fails with a Python error is not retried."""
+    marker = tmp_path / "aborted-once"
+    with pytest.warns(UserWarning, match="(?s)retried once.*terminate called without an active exception"):
+        torchrun(tmp_path, config(assets, tmp_path / "two"), port=29537,
+                 prelude=NATIVE_TERMINATE.format(marker=str(marker)))
+    assert marker.exists()
+    assert_close(weights(train(config(assets, tmp_path / "one"), progress=False).checkpoint), weights(tmp_path / "two"))
+    planted = 'if os.environ["RANK"] == "1":\n    raise RuntimeError("planted in rank 1")'
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a retry would warn
+        with pytest.raises(AssertionError, match="planted in rank 1") as failed:
+            torchrun(tmp_path, config(assets, tmp_path / "three"), port=29538, prelude=planted)
+    assert not isinstance(failed.value, NativeAbort)
 
 
 def assert_close(a, b):
@@ -185,10 +268,22 @@ def test_ddp_two_ranks_match_one_process_and_resume_across_world_sizes(assets, t
 
 @pytest.mark.slow
 def test_a_rank_without_a_sequence_still_joins_the_reduction(assets, tmp_path):
-    """batch size 1 on 2 ranks: rank 1 holds nothing each step, yet DDP's collective must not hang or skew."""
+    """batch size 1 on 2 ranks: rank 1 holds nothing each step, yet DDP's collective must not hang or skew: each
+    step's loss and gradient norm are the single process's (a reduction that counted the empty rank, or left it
+    out of the average, halves or doubles the norm), and so are the weights, within what AdamW makes of the sum's
+    order: its update divides each gradient element by its own size, so an element near zero carries the order's
+    last-bit noise into the weights (measured 1.27e-5 in fc.weight at lr 3e-3 since mask_hidden starts at N(0, 1))."""
     single = train(config(assets, tmp_path / "one", batch_size=1), progress=False)
     torchrun(tmp_path, config(assets, tmp_path / "two", batch_size=1), port=29534)
-    assert_close(weights(single.checkpoint), weights(tmp_path / "two"))
+
+    def steps(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["train_loss"], r["grad_norm"]) for r in rows if "train_loss" in r]
+
+    assert len(steps(tmp_path / "two")) == 2
+    torch.testing.assert_close(steps(tmp_path / "two"), steps(tmp_path / "one"), rtol=1e-4, atol=0)
+    for k, value in weights(single.checkpoint).items():
+        torch.testing.assert_close(weights(tmp_path / "two")[k], value, atol=5e-5, rtol=1e-4, msg=k)
 
 
 def blank_first_step(trainer_cls) -> None:
