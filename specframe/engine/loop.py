@@ -495,6 +495,11 @@ class Trainer:
         history: list[dict[str, Any]] = []
         last_eval = None
         last_ckpt = checkpoint.resolve(self.out) if checkpoint.has_checkpoint(self.out) else None
+        if self.step in cfg.keep_drafter_at and self.step < total and checkpoint.step_name(self.step) not in {
+                p.name for p in checkpoint.kept(self.out)}:
+            # a run stopped between this step's checkpoint and its kept copy resumes here: keep it now, or the step's
+            # drafter is lost to the next rolling checkpoint (no step of this run comes back to it)
+            last_ckpt = self.keep(last_ckpt)
         bar = progress_bar(progress and self.dist.rank == 0)
         lines = ProgressLines(log_lines if self.dist.rank == 0 else None, total, self.step,
                               cfg.log_every or max(1, math.ceil(total / 20)))

@@ -49,6 +49,32 @@ def test_kept_checkpoints_survive_the_rolling_one(assets, tmp_path):
     assert json.loads((out / "config.json").read_text())["keep_drafter_at"] == [1, 3, 4]
 
 
+def test_a_run_stopped_before_its_kept_copy_keeps_it_when_resumed(assets, tmp_path, monkeypatch):
+    """A kill between step 2's checkpoint and its kept copy (what the job harness's kill test hit under load): the
+    resumed run starts after step 2, so only the resume can keep that drafter, and it must be the uninterrupted
+    run's step-2 drafter."""
+    from specframe.engine.loop import Trainer
+
+    whole = tmp_path / "whole"
+    code, text = train(assets, whole, "--max-steps", 4, "--save-every", 2, "--keep-drafter-at", 2)
+    assert code == 0, text
+    out = tmp_path / "run"
+    keep = Trainer.keep
+
+    def killed(self, last):
+        raise SystemExit("killed after the step's checkpoint, before its kept copy")
+
+    monkeypatch.setattr(Trainer, "keep", killed)
+    code, _ = train(assets, out, "--max-steps", 4, "--save-every", 2, "--keep-drafter-at", 2)
+    assert code != 0 and checkpoint.resolve(out).name == "step-00000002" and checkpoint.kept(out) == []
+    monkeypatch.setattr(Trainer, "keep", keep)
+    code, text = train(assets, out, "--max-steps", 4, "--save-every", 2, "--keep-drafter-at", 2, "--resume", out)
+    assert code == 0, text
+    assert [p.name for p in checkpoint.kept(out)] == ["step-00000002"]
+    assert checkpoint.drafter_hash(checkpoint.kept(out)[0]) == checkpoint.drafter_hash(checkpoint.kept(whole)[0])
+    assert checkpoint.resolve(out).name == "step-00000004"
+
+
 def test_a_step_past_the_run_is_refused(assets, tmp_path):
     out = tmp_path / "run"
     code, text = train(assets, out, "--max-steps", 2, "--keep-drafter-at", "1,5")
