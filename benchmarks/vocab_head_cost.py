@@ -32,7 +32,7 @@ from harness import ROOT, run_cli
 HEADS = {"v8192": 8192, "whole": None}
 
 
-def recipe(path: Path, vocab: int | None, steps: int, threads: int) -> Path:
+def recipe(path: Path, vocab: int | None, steps: int) -> Path:
     """A run file: P-EAGLE at its defaults but ``draft_vocab_size`` and a short schedule (the demo recipe's)."""
     lines = ['drafter = "peagle"', 'target = "default"', 'data = "default"', "lr = 1e-3", "depth = 4",
              "seq_len = 256", "batch_size = 2", f"max_steps = {steps}", "seed = 0", "", "[drafter_options]"]
@@ -67,7 +67,7 @@ def main() -> None:
         runs, commands = {}, {}
         for name, vocab in HEADS.items():
             out = scratch / name
-            train = ["train", "--config", str(recipe(scratch / f"{name}.toml", vocab, args.steps, args.threads)),
+            train = ["train", "--config", str(recipe(scratch / f"{name}.toml", vocab, args.steps)),
                      "--output", str(out), "--device", "cpu"]
             # recorded with the scratch folder left out: the run file's text is what decides the drafter
             commands[name] = {"command": shlex.join(["specframe", "train", "--config", f"{name}.toml", "--output",
@@ -110,13 +110,19 @@ def main() -> None:
     print(f"written {args.output}")
 
 
+def head_of(method: dict) -> str | None:
+    """Which of ``HEADS`` a results file's method served (its checkpoint lies in the head's folder); None: plain."""
+    folder = Path(str(method.get("checkpoint") or "")).parent.name
+    return folder if folder in HEADS else None
+
+
 def summary(document: dict) -> list[str]:
     """A line per method: which head (by its checkpoint's folder), AL, tokens/s, R and the speedup over plain with
     its interval over prompt turns and repeats."""
     nan = float("nan")
     lines = []
     for label, m in document["metrics"]["methods"].items():
-        head = next((name for name in HEADS if Path(str(m.get("checkpoint") or "")).parent.name == name), "plain")
+        head = head_of(m) or "plain"
         speedup = m.get("speedup_interval_prompts") or {}
         lines.append(f"{head:6} {label}: K {m.get('k') or '-'}, AL {m['acceptance_length']:.3f}, tokens/s "
                      f"{m['otps']:.1f}, R {m.get('round_cost_ratio') or nan:.3f}, speedup "
